@@ -1,0 +1,3 @@
+from jaxppo.cli import main
+
+raise SystemExit(main())

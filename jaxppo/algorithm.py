@@ -1,0 +1,437 @@
+"""One PPO iteration as a pure, jit-able function: rollout -> GAE -> epochs x minibatches.
+
+Nothing here touches files, Ray or the CLI. `axis_name` names a pmap/shard_map axis when the
+iteration runs on several devices: gradients and every batch statistic are averaged over it
+(`_pmean`), so the same global batch gives the same update on 1 or N devices.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from jaxppo import networks
+from jaxppo.config import PPOConfig
+from jaxppo.envs import EnvSpec, env_action, flatten_obs, make_env
+from jaxppo.gae import compute_gae
+from jaxppo.losses import Minibatch, ppo_loss_terms, update_kl_coeff
+from jaxppo.networks import DistParams
+from jaxppo.running_stats import RunningStats, normalize
+
+
+# ---------------------------------------------------------------------- tunable scalars
+@struct.dataclass
+class HyperParams:
+    """The tunable scalars of a run: pytree leaves, so `jax.vmap` can sweep any of them.
+
+    `lr_points`/`entropy_points` are piecewise-linear schedules over env steps, [K, 2] arrays
+    of (env_step, value); a constant is one point, a linear anneal two.
+    """
+
+    lr_points: jax.Array
+    entropy_points: jax.Array
+    clip_param: jax.Array
+    vf_clip_param: jax.Array
+    vf_coeff: jax.Array
+    kl_coeff: jax.Array  # initial value; the live one is in TrainState
+    kl_target: jax.Array
+    max_grad_norm: jax.Array
+    gamma: jax.Array
+    gae_lambda: jax.Array
+
+    @classmethod
+    def from_config(cls, config: PPOConfig) -> "HyperParams":
+        f = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
+        return cls(
+            lr_points=_schedule_points(config.lr, config.lr_schedule, config.total_timesteps),
+            entropy_points=_schedule_points(
+                config.entropy_coeff, config.entropy_schedule, config.total_timesteps
+            ),
+            clip_param=f(config.clip_param),
+            vf_clip_param=f(config.vf_clip_param if config.vf_clip_param is not None else 0.0),
+            vf_coeff=f(config.vf_coeff),
+            kl_coeff=f(config.kl_coeff),
+            kl_target=f(config.kl_target),
+            max_grad_norm=f(config.max_grad_norm),
+            gamma=f(config.gamma),
+            gae_lambda=f(config.gae_lambda),
+        )
+
+
+def _schedule_points(value, kind: str, total_timesteps: int) -> jax.Array:
+    if isinstance(value, (list, tuple)):
+        pts = np.asarray(value, np.float32)
+    elif kind == "linear":
+        pts = np.asarray([[0.0, value], [float(total_timesteps), 0.0]], np.float32)
+    else:
+        pts = np.asarray([[0.0, value]], np.float32)
+    return jnp.asarray(pts)
+
+
+def schedule_value(points: jax.Array, env_steps: jax.Array) -> jax.Array:
+    """Piecewise-linear interpolation, constant beyond the first and last points."""
+    return jnp.interp(env_steps.astype(jnp.float32), points[:, 0], points[:, 1])
+
+
+# ---------------------------------------------------------------------- state
+@struct.dataclass
+class TrainState:
+    """Everything that evolves during training (one seed, one device)."""
+
+    params: Any
+    opt_state: Any
+    kl_coeff: jax.Array
+    obs_stats: RunningStats
+    return_stats: RunningStats  # of the discounted return, for reward scaling
+    env_state: Any
+    last_obs: jax.Array  # [E, *obs_shape] raw observations
+    discounted_return: jax.Array  # [E] running discounted return for reward scaling
+    episode_return: jax.Array  # [E] undiscounted return of the episode in progress
+    episode_length: jax.Array  # [E]
+    rng: jax.Array
+    env_steps: jax.Array  # int, global transitions so far (all devices)
+    iteration: jax.Array  # int
+
+
+class Transition(NamedTuple):
+    """One rollout step; every field gets leading axes [T, E] from the scan."""
+
+    obs: jax.Array  # raw observation s_t
+    final_obs: jax.Array  # raw pre-reset successor of s_t
+    action: jax.Array
+    log_prob: jax.Array
+    dist: DistParams
+    reward: jax.Array
+    discounted_return: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    episode_return: jax.Array  # return of the episode that ended at t (valid where done)
+    episode_length: jax.Array
+
+
+METRIC_KEYS = (
+    "episode_return_mean", "episode_return_min", "episode_return_max",
+    "episode_length_mean", "episodes", "policy_loss", "value_loss", "entropy",
+    "kl", "approx_kl", "clip_fraction", "explained_variance", "kl_coeff", "lr",
+    "entropy_coeff", "grad_norm", "env_steps",
+)
+
+
+def _pmean(x, axis_name):
+    return x if axis_name is None else jax.lax.pmean(x, axis_name)
+
+
+def _psum(x, axis_name):
+    return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def _pmax(x, axis_name):
+    return x if axis_name is None else jax.lax.pmax(x, axis_name)
+
+
+def _pmin(x, axis_name):
+    return x if axis_name is None else jax.lax.pmin(x, axis_name)
+
+
+class Algorithm:
+    """The compiled pieces of PPO for one config: `init`, `iteration`, `make_train`.
+
+    Built once per (static) config; everything tunable comes in as `HyperParams`.
+    `num_devices` is how many shards the envs are split into (1 without pmap); each
+    shard holds `num_envs // num_devices` envs.
+    """
+
+    def __init__(self, config: PPOConfig, spec: EnvSpec | None = None, num_devices: int = 1,
+                 axis_name: str | None = None):
+        self.config = config
+        self.spec = spec if spec is not None else make_env(config)
+        self.network = networks.make_network(config, self.spec)
+        self.num_devices = num_devices
+        self.axis_name = axis_name
+        self.local_envs = config.num_envs // num_devices
+        self.discrete = self.spec.discrete
+
+    # ------------------------------------------------------------------ optimiser
+    def _optimizer(self, hp: HyperParams) -> optax.GradientTransformation:
+        # lr is applied by hand so it can follow env steps (not optimiser steps) and be vmapped.
+        return optax.chain(
+            optax.clip_by_global_norm(hp.max_grad_norm),
+            optax.scale_by_adam(eps=self.config.adam_eps),
+        )
+
+    # ------------------------------------------------------------------ init
+    def init(self, key: jax.Array, hp: HyperParams, env_index_offset: int | jax.Array = 0) -> TrainState:
+        """Fresh state. Env e (global index `env_index_offset + e`) is seeded from `key` and e
+        alone, so splitting envs across devices or hosts leaves each env's stream unchanged."""
+        spec = self.spec
+        key, k_params, k_env = jax.random.split(key, 3)
+        dummy = jnp.zeros((1, spec.obs_dim), jnp.float32)
+        params = self.network.init(k_params, dummy)
+        opt_state = self._optimizer(hp).init(params)
+        env_ids = env_index_offset + jnp.arange(self.local_envs)
+        env_keys = jax.vmap(lambda i: jax.random.fold_in(k_env, i))(env_ids)
+        obs, env_state = jax.vmap(spec.env.reset, in_axes=(0, None))(env_keys, spec.env_params)
+        flat = flatten_obs(obs, spec.obs_shape)
+        obs_stats = RunningStats.create((spec.obs_dim,))
+        if self.config.normalize_observations:
+            obs_stats = self._merge_stats(obs_stats, flat)
+        return TrainState(
+            params=params,
+            opt_state=opt_state,
+            kl_coeff=hp.kl_coeff,
+            obs_stats=obs_stats,
+            return_stats=RunningStats.create(()),
+            env_state=env_state,
+            last_obs=obs,
+            discounted_return=jnp.zeros((self.local_envs,), jnp.float32),
+            episode_return=jnp.zeros((self.local_envs,), jnp.float32),
+            episode_length=jnp.zeros((self.local_envs,), jnp.int32),
+            rng=key,
+            env_steps=jnp.asarray(0, jnp.int32),
+            iteration=jnp.asarray(0, jnp.int32),
+        )
+
+    def _merge_stats(self, stats: RunningStats, x: jax.Array) -> RunningStats:
+        """Merge a batch [N, ...] into stats, with moments averaged over devices."""
+        n = x.shape[0]
+        mean = _pmean(jnp.mean(x, axis=0), self.axis_name)
+        var = _pmean(jnp.mean(jnp.square(x - mean), axis=0), self.axis_name)
+        return stats.merge(mean, var, n * self.num_devices)
+
+    # ------------------------------------------------------------------ acting
+    def _obs_in(self, stats: RunningStats, raw_obs: jax.Array) -> jax.Array:
+        flat = flatten_obs(raw_obs, self.spec.obs_shape)
+        return normalize(stats, flat) if self.config.normalize_observations else flat
+
+    def act(self, params, obs_stats, raw_obs, key, deterministic: bool = False):
+        """Actions for raw observations [..., *obs_shape] (env-ready: clipped to bounds)."""
+        dist = self.network.apply(params, self._obs_in(obs_stats, raw_obs), method="policy")
+        a = networks.mode(self.discrete, dist) if deterministic else networks.sample(self.discrete, dist, key)
+        return env_action(self.spec, a)
+
+    def value(self, params, obs_stats, raw_obs):
+        return self.network.apply(params, self._obs_in(obs_stats, raw_obs), method="value")
+
+    # ------------------------------------------------------------------ rollout
+    def rollout(self, state: TrainState, hp: HyperParams):
+        spec, cfg = self.spec, self.config
+
+        def step(carry, _):
+            st, rng = carry
+            rng, k_act, k_env = jax.random.split(rng, 3)
+            obs_in = self._obs_in(st.obs_stats, st.last_obs)
+            dist = self.network.apply(st.params, obs_in, method="policy")
+            action = networks.sample(self.discrete, dist, k_act)
+            logp = networks.log_prob(self.discrete, dist, action)
+            env_keys = jax.random.split(k_env, self.local_envs)
+            obs, env_state, reward, term, trunc, info = jax.vmap(
+                spec.env.step, in_axes=(0, 0, 0, None)
+            )(env_keys, st.env_state, env_action(spec, action), spec.env_params)
+            reward = reward.astype(jnp.float32)
+            term = term.astype(bool)
+            trunc = jnp.logical_and(trunc.astype(bool), ~term)
+            done = jnp.logical_or(term, trunc)
+            ep_ret = st.episode_return + reward
+            ep_len = st.episode_length + 1
+            disc_ret = st.discounted_return * hp.gamma + reward
+            tr = Transition(
+                obs=st.last_obs, final_obs=info["final_observation"], action=action,
+                log_prob=logp, dist=dist, reward=reward, discounted_return=disc_ret,
+                terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
+            )
+            st = st.replace(
+                env_state=env_state,
+                last_obs=obs,
+                discounted_return=jnp.where(done, 0.0, disc_ret),
+                episode_return=jnp.where(done, 0.0, ep_ret),
+                episode_length=jnp.where(done, 0, ep_len),
+            )
+            return (st, rng), tr
+
+        rng, k_roll = jax.random.split(state.rng)
+        (state, _), traj = jax.lax.scan(step, (state, k_roll), None, length=cfg.num_steps)
+        return state.replace(rng=rng), traj
+
+    # ------------------------------------------------------------------ one iteration
+    def iteration(self, state: TrainState, hp: HyperParams):
+        """Rollout, GAE, learn, adapt. Returns (new_state, metrics dict of scalars)."""
+        cfg, ax = self.config, self.axis_name
+        T, E = cfg.num_steps, self.local_envs
+        start_steps = state.env_steps
+        lr = schedule_value(hp.lr_points, start_steps)
+        ent_coeff = schedule_value(hp.entropy_points, start_steps)
+        obs_stats_acting = state.obs_stats
+
+        state, traj = self.rollout(state, hp)
+
+        # Values of every s_t and every true successor s'_t, in one batched critic pass.
+        obs_in = self._obs_in(obs_stats_acting, traj.obs)
+        final_in = self._obs_in(obs_stats_acting, traj.final_obs)
+        both = self.network.apply(
+            state.params, jnp.concatenate([obs_in, final_in], axis=0), method="value"
+        )
+        values, next_values = both[:T], both[T:]
+
+        rewards = traj.reward
+        return_stats = state.return_stats
+        if cfg.normalize_rewards:
+            return_stats = self._merge_stats(return_stats, traj.discounted_return.reshape(-1))
+            rewards = rewards / jnp.sqrt(return_stats.var + 1e-8)
+        advantages, targets = compute_gae(
+            rewards, values, next_values, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda
+        )
+        if cfg.normalize_advantages:
+            adv_mean = _pmean(jnp.mean(advantages), ax)
+            adv_var = _pmean(jnp.mean(jnp.square(advantages - adv_mean)), ax)
+            advantages = (advantages - adv_mean) / (jnp.sqrt(adv_var) + 1e-8)
+
+        flat = lambda x: x.reshape((T * E,) + x.shape[2:])  # noqa: E731
+        old_dist = DistParams(
+            flat(traj.dist.loc),
+            traj.dist.log_std[0] if traj.dist.log_std.ndim == 2 else traj.dist.log_std,
+        )
+        batch = Minibatch(
+            obs=flat(obs_in), actions=flat(traj.action), old_log_probs=flat(traj.log_prob),
+            old_dist=old_dist, old_values=flat(values), advantages=flat(advantages),
+            value_targets=flat(targets),
+        )
+        params, opt_state, rng, learn = self._learn(state, batch, hp, lr, ent_coeff)
+
+        mean_kl = jnp.mean(learn.kl)
+        kl_coeff = update_kl_coeff(state.kl_coeff, mean_kl, hp.kl_target) if cfg.use_kl_loss else state.kl_coeff
+        obs_stats = state.obs_stats
+        if cfg.normalize_observations:
+            obs_stats = self._merge_stats(obs_stats, flatten_obs(traj.obs, self.spec.obs_shape).reshape(T * E, -1))
+
+        done = jnp.logical_or(traj.terminated, traj.truncated)
+        n_done = _psum(jnp.sum(done), ax)
+        has = n_done > 0
+        ret_sum = _psum(jnp.sum(jnp.where(done, traj.episode_return, 0.0)), ax)
+        len_sum = _psum(jnp.sum(jnp.where(done, traj.episode_length, 0)), ax)
+        ret_min = _pmin(jnp.min(jnp.where(done, traj.episode_return, jnp.inf)), ax)
+        ret_max = _pmax(jnp.max(jnp.where(done, traj.episode_return, -jnp.inf)), ax)
+        nan = jnp.float32(jnp.nan)
+        target_var = _pmean(jnp.var(targets), ax)
+        resid_var = _pmean(jnp.var(targets - values), ax)
+        env_steps = start_steps + T * cfg.num_envs
+        metrics = {
+            "episode_return_mean": jnp.where(has, ret_sum / jnp.maximum(n_done, 1), nan),
+            "episode_return_min": jnp.where(has, ret_min, nan),
+            "episode_return_max": jnp.where(has, ret_max, nan),
+            "episode_length_mean": jnp.where(has, len_sum / jnp.maximum(n_done, 1), nan),
+            "episodes": n_done,
+            "policy_loss": jnp.mean(learn.policy_loss),
+            "value_loss": jnp.mean(learn.value_loss),
+            "entropy": jnp.mean(learn.entropy),
+            "kl": mean_kl,
+            "approx_kl": jnp.mean(learn.approx_kl),
+            "clip_fraction": jnp.mean(learn.clip_fraction),
+            "explained_variance": 1.0 - resid_var / jnp.maximum(target_var, 1e-8),
+            "kl_coeff": kl_coeff,
+            "lr": lr,
+            "entropy_coeff": ent_coeff,
+            "grad_norm": jnp.mean(learn.grad_norm),
+            "env_steps": env_steps,
+        }
+        state = state.replace(
+            params=params, opt_state=opt_state, rng=rng, kl_coeff=kl_coeff, obs_stats=obs_stats,
+            return_stats=return_stats, env_steps=env_steps, iteration=state.iteration + 1,
+        )
+        return state, metrics
+
+    # ------------------------------------------------------------------ learning
+    def _learn(self, state: TrainState, batch: Minibatch, hp: HyperParams, lr, ent_coeff):
+        cfg, ax = self.config, self.axis_name
+        tx = self._optimizer(hp)
+        n = batch.obs.shape[0]
+        n_mb = cfg.num_minibatches
+
+        def loss_fn(params, mb):
+            dist, values = self.network.apply(params, mb.obs)
+            terms = ppo_loss_terms(
+                self.discrete, dist, values, mb,
+                clip_param=hp.clip_param, vf_clip_param=hp.vf_clip_param, vf_coeff=hp.vf_coeff,
+                entropy_coeff=ent_coeff, kl_coeff=state.kl_coeff, use_kl_loss=cfg.use_kl_loss,
+                use_vf_clip=cfg.vf_clip_param is not None,
+            )
+            return terms.total, terms
+
+        grad_fn = jax.grad(loss_fn, has_aux=True)
+
+        def minibatch_step(carry, mb):
+            params, opt_state = carry
+            grads, terms = grad_fn(params, mb)
+            grads = _pmean(grads, ax)
+            terms = _pmean(terms, ax)
+            grad_norm = optax.global_norm(grads)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
+            return (params, opt_state), terms._replace(total=grad_norm)
+
+        # The old Gaussian's log_std is shared by all samples: keep it out of the shuffle.
+        old_log_std = batch.old_dist.log_std
+        per_sample = batch._replace(old_dist=batch.old_dist._replace(log_std=None))
+
+        def minibatch_step_with_std(carry, mb):
+            mb = mb._replace(old_dist=mb.old_dist._replace(log_std=old_log_std))
+            return minibatch_step(carry, mb)
+
+        def epoch(carry, key):
+            perm = jax.random.permutation(key, n)
+            mbs = jax.tree.map(
+                lambda x: x[perm].reshape((n_mb, n // n_mb) + x.shape[1:]), per_sample
+            )
+            return jax.lax.scan(minibatch_step_with_std, carry, mbs)
+
+        rng, k_epochs = jax.random.split(state.rng)
+        keys = jax.random.split(k_epochs, cfg.num_epochs)
+        (params, opt_state), terms = jax.lax.scan(epoch, (state.params, state.opt_state), keys)
+        return params, opt_state, rng, _LearnStats(
+            policy_loss=terms.policy_loss, value_loss=terms.value_loss, entropy=terms.entropy,
+            kl=terms.kl, approx_kl=terms.approx_kl, clip_fraction=terms.clip_fraction,
+            grad_norm=terms.total,
+        )
+
+    # ------------------------------------------------------------------ whole runs
+    def make_train(self):
+        """A pure `train_fn(key, hp) -> (final TrainState, metrics [num_iterations])`."""
+        n_iter = self.config.num_iterations
+
+        def train_fn(key, hp):
+            state = self.init(key, hp)
+            return jax.lax.scan(lambda s, _: self.iteration(s, hp), state, None, length=n_iter)
+
+        return train_fn
+
+    def chunk(self, state: TrainState, hp: HyperParams, start: jax.Array, length: int):
+        """`length` iterations from `start`; iterations past the run's end are skipped
+        (cond on an unbatched index, so under vmap it stays a real branch)."""
+        n_iter = self.config.num_iterations
+
+        def body(s, i):
+            def run(s):
+                return self.iteration(s, hp)
+
+            def skip(s):
+                _, m = jax.eval_shape(self.iteration, s, hp)
+                return s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), m)
+
+            return jax.lax.cond(start + i < n_iter, run, skip, s)
+
+        return jax.lax.scan(body, state, jnp.arange(length))
+
+
+class _LearnStats(NamedTuple):
+    policy_loss: jax.Array
+    value_loss: jax.Array
+    entropy: jax.Array
+    kl: jax.Array
+    approx_kl: jax.Array
+    clip_fraction: jax.Array
+    grad_norm: jax.Array

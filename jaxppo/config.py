@@ -1,0 +1,328 @@
+"""The one PPO configuration object, its validation and its loading from files and the CLI.
+
+`PPOConfig` holds everything a run needs. Its fields split in two:
+
+* static fields fix shapes and program structure (env, num_envs, num_steps, network, ...);
+  changing one means compiling a new program;
+* tunable scalars (`HyperParams`: lr, clip_param, entropy_coeff, gamma, ...) are pytree
+  leaves of the compiled program, so a sweep is `jax.vmap` over a batch of `HyperParams`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+# A schedule is a constant, or a piecewise-linear list of [env_step, value] points.
+Schedule = Union[float, Sequence[Sequence[float]]]
+
+ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
+SCHEDULE_KINDS = ("constant", "linear")
+
+
+class ConfigError(ValueError):
+    """An impossible or unknown configuration value; the message names field, value and fix."""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Actor-critic MLP shape."""
+
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    shared_trunk: bool = False  # one torso for actor and critic, two heads
+
+    def __post_init__(self):
+        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Everything a PPO run needs. Defaults are PureJaxRL's CartPole settings.
+
+    Units: `total_timesteps`, schedule points and `env_steps` metrics count single env
+    transitions summed over all envs (and seeds count separately: each seed gets the budget).
+    """
+
+    # --- environment ---
+    env: Any = "CartPole-v1"  # a gymnax-registered name, or an env object with the gymnax API
+    env_kwargs: dict = field(default_factory=dict)
+    env_params: Any = None  # gymnax EnvParams override; None = the env's defaults
+    # --- batch shape ---
+    num_envs: int = 4
+    num_steps: int = 128  # rollout length per env per iteration
+    total_timesteps: int = 500_000
+    num_epochs: int = 4
+    num_minibatches: int = 4
+    # --- returns ---
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    # --- optimisation ---
+    lr: Schedule = 2.5e-4
+    lr_schedule: str = "linear"  # "constant" | "linear" (anneal to 0); ignored for a list
+    adam_eps: float = 1e-5
+    max_grad_norm: float = 0.5
+    # --- loss ---
+    clip_param: float = 0.2
+    vf_clip_param: float | None = None  # None = unclipped value loss
+    vf_coeff: float = 0.5
+    entropy_coeff: Schedule = 0.01
+    entropy_schedule: str = "constant"  # "constant" | "linear"; ignored for a list
+    use_kl_loss: bool = False
+    kl_coeff: float = 0.2  # initial coefficient of the KL penalty
+    kl_target: float = 0.01
+    normalize_advantages: bool = True
+    # --- normalisation ---
+    normalize_observations: bool = False
+    normalize_rewards: bool = False
+    # --- network ---
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    # --- run ---
+    seed: int = 0
+    num_seeds: int = 1
+    log_every: int = 0  # iterations per compiled chunk between progress updates; 0 = auto
+    compilation_cache_dir: str | None = "~/.cache/jaxppo/xla"  # None disables the cache
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def batch_size(self) -> int:
+        """Transitions per iteration (one seed): num_envs * num_steps."""
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    @property
+    def env_name(self) -> str:
+        if isinstance(self.env, str):
+            return self.env
+        return getattr(self.env, "name", type(self.env).__name__)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, values: dict, base: "PPOConfig | None" = None) -> "PPOConfig":
+        """Build a config from a plain dict (a YAML/JSON file, `--set` pairs).
+
+        Unknown keys raise ConfigError suggesting the nearest field.
+        """
+        base = base if base is not None else cls()
+        values = dict(values)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = [k for k in values if k not in names]
+        if unknown:
+            key = unknown[0]
+            raise ConfigError(
+                f"unknown config key {key!r}{_did_you_mean(key, names)}; "
+                f"valid keys: {', '.join(sorted(names))}"
+            )
+        if "network" in values:
+            net = values["network"]
+            if isinstance(net, dict):
+                net_names = {f.name for f in dataclasses.fields(NetworkConfig)}
+                for k in net:
+                    if k not in net_names:
+                        raise ConfigError(
+                            f"unknown config key 'network.{k}'"
+                            f"{_did_you_mean(k, net_names, prefix='network.')}; "
+                            f"valid keys: {', '.join('network.' + n for n in sorted(net_names))}"
+                        )
+                values["network"] = dataclasses.replace(base.network, **net)
+            elif not isinstance(net, NetworkConfig):
+                raise ConfigError(
+                    f"network={net!r} must be a mapping such as "
+                    "{'hidden_sizes': [64, 64], 'activation': 'tanh', 'shared_trunk': False}"
+                )
+        return dataclasses.replace(base, **values)
+
+    @classmethod
+    def from_file(cls, path: str | Path, base: "PPOConfig | None" = None) -> "PPOConfig":
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file {str(path)!r} does not exist; check the path")
+        text = path.read_text()
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
+        return cls.from_dict(data, base)
+
+    def with_overrides(self, pairs: Sequence[str]) -> "PPOConfig":
+        """Apply CLI `key=value` pairs; values are parsed as YAML (numbers, lists, null...)."""
+        import yaml
+
+        values: dict[str, Any] = {}
+        for pair in pairs:
+            if "=" not in pair:
+                raise ConfigError(f"--set {pair!r} must have the form key=value, e.g. lr=3e-4")
+            key, raw = pair.split("=", 1)
+            key = key.strip()
+            value = yaml.safe_load(raw) if raw.strip() else None
+            if key.startswith("network."):
+                values.setdefault("network", {})[key[len("network."):]] = value
+            else:
+                values[key] = value
+        return self.from_dict(values, self)
+
+    def replace(self, **changes) -> "PPOConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """A JSON-friendly dict that `from_dict` reads back (env objects become their name)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "network":
+                v = {"hidden_sizes": list(v.hidden_sizes), "activation": v.activation,
+                     "shared_trunk": v.shared_trunk}
+            elif f.name == "env":
+                v = self.env_name
+            elif f.name == "env_params":
+                v = None if v is None else repr(v)
+            elif isinstance(v, tuple):
+                v = [list(p) if isinstance(p, (tuple, list)) else p for p in v]
+            out[f.name] = v
+        return out
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> "PPOConfig":
+        """Raise ConfigError for every impossible value; return self so calls chain."""
+        _check_int(self, "num_envs", 1)
+        _check_int(self, "num_steps", 1)
+        _check_int(self, "total_timesteps", 1)
+        _check_int(self, "num_epochs", 1)
+        _check_int(self, "num_minibatches", 1)
+        _check_int(self, "num_seeds", 1)
+        _check_int(self, "log_every", 0)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"seed={self.seed!r} must be an integer")
+        if self.batch_size % self.num_minibatches:
+            divisors = [d for d in range(1, min(self.batch_size, 64) + 1) if self.batch_size % d == 0]
+            raise ConfigError(
+                f"num_minibatches={self.num_minibatches} does not divide the batch of "
+                f"num_envs*num_steps = {self.num_envs}*{self.num_steps} = {self.batch_size} "
+                f"transitions; choose num_minibatches from {divisors} or change num_envs/num_steps"
+            )
+        if self.total_timesteps < self.batch_size:
+            raise ConfigError(
+                f"total_timesteps={self.total_timesteps} is smaller than one iteration "
+                f"(num_envs*num_steps = {self.batch_size}); raise total_timesteps to at least "
+                f"{self.batch_size} or lower num_envs/num_steps"
+            )
+        for name in ("gamma", "gae_lambda"):
+            v = getattr(self, name)
+            if not _is_number(v) or not 0.0 <= v <= 1.0:
+                raise ConfigError(f"{name}={v!r} must be a number in [0, 1], e.g. {name}=0.99")
+        _check_schedule(self, "lr", positive=True)
+        _check_schedule(self, "entropy_coeff", positive=False)
+        for name in ("lr_schedule", "entropy_schedule"):
+            if getattr(self, name) not in SCHEDULE_KINDS:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)!r} is not one of {SCHEDULE_KINDS}; "
+                    "for a piecewise schedule give a list of [env_step, value] points instead"
+                )
+        _check_positive(self, "clip_param")
+        _check_positive(self, "adam_eps")
+        _check_positive(self, "max_grad_norm")
+        _check_positive(self, "kl_target")
+        _check_nonneg(self, "vf_coeff")
+        _check_nonneg(self, "kl_coeff")
+        if self.vf_clip_param is not None:
+            _check_positive(self, "vf_clip_param", fix="or null to turn value clipping off")
+        net = self.network
+        if not isinstance(net, NetworkConfig):
+            raise ConfigError(f"network={net!r} must be a NetworkConfig")
+        if not net.hidden_sizes or any(h < 1 for h in net.hidden_sizes):
+            raise ConfigError(
+                f"network.hidden_sizes={list(net.hidden_sizes)} must be a non-empty list of "
+                "positive layer widths, e.g. [64, 64]"
+            )
+        if net.activation not in ACTIVATIONS:
+            raise ConfigError(
+                f"network.activation={net.activation!r} is not one of {ACTIVATIONS}"
+                f"{_did_you_mean(net.activation, ACTIVATIONS)}"
+            )
+        if not isinstance(self.env_kwargs, dict):
+            raise ConfigError(f"env_kwargs={self.env_kwargs!r} must be a mapping of keyword arguments")
+        if isinstance(self.env, str):
+            from jaxppo.envs import check_env_name
+
+            check_env_name(self.env)
+        elif not all(hasattr(self.env, a) for a in ("reset", "step", "action_space", "observation_space")):
+            raise ConfigError(
+                f"env={self.env!r} is neither a registered gymnax name nor an object with the "
+                "gymnax API (reset, step, action_space, observation_space)"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------- helpers
+def _did_you_mean(word: str, candidates, prefix: str = "") -> str:
+    close = difflib.get_close_matches(str(word), list(candidates), n=3, cutoff=0.5)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(prefix + c) for c in close) + "?"
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_int(cfg, name, minimum):
+    v = getattr(cfg, name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise ConfigError(
+            f"{name}={v!r} must be an integer >= {minimum}"
+            + (", e.g. 4" if minimum >= 1 else "")
+        )
+
+
+def _check_positive(cfg, name, fix=""):
+    v = getattr(cfg, name)
+    if not _is_number(v) or v <= 0:
+        raise ConfigError(f"{name}={v!r} must be a positive number{(' ' + fix) if fix else ''}")
+
+
+def _check_nonneg(cfg, name):
+    v = getattr(cfg, name)
+    if not _is_number(v) or v < 0:
+        raise ConfigError(f"{name}={v!r} must be a number >= 0")
+
+
+def _check_schedule(cfg, name, positive):
+    v = getattr(cfg, name)
+    bound = "> 0" if positive else ">= 0"
+    ok = (lambda x: x > 0) if positive else (lambda x: x >= 0)
+    if _is_number(v):
+        if not ok(v):
+            raise ConfigError(f"{name}={v!r} must be {bound}, e.g. {name}=2.5e-4")
+        return
+    if isinstance(v, (list, tuple)) and v and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_number(x) for x in p) for p in v
+    ):
+        steps = [p[0] for p in v]
+        if steps != sorted(steps) or steps[0] < 0:
+            raise ConfigError(
+                f"{name}={v!r}: the env_step of each [env_step, value] point must be >= 0 "
+                "and increasing"
+            )
+        if not all(ok(p[1]) for p in v):
+            raise ConfigError(f"{name}={v!r}: every value must be {bound}")
+        return
+    raise ConfigError(
+        f"{name}={v!r} must be a number or a piecewise schedule [[env_step, value], ...], "
+        f"e.g. {name}=[[0, 3e-4], [1e6, 1e-5]]"
+    )

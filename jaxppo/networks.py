@@ -1,0 +1,147 @@
+"""Actor-critic networks (flax) and the action distributions PPO needs.
+
+Distributions are written out here (a dozen lines each) rather than taken from distrax so
+that the package stays within its small set of dependencies; each function is a pure
+function of the distribution parameters, which the rollout stores for the KL term.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_ACTIVATIONS = {
+    "tanh": jnp.tanh,
+    "relu": nn.relu,
+    "gelu": nn.gelu,
+    "silu": nn.silu,
+    "elu": nn.elu,
+}
+_LOG_2PI = float(np.log(2.0 * np.pi))
+
+
+class DistParams(NamedTuple):
+    """Parameters of the policy's action distribution.
+
+    Discrete: `loc` are logits [..., A] and `log_std` is unused (zeros [A]).
+    Continuous: `loc` is the Gaussian mean [..., D], `log_std` is [D] (state-independent).
+    """
+
+    loc: jax.Array
+    log_std: jax.Array
+
+
+# ---------------------------------------------------------------- distributions
+def sample(discrete: bool, dist: DistParams, key: jax.Array) -> jax.Array:
+    if discrete:
+        return jax.random.categorical(key, dist.loc)
+    noise = jax.random.normal(key, dist.loc.shape)
+    return dist.loc + jnp.exp(dist.log_std) * noise
+
+
+def mode(discrete: bool, dist: DistParams) -> jax.Array:
+    return jnp.argmax(dist.loc, axis=-1) if discrete else dist.loc
+
+
+def log_prob(discrete: bool, dist: DistParams, action: jax.Array) -> jax.Array:
+    if discrete:
+        logp = jax.nn.log_softmax(dist.loc)
+        return jnp.take_along_axis(logp, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    z = (action - dist.loc) * jnp.exp(-dist.log_std)
+    return jnp.sum(-0.5 * z * z - dist.log_std - 0.5 * _LOG_2PI, axis=-1)
+
+
+def entropy(discrete: bool, dist: DistParams) -> jax.Array:
+    if discrete:
+        logp = jax.nn.log_softmax(dist.loc)
+        return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    ent = dist.log_std + 0.5 * (1.0 + _LOG_2PI)
+    return jnp.sum(jnp.broadcast_to(ent, dist.loc.shape), axis=-1)
+
+
+def kl_divergence(discrete: bool, p: DistParams, q: DistParams) -> jax.Array:
+    """KL(p || q), analytic, summed over action dimensions."""
+    if discrete:
+        logp = jax.nn.log_softmax(p.loc)
+        logq = jax.nn.log_softmax(q.loc)
+        return jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)
+    var_p = jnp.exp(2.0 * p.log_std)
+    var_q = jnp.exp(2.0 * q.log_std)
+    kl = q.log_std - p.log_std + (var_p + (p.loc - q.loc) ** 2) / (2.0 * var_q) - 0.5
+    return jnp.sum(kl, axis=-1)
+
+
+# ---------------------------------------------------------------- networks
+def _dense(features: int, scale: float) -> nn.Dense:
+    return nn.Dense(
+        features,
+        kernel_init=nn.initializers.orthogonal(scale),
+        bias_init=nn.initializers.constant(0.0),
+    )
+
+
+class MLP(nn.Module):
+    hidden_sizes: Sequence[int]
+    activation: str
+
+    @nn.compact
+    def __call__(self, x):
+        act = _ACTIVATIONS[self.activation]
+        for h in self.hidden_sizes:
+            x = act(_dense(h, float(np.sqrt(2.0)))(x))
+        return x
+
+
+class ActorCritic(nn.Module):
+    """Policy head and value head over flat observations [..., obs_dim].
+
+    Orthogonal init (sqrt(2) torso, 0.01 policy head, 1.0 value head) as in the PPO
+    implementation-details literature; separate torsos unless `shared_trunk`.
+    """
+
+    action_dim: int
+    discrete: bool
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+    shared_trunk: bool = False
+
+    def setup(self):
+        self.actor_torso = MLP(self.hidden_sizes, self.activation)
+        if not self.shared_trunk:
+            self.critic_torso = MLP(self.hidden_sizes, self.activation)
+        self.policy_head = _dense(self.action_dim, 0.01)
+        self.value_head = _dense(1, 1.0)
+        if not self.discrete:
+            self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+
+    def policy(self, obs) -> DistParams:
+        loc = self.policy_head(self.actor_torso(obs))
+        log_std = self.log_std if not self.discrete else jnp.zeros((self.action_dim,), loc.dtype)
+        return DistParams(loc, log_std)
+
+    def value(self, obs) -> jax.Array:
+        torso = self.actor_torso if self.shared_trunk else self.critic_torso
+        return self.value_head(torso(obs))[..., 0]
+
+    def __call__(self, obs):
+        if self.shared_trunk:
+            h = self.actor_torso(obs)
+            loc = self.policy_head(h)
+            log_std = self.log_std if not self.discrete else jnp.zeros((self.action_dim,), loc.dtype)
+            return DistParams(loc, log_std), self.value_head(h)[..., 0]
+        return self.policy(obs), self.value(obs)
+
+
+def make_network(config, spec) -> ActorCritic:
+    net = config.network
+    return ActorCritic(
+        action_dim=spec.action_dim,
+        discrete=spec.discrete,
+        hidden_sizes=tuple(net.hidden_sizes),
+        activation=net.activation,
+        shared_trunk=net.shared_trunk,
+    )
