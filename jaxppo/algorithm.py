@@ -94,7 +94,8 @@ class TrainState:
     discounted_return: jax.Array  # [E] running discounted return for reward scaling
     episode_return: jax.Array  # [E] undiscounted return of the episode in progress
     episode_length: jax.Array  # [E]
-    rng: jax.Array
+    env_ids: jax.Array  # [E] global index of each local env (keys and shuffles derive from it)
+    rng: jax.Array  # identical on every device/host; per-env streams fold in env_ids
     env_steps: jax.Array  # int, global transitions so far (all devices)
     iteration: jax.Array  # int
 
@@ -192,6 +193,7 @@ class Algorithm:
             discounted_return=jnp.zeros((self.local_envs,), jnp.float32),
             episode_return=jnp.zeros((self.local_envs,), jnp.float32),
             episode_length=jnp.zeros((self.local_envs,), jnp.int32),
+            env_ids=env_ids.astype(jnp.int32),
             rng=key,
             env_steps=jnp.asarray(0, jnp.int32),
             iteration=jnp.asarray(0, jnp.int32),
@@ -224,12 +226,16 @@ class Algorithm:
 
         def step(carry, _):
             st, rng = carry
-            rng, k_act, k_env = jax.random.split(rng, 3)
+            rng, k_step = jax.random.split(rng)
+            # Per-env keys from the global env index: the same env sees the same randomness
+            # whether it lives on 1 device, N devices or H hosts.
+            env_keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(k_step, i)))(st.env_ids)
+            act_keys, env_keys = env_keys[:, 0], env_keys[:, 1]
             obs_in = self._obs_in(st.obs_stats, st.last_obs)
             dist = self.network.apply(st.params, obs_in, method="policy")
-            action = networks.sample(self.discrete, dist, k_act)
+            action = jax.vmap(lambda d, k: networks.sample(self.discrete, d, k))(
+                DistParams(dist.loc, jnp.broadcast_to(dist.log_std, dist.loc.shape)), act_keys)
             logp = networks.log_prob(self.discrete, dist, action)
-            env_keys = jax.random.split(k_env, self.local_envs)
             obs, env_state, reward, term, trunc, info = jax.vmap(
                 spec.env.step, in_axes=(0, 0, 0, None)
             )(env_keys, st.env_state, env_action(spec, action), spec.env_params)
@@ -262,21 +268,13 @@ class Algorithm:
     def iteration(self, state: TrainState, hp: HyperParams):
         """Rollout, GAE, learn, adapt. Returns (new_state, metrics dict of scalars)."""
         cfg, ax = self.config, self.axis_name
-        T, E = cfg.num_steps, self.local_envs
         start_steps = state.env_steps
         lr = schedule_value(hp.lr_points, start_steps)
         ent_coeff = schedule_value(hp.entropy_points, start_steps)
         obs_stats_acting = state.obs_stats
 
         state, traj = self.rollout(state, hp)
-
-        # Values of every s_t and every true successor s'_t, in one batched critic pass.
-        obs_in = self._obs_in(obs_stats_acting, traj.obs)
-        final_in = self._obs_in(obs_stats_acting, traj.final_obs)
-        both = self.network.apply(
-            state.params, jnp.concatenate([obs_in, final_in], axis=0), method="value"
-        )
-        values, next_values = both[:T], both[T:]
+        values, next_values = self.values(state.params, obs_stats_acting, traj)
 
         rewards = traj.reward
         return_stats = state.return_stats
@@ -287,45 +285,27 @@ class Algorithm:
             rewards, values, next_values, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda
         )
         if cfg.normalize_advantages:
-            adv_mean = _pmean(jnp.mean(advantages), ax)
-            adv_var = _pmean(jnp.mean(jnp.square(advantages - adv_mean)), ax)
+            adv_mean, adv_var = self._global_moments(advantages)
             advantages = (advantages - adv_mean) / (jnp.sqrt(adv_var) + 1e-8)
+        batch = self.make_batch(obs_stats_acting, traj, values, advantages, targets)
 
-        flat = lambda x: x.reshape((T * E,) + x.shape[2:])  # noqa: E731
-        old_dist = DistParams(
-            flat(traj.dist.loc),
-            traj.dist.log_std[0] if traj.dist.log_std.ndim == 2 else traj.dist.log_std,
+        rng, k_epochs = jax.random.split(state.rng)
+        (params, opt_state), learn = self.learn(
+            state.params, state.opt_state, batch, state.env_ids, k_epochs, hp, lr, ent_coeff,
+            state.kl_coeff,
         )
-        batch = Minibatch(
-            obs=flat(obs_in), actions=flat(traj.action), old_log_probs=flat(traj.log_prob),
-            old_dist=old_dist, old_values=flat(values), advantages=flat(advantages),
-            value_targets=flat(targets),
-        )
-        params, opt_state, rng, learn = self._learn(state, batch, hp, lr, ent_coeff)
-
         mean_kl = jnp.mean(learn.kl)
         kl_coeff = update_kl_coeff(state.kl_coeff, mean_kl, hp.kl_target) if cfg.use_kl_loss else state.kl_coeff
         obs_stats = state.obs_stats
         if cfg.normalize_observations:
-            obs_stats = self._merge_stats(obs_stats, flatten_obs(traj.obs, self.spec.obs_shape).reshape(T * E, -1))
+            flat_obs = flatten_obs(traj.obs, self.spec.obs_shape)
+            obs_stats = self._merge_stats(obs_stats, flat_obs.reshape((-1, flat_obs.shape[-1])))
 
-        done = jnp.logical_or(traj.terminated, traj.truncated)
-        n_done = _psum(jnp.sum(done), ax)
-        has = n_done > 0
-        ret_sum = _psum(jnp.sum(jnp.where(done, traj.episode_return, 0.0)), ax)
-        len_sum = _psum(jnp.sum(jnp.where(done, traj.episode_length, 0)), ax)
-        ret_min = _pmin(jnp.min(jnp.where(done, traj.episode_return, jnp.inf)), ax)
-        ret_max = _pmax(jnp.max(jnp.where(done, traj.episode_return, -jnp.inf)), ax)
-        nan = jnp.float32(jnp.nan)
-        target_var = _pmean(jnp.var(targets), ax)
-        resid_var = _pmean(jnp.var(targets - values), ax)
-        env_steps = start_steps + T * cfg.num_envs
-        metrics = {
-            "episode_return_mean": jnp.where(has, ret_sum / jnp.maximum(n_done, 1), nan),
-            "episode_return_min": jnp.where(has, ret_min, nan),
-            "episode_return_max": jnp.where(has, ret_max, nan),
-            "episode_length_mean": jnp.where(has, len_sum / jnp.maximum(n_done, 1), nan),
-            "episodes": n_done,
+        env_steps = start_steps + cfg.num_steps * cfg.num_envs
+        metrics = self.episode_metrics(traj)
+        target_mean, target_var = self._global_moments(targets)
+        _, resid_var = self._global_moments(targets - values)
+        metrics.update({
             "policy_loss": jnp.mean(learn.policy_loss),
             "value_loss": jnp.mean(learn.value_loss),
             "entropy": jnp.mean(learn.entropy),
@@ -338,65 +318,122 @@ class Algorithm:
             "entropy_coeff": ent_coeff,
             "grad_norm": jnp.mean(learn.grad_norm),
             "env_steps": env_steps,
-        }
+        })
         state = state.replace(
             params=params, opt_state=opt_state, rng=rng, kl_coeff=kl_coeff, obs_stats=obs_stats,
             return_stats=return_stats, env_steps=env_steps, iteration=state.iteration + 1,
         )
         return state, metrics
 
-    # ------------------------------------------------------------------ learning
-    def _learn(self, state: TrainState, batch: Minibatch, hp: HyperParams, lr, ent_coeff):
-        cfg, ax = self.config, self.axis_name
-        tx = self._optimizer(hp)
-        n = batch.obs.shape[0]
-        n_mb = cfg.num_minibatches
+    # ------------------------------------------------------------------ pieces of an iteration
+    def _global_moments(self, x: jax.Array):
+        """Mean and variance of x over all its elements on all devices (equal shard sizes)."""
+        mean = _pmean(jnp.mean(x), self.axis_name)
+        var = _pmean(jnp.mean(jnp.square(x - mean)), self.axis_name)
+        return mean, var
 
-        def loss_fn(params, mb):
-            dist, values = self.network.apply(params, mb.obs)
+    def values(self, params, obs_stats: RunningStats, traj: Transition):
+        """V(s_t) and V(s'_t) [T, E] for every step, in one batched critic pass."""
+        T = traj.reward.shape[0]
+        obs_in = self._obs_in(obs_stats, traj.obs)
+        final_in = self._obs_in(obs_stats, traj.final_obs)
+        both = self.network.apply(params, jnp.concatenate([obs_in, final_in], axis=0), method="value")
+        return both[:T], both[T:]
+
+    def make_batch(self, obs_stats, traj: Transition, values, advantages, targets) -> Minibatch:
+        """The iteration's batch, time-major [T, E, ...] (old log_std kept unbatched)."""
+        log_std = traj.dist.log_std
+        if log_std.ndim == 2:  # stacked over T by the scan; identical rows
+            log_std = log_std[0]
+        return Minibatch(
+            obs=self._obs_in(obs_stats, traj.obs), actions=traj.action,
+            old_log_probs=traj.log_prob, old_dist=DistParams(traj.dist.loc, log_std),
+            old_values=values, advantages=advantages, value_targets=targets,
+        )
+
+    def episode_metrics(self, traj: Transition) -> dict:
+        """Return/length statistics of the episodes that ended in this rollout (all devices)."""
+        ax = self.axis_name
+        done = jnp.logical_or(traj.terminated, traj.truncated)
+        n_done = _psum(jnp.sum(done), ax)
+        has = n_done > 0
+        ret_sum = _psum(jnp.sum(jnp.where(done, traj.episode_return, 0.0)), ax)
+        len_sum = _psum(jnp.sum(jnp.where(done, traj.episode_length, 0)), ax)
+        ret_min = _pmin(jnp.min(jnp.where(done, traj.episode_return, jnp.inf)), ax)
+        ret_max = _pmax(jnp.max(jnp.where(done, traj.episode_return, -jnp.inf)), ax)
+        nan = jnp.float32(jnp.nan)
+        return {
+            "episode_return_mean": jnp.where(has, ret_sum / jnp.maximum(n_done, 1), nan),
+            "episode_return_min": jnp.where(has, ret_min, nan),
+            "episode_return_max": jnp.where(has, ret_max, nan),
+            "episode_length_mean": jnp.where(has, len_sum / jnp.maximum(n_done, 1), nan),
+            "episodes": n_done,
+        }
+
+    def minibatch_indices(self, key: jax.Array, env_ids: jax.Array) -> jax.Array:
+        """[M, T/M, E] time indices: each env's T steps shuffled by a key from its global index.
+
+        Minibatch j takes T/M steps of every env, so the global minibatch is the same set of
+        transitions however the envs are spread over devices or hosts.
+        """
+        T, M = self.config.num_steps, self.config.num_minibatches
+        perms = jax.vmap(lambda i: jax.random.permutation(jax.random.fold_in(key, i), T))(env_ids)
+        return perms.T.reshape(M, T // M, -1)
+
+    def gather_minibatch(self, batch: Minibatch, idx: jax.Array) -> Minibatch:
+        """Minibatch [T/M * E, ...] from a time-major batch and indices idx [T/M, E]."""
+        cols = jnp.arange(idx.shape[1])[None, :]
+        old_log_std = batch.old_dist.log_std
+        per_sample = batch._replace(old_dist=batch.old_dist._replace(log_std=None))
+        mb = jax.tree.map(lambda x: x[idx, cols].reshape((-1,) + x.shape[2:]), per_sample)
+        return mb._replace(old_dist=mb.old_dist._replace(log_std=old_log_std))
+
+    def loss_and_grads(self, params, mb: Minibatch, hp: HyperParams, ent_coeff, kl_coeff):
+        """(grads, LossTerms) of the PPO loss on one (local) minibatch."""
+        cfg = self.config
+
+        def loss_fn(p):
+            dist, values = self.network.apply(p, mb.obs)
             terms = ppo_loss_terms(
                 self.discrete, dist, values, mb,
                 clip_param=hp.clip_param, vf_clip_param=hp.vf_clip_param, vf_coeff=hp.vf_coeff,
-                entropy_coeff=ent_coeff, kl_coeff=state.kl_coeff, use_kl_loss=cfg.use_kl_loss,
+                entropy_coeff=ent_coeff, kl_coeff=kl_coeff, use_kl_loss=cfg.use_kl_loss,
                 use_vf_clip=cfg.vf_clip_param is not None,
             )
             return terms.total, terms
 
-        grad_fn = jax.grad(loss_fn, has_aux=True)
+        grads, terms = jax.grad(loss_fn, has_aux=True)(params)
+        return grads, terms
 
-        def minibatch_step(carry, mb):
+    def apply_grads(self, params, opt_state, grads, hp: HyperParams, lr):
+        """Clip by global norm, Adam, step by -lr. Returns (params, opt_state, grad_norm)."""
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = self._optimizer(hp).update(grads, opt_state, params)
+        params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
+        return params, opt_state, grad_norm
+
+    def learn(self, params, opt_state, batch: Minibatch, env_ids, key, hp, lr, ent_coeff, kl_coeff):
+        """num_epochs x num_minibatches gradient steps; grads averaged over devices."""
+        ax = self.axis_name
+
+        def minibatch_step(carry, idx):
             params, opt_state = carry
-            grads, terms = grad_fn(params, mb)
+            grads, terms = self.loss_and_grads(params, self.gather_minibatch(batch, idx), hp,
+                                               ent_coeff, kl_coeff)
             grads = _pmean(grads, ax)
             terms = _pmean(terms, ax)
-            grad_norm = optax.global_norm(grads)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
-            return (params, opt_state), terms._replace(total=grad_norm)
-
-        # The old Gaussian's log_std is shared by all samples: keep it out of the shuffle.
-        old_log_std = batch.old_dist.log_std
-        per_sample = batch._replace(old_dist=batch.old_dist._replace(log_std=None))
-
-        def minibatch_step_with_std(carry, mb):
-            mb = mb._replace(old_dist=mb.old_dist._replace(log_std=old_log_std))
-            return minibatch_step(carry, mb)
-
-        def epoch(carry, key):
-            perm = jax.random.permutation(key, n)
-            mbs = jax.tree.map(
-                lambda x: x[perm].reshape((n_mb, n // n_mb) + x.shape[1:]), per_sample
+            params, opt_state, grad_norm = self.apply_grads(params, opt_state, grads, hp, lr)
+            return (params, opt_state), _LearnStats(
+                policy_loss=terms.policy_loss, value_loss=terms.value_loss, entropy=terms.entropy,
+                kl=terms.kl, approx_kl=terms.approx_kl, clip_fraction=terms.clip_fraction,
+                grad_norm=grad_norm,
             )
-            return jax.lax.scan(minibatch_step_with_std, carry, mbs)
 
-        rng, k_epochs = jax.random.split(state.rng)
-        keys = jax.random.split(k_epochs, cfg.num_epochs)
-        (params, opt_state), terms = jax.lax.scan(epoch, (state.params, state.opt_state), keys)
-        return params, opt_state, rng, _LearnStats(
-            policy_loss=terms.policy_loss, value_loss=terms.value_loss, entropy=terms.entropy,
-            kl=terms.kl, approx_kl=terms.approx_kl, clip_fraction=terms.clip_fraction,
-            grad_norm=terms.total,
-        )
+        def epoch(carry, k):
+            return jax.lax.scan(minibatch_step, carry, self.minibatch_indices(k, env_ids))
+
+        keys = jax.random.split(key, self.config.num_epochs)
+        return jax.lax.scan(epoch, (params, opt_state), keys)
 
     # ------------------------------------------------------------------ whole runs
     def make_train(self):

@@ -209,12 +209,16 @@ class PPOConfig:
         _check_int(self, "log_every", 0)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed={self.seed!r} must be an integer")
-        if self.batch_size % self.num_minibatches:
-            divisors = [d for d in range(1, min(self.batch_size, 64) + 1) if self.batch_size % d == 0]
+        if self.num_steps % self.num_minibatches:
+            # Each minibatch takes num_steps/num_minibatches steps of every env, which keeps
+            # the global minibatch identical however envs are spread over devices or hosts.
+            divisors = [d for d in range(1, min(self.num_steps, 64) + 1) if self.num_steps % d == 0]
             raise ConfigError(
                 f"num_minibatches={self.num_minibatches} does not divide the batch of "
                 f"num_envs*num_steps = {self.num_envs}*{self.num_steps} = {self.batch_size} "
-                f"transitions; choose num_minibatches from {divisors} or change num_envs/num_steps"
+                f"transitions into minibatches of whole rollout steps (num_steps={self.num_steps} "
+                f"must be a multiple of num_minibatches); choose num_minibatches from {divisors} "
+                "or change num_steps"
             )
         if self.total_timesteps < self.batch_size:
             raise ConfigError(
