@@ -13,9 +13,12 @@ from flax import serialization
 def save_params(path: str | Path, result) -> Path:
     """Write {params, obs_stats} of every seed as msgpack, atomically (tmp file + rename)."""
     path = Path(path)
+    obs_stats = result.state.obs_stats
+    if getattr(result, "num_devices", 1) > 1:  # replicated over devices: keep one copy
+        obs_stats = jax.tree.map(lambda x: x[0], obs_stats)
     payload = {
-        "params": jax.device_get(result.state.params),
-        "obs_stats": jax.device_get(result.state.obs_stats),
+        "params": jax.device_get(result.params),
+        "obs_stats": jax.device_get(obs_stats),
     }
     data = serialization.msgpack_serialize(serialization.to_state_dict(payload))
     tmp = path.with_name(path.name + ".tmp")

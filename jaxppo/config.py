@@ -82,6 +82,8 @@ class PPOConfig:
     normalize_rewards: bool = False
     # --- network ---
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    # --- devices ---
+    num_devices: int | None = None  # local devices to pmap over; None = all of them
     # --- run ---
     seed: int = 0
     num_seeds: int = 1
@@ -207,6 +209,15 @@ class PPOConfig:
         _check_int(self, "num_minibatches", 1)
         _check_int(self, "num_seeds", 1)
         _check_int(self, "log_every", 0)
+        if self.num_devices is not None:
+            _check_int(self, "num_devices", 1)
+            if self.num_envs % self.num_devices:
+                raise ConfigError(
+                    f"num_envs={self.num_envs} cannot be split evenly over num_devices="
+                    f"{self.num_devices}; use a num_envs that is a multiple of {self.num_devices} "
+                    f"(e.g. {self.num_devices * max(1, self.num_envs // self.num_devices)}) or "
+                    f"num_devices from {_divisors(self.num_envs)}"
+                )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed={self.seed!r} must be an integer")
         if self.num_steps % self.num_minibatches:
@@ -279,6 +290,10 @@ def _did_you_mean(word: str, candidates, prefix: str = "") -> str:
     if not close:
         return ""
     return "; did you mean " + " or ".join(repr(prefix + c) for c in close) + "?"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _is_number(v) -> bool:

@@ -13,14 +13,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.algorithm import METRIC_KEYS, Algorithm, HyperParams, TrainState
-from jaxppo.config import PPOConfig
+from jaxppo.config import ConfigError, PPOConfig
 from jaxppo.envs import make_env
 
 # Metrics whose non-finite value means training diverged (episode stats are NaN by design
@@ -67,6 +67,9 @@ def enable_compilation_cache(path: str | None) -> None:
 class TrainResult:
     """What `train` returns.
 
+    params: the trained network params ([num_seeds, ...] leaves when num_seeds > 1).
+    state: the final TrainState, with a leading [num_devices] axis when num_devices > 1
+    (params are identical across it) and then [num_seeds] when num_seeds > 1.
     metrics: name -> array [num_iterations] (num_seeds == 1) or [num_seeds, num_iterations];
     also `iteration`, `wall_time` (s since process start, at the end of the chunk that held
     the iteration) and `sps` (env steps per second of that chunk, all seeds).
@@ -85,7 +88,11 @@ class TrainResult:
     _policy_fn: Callable | None = field(default=None, repr=False)
     _value_fn: Callable | None = field(default=None, repr=False)
 
+    num_devices: int = 1
+
     def _seed_slice(self, tree, seed):
+        if self.num_devices > 1:  # params are replicated: any device's copy will do
+            tree = jax.tree.map(lambda x: x[0], tree)
         if self.config.num_seeds == 1:
             return tree
         return jax.tree.map(lambda x: x[seed], tree)
@@ -127,32 +134,18 @@ def train(
     config = config.validate()
     enable_compilation_cache(config.compilation_cache_dir)
     spec = make_env(config)
-    algo = Algorithm(config, spec)
+    num_devices = resolve_num_devices(config)
     hp = hparams if hparams is not None else HyperParams.from_config(config)
     n_iter = config.num_iterations
-    chunk_len = config.log_every or _auto_chunk(n_iter)
-    chunk_len = min(chunk_len, n_iter)
+    chunk_len = min(config.log_every or _auto_chunk(n_iter), n_iter)
     seeds = config.num_seeds
-
-    def chunk(state, hp, start):
-        return algo.chunk(state, hp, start, chunk_len)
-
-    root = jax.random.PRNGKey(config.seed)
-    if seeds > 1:
-        keys = jax.random.split(root, seeds)
-        hp_axis = 0 if _is_batched(hp, seeds) else None
-        init_fn = jax.jit(jax.vmap(algo.init, in_axes=(0, hp_axis)))
-        chunk_fn = jax.jit(jax.vmap(chunk, in_axes=(0, hp_axis, None)), donate_argnums=0)
-        init_args = (keys, hp)
-    else:
-        init_fn = jax.jit(algo.init)
-        chunk_fn = jax.jit(chunk, donate_argnums=0)
-        init_args = (root, hp)
+    program = build_program(config, spec, hp, num_devices, chunk_len)
+    algo = program.algorithm
 
     t_compile = time.perf_counter()
-    state = init_fn(*init_args)
+    state = program.init(jax.random.PRNGKey(config.seed), hp)
     start0 = jnp.asarray(0, jnp.int32)
-    compiled = chunk_fn.lower(state, hp, start0).compile()
+    compiled = program.chunk.lower(state, hp, start0).compile()
     compile_seconds = time.perf_counter() - t_compile
 
     run_dir = Path(run_dir) if run_dir is not None else None
@@ -166,6 +159,8 @@ def train(
             t0 = time.perf_counter()
             state, m = compiled(state, hp, jnp.asarray(start, jnp.int32))
             m = jax.device_get(m)
+            if num_devices > 1:  # metrics are already averaged over devices
+                m = jax.tree.map(lambda x: x[0], m)
             dt = time.perf_counter() - t0
             n = min(chunk_len, n_iter - start)
             wall = process_uptime()
@@ -212,11 +207,80 @@ def train(
     metrics = {k: np.concatenate(v, axis=-1) for k, v in history.items() if v}
     policy_fn = jax.jit(algo.act, static_argnames=("deterministic",))
     value_fn = jax.jit(algo.value)
+    params = jax.tree.map(lambda x: x[0], state.params) if num_devices > 1 else state.params
     return TrainResult(
-        config=config, params=state.params, state=state, metrics=metrics, run_dir=run_dir,
+        config=config, params=params, state=state, num_devices=num_devices, metrics=metrics, run_dir=run_dir,
         compile_seconds=compile_seconds, train_seconds=train_seconds, _algorithm=algo,
         _policy_fn=policy_fn, _value_fn=value_fn,
     )
+
+
+class Program(NamedTuple):
+    """The compiled entry points of a run: `init(key, hp)` and `chunk(state, hp, start)`."""
+
+    algorithm: Algorithm
+    init: Callable
+    chunk: Callable
+
+
+AXIS = "device"
+
+
+def resolve_num_devices(config: PPOConfig) -> int:
+    """config.num_devices, or every local device; checked against what this host has."""
+    available = jax.local_device_count()
+    n = config.num_devices if config.num_devices is not None else available
+    if n > available:
+        raise ConfigError(
+            f"num_devices={n} but this host has {available} local device(s) "
+            f"({jax.default_backend()}); set num_devices <= {available} or leave it unset"
+        )
+    if config.num_envs % n:
+        hint = "set num_devices explicitly, " if config.num_devices is None else ""
+        raise ConfigError(
+            f"num_envs={config.num_envs} cannot be split evenly over {n} local devices; "
+            f"{hint}use num_envs a multiple of {n}, or num_devices from "
+            f"{[d for d in range(1, n + 1) if config.num_envs % d == 0]}"
+        )
+    return n
+
+
+def build_program(config: PPOConfig, spec, hp: HyperParams, num_devices: int, chunk_len: int) -> Program:
+    """jit (one device) or pmap (several) of init and chunk, vmapped over seeds when asked.
+
+    State layout: [devices?, seeds?, ...]; the devices axis exists only when num_devices > 1.
+    """
+    seeds = config.num_seeds
+    axis = AXIS if num_devices > 1 else None
+    algo = Algorithm(config, spec, num_devices=num_devices, axis_name=axis)
+    local = algo.local_envs
+    hp_axis = (0 if _is_batched(hp, seeds) else None) if seeds > 1 else None
+
+    def init_one(key, hp, device):
+        return algo.init(key, hp, env_index_offset=device * local)
+
+    def chunk_one(state, hp, start):
+        return algo.chunk(state, hp, start, chunk_len)
+
+    if seeds > 1:
+        def init_dev(root, hp, device):
+            keys = jax.random.split(root, seeds)
+            return jax.vmap(init_one, in_axes=(0, hp_axis, None))(keys, hp, device)
+
+        chunk_dev = jax.vmap(chunk_one, in_axes=(0, hp_axis, None))
+    else:
+        init_dev, chunk_dev = init_one, chunk_one
+
+    if num_devices == 1:
+        init = jax.jit(lambda root, hp: init_dev(root, hp, 0))
+        chunk = jax.jit(chunk_dev, donate_argnums=0)
+    else:
+        devices = jax.local_devices()[:num_devices]
+        pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
+        init = lambda root, hp: pinit(root, hp, jnp.arange(num_devices))  # noqa: E731
+        chunk = jax.pmap(chunk_dev, axis_name=AXIS, in_axes=(0, None, None), devices=devices,
+                         donate_argnums=0)
+    return Program(algo, init, chunk)
 
 
 def make_train(config: PPOConfig, hparams: HyperParams | None = None):

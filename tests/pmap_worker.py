@@ -1,0 +1,73 @@
+"""Run in a subprocess with 4 forced host devices (XLA_FLAGS must be set before jax loads).
+
+Prints one JSON object with the checks `test_pmap.py` asserts on.
+"""
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxppo  # noqa: E402
+from jaxppo.algorithm import HyperParams  # noqa: E402
+from jaxppo.envs import make_env  # noqa: E402
+from jaxppo.train import build_program  # noqa: E402
+
+
+def one_iteration_equivalence():
+    cfg = jaxppo.PPOConfig(
+        num_envs=8, num_steps=16, total_timesteps=8 * 16, num_minibatches=4,
+        network=jaxppo.NetworkConfig((16, 16)), normalize_observations=True,
+        normalize_rewards=True, compilation_cache_dir=None,
+    )
+    spec = make_env(cfg)
+    hp = HyperParams.from_config(cfg)
+    out = {}
+    for nd in (1, 4):
+        prog = build_program(cfg.replace(num_devices=nd), spec, hp, nd, 1)
+        st = prog.init(jax.random.PRNGKey(3), hp)
+        st, m = prog.chunk(st, hp, jax.numpy.int32(0))
+        if nd > 1:
+            leaves = jax.tree.leaves(st.params)
+            out["replicated_after_iteration"] = all(
+                np.array_equal(leaf[0], leaf[i]) for leaf in leaves for i in range(nd))
+            st = jax.tree.map(lambda x: x[0], st)
+            m = jax.tree.map(lambda x: x[0], m)
+        out[nd] = (st, m)
+    (s1, m1), (s4, m4) = out[1], out[4]
+    return {
+        "replicated_after_iteration": out["replicated_after_iteration"],
+        "max_param_diff": max(float(np.abs(a - b).max())
+                              for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params))),
+        "max_obs_mean_diff": float(np.abs(s1.obs_stats.mean - s4.obs_stats.mean).max()),
+        "max_obs_var_diff": float(np.abs(s1.obs_stats.var - s4.obs_stats.var).max()),
+        "metrics_1": {k: float(v[0]) for k, v in m1.items()},
+        "metrics_4": {k: float(v[0]) for k, v in m4.items()},
+    }
+
+
+def learns_on_two_devices():
+    cfg = jaxppo.PPOConfig(
+        num_envs=16, num_steps=128, num_epochs=8, num_minibatches=8, lr=5e-4,
+        total_timesteps=150_000, num_devices=2,
+    )
+    result = jaxppo.train(cfg, progress=False)
+    leaves = jax.tree.leaves(result.state.params)
+    ret = result.metrics["episode_return_mean"]
+    tail = ret[-10:]
+    return {
+        "devices": int(result.num_devices),
+        "replicated_after_training": all(np.array_equal(leaf[0], leaf[1]) for leaf in leaves),
+        "first_return": float(np.nanmean(ret[:5])),
+        "final_return": float(np.nanmean(tail)),
+    }
+
+
+if __name__ == "__main__":
+    which = sys.argv[1]
+    fn = {"equivalence": one_iteration_equivalence, "learn": learns_on_two_devices}[which]
+    print("RESULT " + json.dumps(fn()))
