@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 import sys
 import time
 from dataclasses import dataclass, field
@@ -143,9 +144,7 @@ def train(
     algo = program.algorithm
 
     t_compile = time.perf_counter()
-    state = program.init(jax.random.PRNGKey(config.seed), hp)
-    start0 = jnp.asarray(0, jnp.int32)
-    compiled = program.chunk.lower(state, hp, start0).compile()
+    state, compiled = initialise_and_compile(program, jax.random.PRNGKey(config.seed), hp)
     compile_seconds = time.perf_counter() - t_compile
 
     run_dir = Path(run_dir) if run_dir is not None else None
@@ -281,6 +280,23 @@ def build_program(config: PPOConfig, spec, hp: HyperParams, num_devices: int, ch
         chunk = jax.pmap(chunk_dev, axis_name=AXIS, in_axes=(0, None, None), devices=devices,
                          donate_argnums=0)
     return Program(algo, init, chunk)
+
+
+def initialise_and_compile(program: Program, key: jax.Array, hp: HyperParams):
+    """Run `init` and compile `chunk` at the same time; returns (state, compiled chunk).
+
+    The chunk only needs the state's shapes, so its compile (the bulk of start-up) runs in a
+    second thread while the main thread compiles and runs init; XLA releases the GIL.
+    """
+    start0 = jnp.asarray(0, jnp.int32)
+    if isinstance(program.chunk, jax.stages.Wrapped) and hasattr(program.chunk, "trace"):
+        abstract = jax.eval_shape(program.init, key, hp)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(lambda: program.chunk.lower(abstract, hp, start0).compile())
+            state = jax.block_until_ready(program.init(key, hp))
+            return state, future.result()
+    state = program.init(key, hp)
+    return state, program.chunk.lower(state, hp, start0).compile()
 
 
 def make_train(config: PPOConfig, hparams: HyperParams | None = None):
