@@ -22,6 +22,7 @@ from typing import Any, Sequence, Union
 Schedule = Union[float, Sequence[Sequence[float]]]
 
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
+TORSOS = ("auto", "mlp", "cnn")
 SCHEDULE_KINDS = ("constant", "linear")
 
 
@@ -36,9 +37,13 @@ class NetworkConfig:
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
     shared_trunk: bool = False  # one torso for actor and critic, two heads
+    torso: str = "auto"  # "mlp", "cnn" (image observations), or "auto": cnn for [H, W, C] obs
+    conv_channels: tuple[int, ...] = (16,)  # cnn torso: channels of each 3x3 conv layer
+    conv_kernel: int = 3
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
+        object.__setattr__(self, "conv_channels", tuple(int(c) for c in self.conv_channels))
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,14 @@ class PPOConfig:
     num_seeds: int = 1
     log_every: int = 0  # iterations per compiled chunk between progress updates; 0 = auto
     compilation_cache_dir: str | None = "~/.cache/jaxppo/xla"  # None disables the cache
+    # --- run lifecycle (checkpoints, evaluation, logs) ---
+    checkpoint_every: int = 0  # iterations between checkpoints in RUN_DIR/checkpoints; 0 = at the end only
+    keep_checkpoints: int = 3  # newest checkpoints kept; older ones are deleted after a save
+    eval_every: int = 0  # iterations between evaluations (and at the last one); 0 = no evaluation
+    eval_episodes: int = 8  # eval envs, each runs one full episode per evaluation
+    eval_deterministic: bool = True  # act with the policy's mode rather than sampling
+    eval_max_steps: int | None = None  # bound on an eval episode; None = env's max_steps_in_episode
+    tensorboard: bool = False  # also write TensorBoard event files to RUN_DIR/tensorboard
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -189,7 +202,8 @@ class PPOConfig:
             v = getattr(self, f.name)
             if f.name == "network":
                 v = {"hidden_sizes": list(v.hidden_sizes), "activation": v.activation,
-                     "shared_trunk": v.shared_trunk}
+                     "shared_trunk": v.shared_trunk, "torso": v.torso,
+                     "conv_channels": list(v.conv_channels), "conv_kernel": v.conv_kernel}
             elif f.name == "env":
                 v = self.env_name
             elif f.name == "env_params":
@@ -209,6 +223,15 @@ class PPOConfig:
         _check_int(self, "num_minibatches", 1)
         _check_int(self, "num_seeds", 1)
         _check_int(self, "log_every", 0)
+        _check_int(self, "checkpoint_every", 0)
+        _check_int(self, "keep_checkpoints", 1)
+        _check_int(self, "eval_every", 0)
+        _check_int(self, "eval_episodes", 1)
+        if self.eval_max_steps is not None:
+            _check_int(self, "eval_max_steps", 1)
+        for name in ("eval_deterministic", "tensorboard"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
         if self.num_devices is not None:
             _check_int(self, "num_devices", 1)
             if self.num_envs % self.num_devices:
@@ -269,6 +292,16 @@ class PPOConfig:
             raise ConfigError(
                 f"network.activation={net.activation!r} is not one of {ACTIVATIONS}"
                 f"{_did_you_mean(net.activation, ACTIVATIONS)}"
+            )
+        if net.torso not in TORSOS:
+            raise ConfigError(
+                f"network.torso={net.torso!r} is not one of {TORSOS}"
+                f"{_did_you_mean(net.torso, TORSOS)}"
+            )
+        if not net.conv_channels or any(c < 1 for c in net.conv_channels) or net.conv_kernel < 1:
+            raise ConfigError(
+                f"network.conv_channels={list(net.conv_channels)} / conv_kernel={net.conv_kernel} "
+                "must be positive, e.g. conv_channels=[16], conv_kernel=3"
             )
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError(f"env_kwargs={self.env_kwargs!r} must be a mapping of keyword arguments")

@@ -96,11 +96,38 @@ class MLP(nn.Module):
         return x
 
 
+class CNN(nn.Module):
+    """Conv layers over [..., H, W, C] images (given flat), then the MLP layers.
+
+    The MinAtar-sized default (one 3x3 conv of 16 channels, then 64-64) follows the small
+    torsos of gymnax's own PPO baselines.
+    """
+
+    obs_shape: Sequence[int]
+    channels: Sequence[int]
+    kernel: int
+    hidden_sizes: Sequence[int]
+    activation: str
+
+    @nn.compact
+    def __call__(self, x):
+        act = _ACTIVATIONS[self.activation]
+        lead = x.shape[:-1]
+        x = x.reshape((-1,) + tuple(self.obs_shape))
+        for c in self.channels:
+            x = act(nn.Conv(c, (self.kernel, self.kernel), padding="SAME",
+                            kernel_init=nn.initializers.orthogonal(float(np.sqrt(2.0))),
+                            bias_init=nn.initializers.constant(0.0))(x))
+        x = x.reshape(lead + (-1,))
+        return MLP(self.hidden_sizes, self.activation)(x)
+
+
 class ActorCritic(nn.Module):
     """Policy head and value head over flat observations [..., obs_dim].
 
     Orthogonal init (sqrt(2) torso, 0.01 policy head, 1.0 value head) as in the PPO
-    implementation-details literature; separate torsos unless `shared_trunk`.
+    implementation-details literature; separate torsos unless `shared_trunk`. With
+    `torso="cnn"` the flat observation is reshaped to `obs_shape` (H, W, C) for the convs.
     """
 
     action_dim: int
@@ -108,11 +135,21 @@ class ActorCritic(nn.Module):
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
     shared_trunk: bool = False
+    torso: str = "mlp"
+    obs_shape: Sequence[int] = ()
+    conv_channels: Sequence[int] = (16,)
+    conv_kernel: int = 3
+
+    def _make_torso(self):
+        if self.torso == "cnn":
+            return CNN(self.obs_shape, self.conv_channels, self.conv_kernel, self.hidden_sizes,
+                       self.activation)
+        return MLP(self.hidden_sizes, self.activation)
 
     def setup(self):
-        self.actor_torso = MLP(self.hidden_sizes, self.activation)
+        self.actor_torso = self._make_torso()
         if not self.shared_trunk:
-            self.critic_torso = MLP(self.hidden_sizes, self.activation)
+            self.critic_torso = self._make_torso()
         self.policy_head = _dense(self.action_dim, 0.01)
         self.value_head = _dense(1, 1.0)
         if not self.discrete:
@@ -136,6 +173,21 @@ class ActorCritic(nn.Module):
         return self.policy(obs), self.value(obs)
 
 
+def resolve_torso(config, spec) -> str:
+    """"auto" picks the CNN for image observations [H, W, C] and the MLP otherwise."""
+    torso = config.network.torso
+    if torso == "auto":
+        return "cnn" if len(spec.obs_shape) == 3 else "mlp"
+    if torso == "cnn" and len(spec.obs_shape) != 3:
+        from jaxppo.config import ConfigError
+
+        raise ConfigError(
+            f"network.torso='cnn' needs image observations [H, W, C], but {config.env_name} "
+            f"has observation shape {spec.obs_shape}; use network.torso='mlp' or 'auto'"
+        )
+    return torso
+
+
 def make_network(config, spec) -> ActorCritic:
     net = config.network
     return ActorCritic(
@@ -144,4 +196,8 @@ def make_network(config, spec) -> ActorCritic:
         hidden_sizes=tuple(net.hidden_sizes),
         activation=net.activation,
         shared_trunk=net.shared_trunk,
+        torso=resolve_torso(config, spec),
+        obs_shape=tuple(spec.obs_shape),
+        conv_channels=tuple(net.conv_channels),
+        conv_kernel=net.conv_kernel,
     )
