@@ -8,12 +8,13 @@ ARGS   ?=
 HOSTS  ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast bench clean help
+.PHONY: install train test test-fast bench experiments clean help
 
 help:
 	@echo "make train ENV=CartPole-v1 [ARGS='--set lr=3e-4 --seeds 4']  train, write runs/<env>-<time>/"
 	@echo "make test                                                  the whole test suite (CPU)"
 	@echo "make bench                                                 benchmarks -> experiments/results/*.json"
+	@echo "make experiments [EXPERIMENT_ARGS=...]                     tuned configs x 4 seeds -> README table"
 	@echo "make install | clean"
 
 # The venv is rebuilt only when pyproject.toml changes.
@@ -36,6 +37,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python experiments/bench.py
+
+# Tuned configs x 4 seeds -> experiments/results/<env>.json/.png and the README table.
+# EXPERIMENT_ARGS='--env CartPole-v1 --max-steps 2e6' to select envs or cap budgets.
+experiments: $(STAMP)
+	$(BIN)/python experiments/run_experiments.py $(EXPERIMENT_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -1,0 +1,165 @@
+"""Run the tuned configs with several seeds and regenerate the README results table.
+
+    .venv/bin/python experiments/run_experiments.py                 # every config, 4 seeds
+    .venv/bin/python experiments/run_experiments.py --env CartPole-v1 Acrobot-v1
+    .venv/bin/python experiments/run_experiments.py --max-steps 2e6  # cap budgets (CPU)
+    .venv/bin/python experiments/run_experiments.py --table-only     # rebuild README table
+
+Each env trains all its seeds in one vmapped program (`--seeds`, default 4) through the
+CLI, then experiments/results/<env>.json (final return mean ± std over seeds, env steps,
+wall time, steps/s, machine) and experiments/results/<env>.png are written, and the table
+between the results markers in README.md is rebuilt from every results/*.json present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "experiments" / "configs"
+RESULTS = ROOT / "experiments" / "results"
+RUNS = ROOT / "experiments" / "runs"
+README = ROOT / "README.md"
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+# Published anchors. gymnax: the PPO results table of the gymnax README (agents from
+# gymnax-blines, configs agents/<env>/ppo.yaml), final return and env-step budget.
+GYMNAX_PPO = {
+    "CartPole-v1": (500.0, 1.5e5),
+    "Acrobot-v1": (-80.0, 5e5),
+    "Pendulum-v1": (-130.0, 1e6),
+    "Catch-bsuite": (1.0, 1e5),
+    "Asterix-MinAtar": (15.0, 1e7),
+    "Breakout-MinAtar": (28.0, 1e7),
+    "Freeway-MinAtar": (58.0, 1e7),
+    "SpaceInvaders-MinAtar": (131.0, 1e7),
+}
+PUREJAXRL = {
+    "CartPole-v1": "≈500 at 5e5 steps (PureJaxRL README curve)",
+    "Breakout-MinAtar": "curve in PureJaxRL README (1e7 steps), no table",
+    "SpaceInvaders-MinAtar": "curve in PureJaxRL README (1e7 steps), no table",
+    "Asterix-MinAtar": "curve in PureJaxRL README (1e7 steps), no table",
+    "Freeway-MinAtar": "curve in PureJaxRL README (1e7 steps), no table",
+}
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform()}
+
+
+def run_env(env: str, seeds: int, max_steps: float | None) -> dict:
+    config = CONFIGS / f"{env}.yaml"
+    import yaml
+
+    total = int(yaml.safe_load(config.read_text())["total_timesteps"])
+    overrides = []
+    if max_steps is not None and total > max_steps:
+        total = int(max_steps)
+        overrides = ["--set", f"total_timesteps={total}"]
+    run_dir = RUNS / env
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    cmd = [sys.executable, "-m", "jaxppo", "train", "--config", str(config), "--seeds", str(seeds),
+           "--runs-dir", str(RUNS), "--run-name", env, "--no-progress", *overrides]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    wall = time.perf_counter() - t0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    result = {
+        "env": env,
+        "config": str(config.relative_to(ROOT)),
+        "seeds": seeds,
+        "env_steps_per_seed": summary["env_steps"],
+        "budget_capped": bool(overrides),
+        "final_return_mean": summary["final_return_mean"],
+        "final_return_std": summary["final_return_std"],
+        "final_return_per_seed": summary["final_return_per_seed"],
+        "final_return_definition": "mean episode return over the last 10 iterations, per seed",
+        "wall_seconds": wall,
+        "compile_seconds": summary["compile_seconds"],
+        "train_seconds": summary["train_seconds"],
+        "sps_all_seeds": summary["sps"],
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{env}.json").write_text(json.dumps(result, indent=2))
+    if (run_dir / "curve.png").exists():
+        shutil.copy(run_dir / "curve.png", RESULTS / f"{env}.png")
+    return result
+
+
+def _fmt_steps(x: float) -> str:
+    return f"{x:.0e}".replace("e+0", "e").replace("e+", "e")
+
+
+def build_table() -> str:
+    rows = [
+        "| env | jaxppo final return (mean ± std, seeds) | env steps / seed | wall s | steps/s | "
+        "gymnax PPO (budget) | PureJaxRL |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(RESULTS.glob("*.json")):
+        r = json.loads(path.read_text())
+        if "final_return_mean" not in r or "env" not in r:
+            continue
+        env = r["env"]
+        anchor = GYMNAX_PPO.get(env)
+        anchor_s = f"{anchor[0]:g} ({_fmt_steps(anchor[1])})" if anchor else "—"
+        capped = " (capped)" if r.get("budget_capped") else ""
+        rows.append(
+            f"| {env} | {r['final_return_mean']:.1f} ± {r['final_return_std']:.1f} ({r['seeds']}) "
+            f"| {_fmt_steps(r['env_steps_per_seed'])}{capped} | {r['wall_seconds']:.0f} "
+            f"| {r['sps_all_seeds']:,.0f} | {anchor_s} | {PUREJAXRL.get(env, '—')} |"
+        )
+    return "\n".join(rows)
+
+
+def update_readme() -> None:
+    text = README.read_text()
+    if START not in text or END not in text:
+        print(f"README.md has no {START} ... {END} markers; table not written", file=sys.stderr)
+        return
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{START}\n{build_table()}\n{END}{tail}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", nargs="*", help="envs to run (default: every config)")
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--max-steps", type=float, help="cap total_timesteps per seed")
+    parser.add_argument("--table-only", action="store_true")
+    args = parser.parse_args()
+    if not args.table_only:
+        envs = args.env or sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+        for env in envs:
+            if not (CONFIGS / f"{env}.yaml").exists():
+                print(f"error: no config experiments/configs/{env}.yaml", file=sys.stderr)
+                return 2
+            r = run_env(env, args.seeds, args.max_steps)
+            print(f"{env}: {r['final_return_mean']:.1f} ± {r['final_return_std']:.1f} "
+                  f"({r['env_steps_per_seed']:,} steps/seed, {r['wall_seconds']:.0f}s)", flush=True)
+    update_readme()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
