@@ -8,6 +8,8 @@ Single-host training never imports Ray; `jaxppo.distributed` does, on demand.
 
 from jaxppo.algorithm import HyperParams, TrainState
 from jaxppo.config import ConfigError, NetworkConfig, PPOConfig
+from jaxppo.checkpoint import CheckpointError
+from jaxppo.policy import Policy, load_policy
 from jaxppo.train import TrainingDivergedError, TrainResult, make_train, train
 
 __all__ = [
@@ -18,6 +20,9 @@ __all__ = [
     "TrainResult",
     "ConfigError",
     "TrainingDivergedError",
+    "CheckpointError",
+    "Policy",
+    "load_policy",
     "train",
     "make_train",
 ]

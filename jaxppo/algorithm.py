@@ -19,6 +19,7 @@ from flax import struct
 from jaxppo import networks
 from jaxppo.config import PPOConfig
 from jaxppo.envs import EnvSpec, env_action, flatten_obs, make_env
+from jaxppo.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS, eval_max_steps, run_episodes
 from jaxppo.gae import compute_gae
 from jaxppo.losses import Minibatch, ppo_loss_terms, update_kl_coeff
 from jaxppo.networks import DistParams
@@ -435,6 +436,21 @@ class Algorithm:
         keys = jax.random.split(key, self.config.num_epochs)
         return jax.lax.scan(epoch, (params, opt_state), keys)
 
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, params, obs_stats, key, num_episodes: int | None = None,
+                 deterministic: bool | None = None, max_steps: int | None = None) -> dict:
+        """eval_return_mean/std and eval_length_mean of one episode in each of
+        `num_episodes` fresh eval envs (defaults from the config). Pure; jit-able."""
+        cfg = self.config
+        n = cfg.eval_episodes if num_episodes is None else num_episodes
+        det = cfg.eval_deterministic if deterministic is None else deterministic
+        bound = eval_max_steps(cfg, self.spec.env_params) if max_steps is None else max_steps
+        stats = run_episodes(
+            lambda obs, k: self.act(params, obs_stats, obs, k, deterministic=det),
+            self.spec.env, self.spec.env_params, key, n, bound,
+        )
+        return stats.metrics()
+
     # ------------------------------------------------------------------ whole runs
     def make_train(self):
         """A pure `train_fn(key, hp) -> (final TrainState, metrics [num_iterations])`."""
@@ -446,10 +462,17 @@ class Algorithm:
 
         return train_fn
 
-    def chunk(self, state: TrainState, hp: HyperParams, start: jax.Array, length: int):
-        """`length` iterations from `start`; iterations past the run's end are skipped
-        (cond on an unbatched index, so under vmap it stays a real branch)."""
-        n_iter = self.config.num_iterations
+    def chunk(self, state: TrainState, hp: HyperParams, start: jax.Array, length: int,
+              stop: jax.Array | None = None):
+        """`length` iterations from `start`; iterations from `stop` (default: the run's end)
+        on are skipped (cond on an unbatched index, so under vmap it stays a real branch).
+
+        With `eval_every > 0`, iteration k (1-based) is followed by an evaluation when k is a
+        multiple of eval_every or the last iteration; its eval_* metrics are NaN otherwise.
+        """
+        cfg = self.config
+        n_iter = cfg.num_iterations
+        stop = n_iter if stop is None else jnp.minimum(stop, n_iter)
 
         def body(s, i):
             def run(s):
@@ -459,9 +482,28 @@ class Algorithm:
                 _, m = jax.eval_shape(self.iteration, s, hp)
                 return s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), m)
 
-            return jax.lax.cond(start + i < n_iter, run, skip, s)
+            live = start + i < stop
+            s, m = jax.lax.cond(live, run, skip, s)
+            if cfg.eval_every:
+                done = start + i + 1
+                due = jnp.logical_and(live, jnp.logical_or(done % cfg.eval_every == 0, done == n_iter))
+                m = {**m, **self._maybe_evaluate(s, due)}
+            return s, m
 
         return jax.lax.scan(body, state, jnp.arange(length))
+
+    def _maybe_evaluate(self, state: TrainState, due: jax.Array) -> dict:
+        """Eval metrics when `due` (unbatched), NaN otherwise. The key is folded from the
+        training key without consuming it, so training randomness does not change."""
+
+        def evaluate(st):
+            key = jax.random.fold_in(st.rng, EVAL_KEY_TAG)
+            return self.evaluate(st.params, st.obs_stats, key)
+
+        def skip(st):
+            return {k: jnp.float32(jnp.nan) for k in EVAL_METRIC_KEYS}
+
+        return jax.lax.cond(due, evaluate, skip, state)
 
 
 class _LearnStats(NamedTuple):

@@ -1,15 +1,308 @@
-"""Saving and loading trained parameters (and the observation statistics they expect)."""
+"""Checkpoints of the whole TrainState (orbax) and the trained parameters (msgpack).
+
+A checkpoint is RUN_DIR/checkpoints/<iteration>/ written by orbax's CheckpointManager: the
+TrainState pytree (params, optimizer state, kl_coeff, normalisation statistics, rng,
+counters, env state and episode trackers, as numpy arrays with their [devices?, seeds?]
+leading axes) plus a JSON record (iteration, env steps, devices, seeds, the run's config and
+a digest of every array). Orbax writes each step into a temporary folder and renames it when
+complete, so a crash while saving leaves the earlier checkpoints as they were; only the
+newest `keep_checkpoints` are kept.
+
+Nothing here deletes or rewrites anything while a run is being checked for resuming: the
+manager is opened read-only until every check has passed.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 from flax import serialization
 
+CHECKPOINT_DIR = "checkpoints"
+FORMAT_VERSION = 1
+_ITEMS = ("state", "meta")
 
+# Config fields that fix the shapes or the meaning of the saved state: a resumed run must
+# keep them. Everything else (total_timesteps, lr, eval/checkpoint cadence, ...) may change.
+# Every network.* field is locked (sizes, activation, torso, ...); so are observation
+# transforms, which can change the observation shape.
+LOCKED_FIELDS = (
+    "env", "env_kwargs", "env_params", "num_envs", "num_steps", "num_seeds", "seed",
+    "transforms", "network",
+)
+
+
+class CheckpointError(RuntimeError):
+    """A run folder or checkpoint that cannot be resumed or loaded; the message names the
+    path and what to do. Nothing in the run folder was changed."""
+
+
+# ---------------------------------------------------------------------- orbax store
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def state_digest(tree) -> str:
+    """sha256 over every array (dtype, shape, bytes), independent of the tree's structure,
+    so a state restored as plain dicts and one restored as a TrainState give the same digest."""
+    parts = []
+    for leaf in jax.tree.leaves(tree):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+        parts.append(h.hexdigest())
+    return hashlib.sha256("".join(sorted(parts)).encode()).hexdigest()
+
+
+class CheckpointStore:
+    """RUN_DIR/checkpoints through an orbax CheckpointManager.
+
+    read_only=True never writes, renames or deletes anything (used to check a run before
+    resuming it and by `load_policy`).
+    """
+
+    def __init__(self, run_dir: str | Path, keep: int = 3, read_only: bool = False):
+        import orbax.checkpoint as ocp
+
+        self._ocp = ocp
+        self.run_dir = Path(run_dir)
+        self.directory = checkpoint_dir(run_dir)
+        with _quiet_absl(read_only):  # it warns that read-only mode is read-only
+            options = ocp.CheckpointManagerOptions(
+                create=not read_only,
+                read_only=read_only,
+                preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
+            )
+            self.manager = ocp.CheckpointManager(self.directory.absolute(), item_names=_ITEMS,
+                                                 options=options)
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def step_path(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def save(self, step: int, state, meta: dict) -> None:
+        """Start saving `state` (device arrays are copied to host first, so the caller may
+        donate them to the next chunk) with `meta`; the write finishes in the background."""
+        ocp = self._ocp
+        host_state = jax.device_get(state)
+        meta = {**meta, "format": FORMAT_VERSION, "iteration": int(step),
+                "state_digest": state_digest(host_state)}
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(host_state),
+                                    meta=ocp.args.JsonSave(meta)),
+            force=True,
+        )
+
+    def read_meta(self, step: int) -> dict:
+        ocp = self._ocp
+        try:
+            out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            meta = out.meta
+            if not isinstance(meta, dict) or "iteration" not in meta:
+                raise ValueError(f"its record is {str(meta)[:80]!r}, not a jaxppo checkpoint record")
+        except Exception as e:  # orbax/tensorstore raise many types for unreadable files
+            raise self._unreadable(step, e) from None
+        return meta
+
+    def restore(self, step: int, target=None) -> tuple[Any, dict]:
+        """(state, meta) of `step`. With `target` (a pytree of arrays or ShapeDtypeStructs) the
+        state comes back in that structure and every shape and dtype is checked; without it, as
+        nested dicts. The arrays are checked against the digest recorded at save time."""
+        ocp = self._ocp
+        meta = self.read_meta(step)
+        if target is not None:
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), target)
+            state_args = ocp.args.StandardRestore(abstract)
+        else:
+            state_args = ocp.args.StandardRestore()
+        try:
+            out = self.manager.restore(
+                step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
+            state = out.state
+        except Exception as e:
+            raise self._unreadable(step, e) from None
+        if target is not None:
+            _check_shapes(state, target, self.step_path(step))
+        digest = meta.get("state_digest")
+        if digest is not None and state_digest(state) != digest:
+            raise self._unreadable(step, ValueError(
+                "its arrays do not match the digest recorded when it was saved"))
+        return state, meta
+
+    def _unreadable(self, step: int, err: Exception) -> CheckpointError:
+        path = self.step_path(step)
+        earlier = [s for s in self.steps() if s < step]
+        msg = f"checkpoint {path} is corrupt or incomplete ({type(err).__name__}: {_first_line(err)})."
+        if earlier:
+            msg += (f" Earlier checkpoints: {', '.join(str(s) for s in earlier)}; to resume from "
+                    f"iteration {earlier[-1]}, move {path} out of {self.directory} and run again.")
+        else:
+            msg += " No earlier checkpoint is left; start a new run."
+        return CheckpointError(msg + " Nothing in the run folder was changed.")
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@contextlib.contextmanager
+def _quiet_absl(active: bool):
+    logger = logging.getLogger("absl")
+    level = logger.level
+    if active:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else repr(err))[:300]
+
+
+def _check_shapes(state, target, path: Path) -> None:
+    got = jax.tree_util.tree_flatten_with_path(state)[0]
+    want = jax.tree_util.tree_flatten_with_path(target)[0]
+    if len(got) != len(want):
+        raise CheckpointError(
+            f"checkpoint {path} holds {len(got)} arrays but this config's TrainState has "
+            f"{len(want)}; it was written by a different version or config. Nothing was changed."
+        )
+    for (kp, g), (_, w) in zip(got, want):
+        if np.shape(g) != np.shape(w) or np.asarray(g).dtype != w.dtype:
+            raise CheckpointError(
+                f"checkpoint {path}: {jax.tree_util.keystr(kp)} has shape {np.shape(g)} "
+                f"{np.asarray(g).dtype}, but this config needs {np.shape(w)} {w.dtype}; resume "
+                "with the run's own config (config.yaml). Nothing was changed."
+            )
+
+
+# ---------------------------------------------------------------------- resuming a run
+def find_latest(run_dir: str | Path) -> tuple[CheckpointStore, int]:
+    """A read-only store on RUN_DIR's checkpoints and its newest step; CheckpointError when
+    the folder or a complete checkpoint is missing."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(
+            f"run folder {run_dir} does not exist; check the path (`jaxppo train` creates run "
+            "folders under runs/ by default)"
+        )
+    ckdir = checkpoint_dir(run_dir)
+    if not ckdir.is_dir():
+        raise CheckpointError(
+            f"run folder {run_dir} has no {CHECKPOINT_DIR}/ folder, so there is nothing to resume "
+            "from (the run stopped before its first checkpoint, or was made without a run "
+            "folder); start a new run"
+        )
+    store = CheckpointStore(run_dir, read_only=True)
+    step = store.latest_step()
+    if step is None:
+        unfinished = sorted(p.name for p in ckdir.iterdir() if ".orbax-checkpoint-tmp" in p.name)
+        store.close()
+        extra = (f" (only unfinished saves, left by a crash while saving: {', '.join(unfinished)})"
+                 if unfinished else "")
+        raise CheckpointError(
+            f"no complete checkpoint in {ckdir}{extra}; the run stopped before its first "
+            "checkpoint was written, so start a new run. Nothing was changed."
+        )
+    return store, step
+
+
+def load_run_config(run_dir: str | Path, meta: dict | None = None):
+    """The PPOConfig of a run folder: RUN_DIR/config.yaml, else the checkpoint's record."""
+    from jaxppo.config import ConfigError, PPOConfig
+
+    run_dir = Path(run_dir)
+    path = run_dir / "config.yaml"
+    if path.exists():
+        import yaml
+
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML ({e}); fix or restore it") from None
+    elif meta is not None and isinstance(meta.get("config"), dict):
+        data = dict(meta["config"])
+    else:
+        raise ConfigError(f"run folder {run_dir} has no config.yaml; it is not a jaxppo run folder")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config fields")
+    if data.get("env_params") is not None:
+        raise ConfigError(
+            f"{path} records env_params={data['env_params']!r}, which cannot be rebuilt from the "
+            "file; pass a PPOConfig with the same env_params (train(config, resume=...))"
+        )
+    return PPOConfig.from_dict(data)
+
+
+def check_resumable(saved: dict, config, run_dir: str | Path, saved_devices: int | None = None,
+                    devices: int | None = None) -> None:
+    """ConfigError naming the field, the saved and the new value when `config` changes a
+    field the saved state depends on."""
+    from jaxppo.config import ConfigError
+
+    new = config.to_dict()
+    pairs = []
+    for name in LOCKED_FIELDS:
+        if name == "network":
+            old_net, new_net = saved.get("network") or {}, new.get("network") or {}
+            pairs += [(f"network.{k}", old_net[k], new_net.get(k)) for k in old_net]
+        elif name in saved:  # a field the saving version did not have is not checked
+            pairs.append((name, saved[name], new.get(name)))
+    for name, old_v, new_v in pairs:
+        if _norm(old_v) != _norm(new_v):
+            raise ConfigError(
+                f"cannot resume {run_dir} with {name}={new_v!r}: its checkpoint was made with "
+                f"{name}={old_v!r}, and {name} fixes the shape or meaning of the saved state. "
+                f"Resume with {name}={old_v!r} (only fields such as total_timesteps, lr or "
+                "eval_every may change), or start a new run. Nothing was changed."
+            )
+    if saved_devices is not None and devices is not None and saved_devices != devices:
+        raise ConfigError(
+            f"cannot resume {run_dir} on {devices} device(s): it was trained on {saved_devices} "
+            f"(its state is split over them); set num_devices={saved_devices}. Nothing was changed."
+        )
+
+
+def _norm(v):
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    return v
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------- params only
 def save_params(path: str | Path, result) -> Path:
     """Write {params, obs_stats} of every seed as msgpack, atomically (tmp file + rename)."""
     path = Path(path)

@@ -1,4 +1,4 @@
-"""Command line: `python -m jaxppo train|plot|envs ...` (also installed as `jaxppo`)."""
+"""Command line: `python -m jaxppo train|eval|plot|envs ...` (also installed as `jaxppo`)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,23 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--run-name", help="run folder name (default <env>-<YYYYmmdd-HHMMSS>)")
     t.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     t.add_argument("--no-plot", action="store_true", help="skip curve.png")
+    t.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue RUN_DIR from its newest checkpoint, with its config.yaml; --set "
+                        "may change fields such as total_timesteps (to extend the run), not shapes")
+    t.add_argument("--stop-after", type=int, metavar="N",
+                   help="stop after N iterations of this call (a checkpoint is written); "
+                        "continue later with --resume")
+
+    e = sub.add_parser("eval", help="evaluate the trained policy of a run folder",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("run", help="run folder")
+    e.add_argument("--episodes", type=int, default=10, help="episodes (one per parallel env)")
+    e.add_argument("--stochastic", action="store_true",
+                   help="sample actions instead of taking the most likely one")
+    e.add_argument("--seed", type=int, default=0, help="seed of the eval envs (and sampling)")
+    e.add_argument("--max-steps", type=int, help="bound on an episode (default: the env's limit)")
+    e.add_argument("--seed-index", type=int, default=0, help="which seed of a multi-seed run")
+    e.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("plot", help="plot return curves of one or more run folders")
     p.add_argument("runs", nargs="+", help="run folders (or metrics.jsonl files)")
@@ -70,9 +87,45 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"error: run folder {missing[0]!r} does not exist", file=sys.stderr)
             return 2
+        no_metrics = [r for r in args.runs
+                      if Path(r).is_dir() and not (Path(r) / "metrics.jsonl").exists()]
+        if no_metrics:
+            print(f"error: {no_metrics[0]} has no metrics.jsonl; is it a run folder?", file=sys.stderr)
+            return 2
         print(plot_runs(args.runs, args.output))
         return 0
+    if args.command == "eval":
+        return _eval(args)
     return _train(args)
+
+
+def _eval(args) -> int:
+    from jaxppo.checkpoint import CheckpointError
+    from jaxppo.config import ConfigError
+
+    if args.episodes < 1:
+        print(f"error: --episodes {args.episodes} must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        from jaxppo.policy import load_policy
+
+        policy = load_policy(args.run, seed_index=args.seed_index)
+        out = policy.evaluate(episodes=args.episodes, seed=args.seed,
+                              deterministic=not args.stochastic, max_steps=args.max_steps)
+    except (CheckpointError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out.update(run=str(args.run), env=policy.config.env_name, iteration=policy.iteration,
+               deterministic=not args.stochastic, seed=args.seed)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    where = f"checkpoint iteration {policy.iteration}" if policy.iteration is not None else "params.msgpack"
+    print(f"{out['env']} ({args.run}, {where}): return {out['return_mean']:.2f} ± "
+          f"{out['return_std']:.2f}, length {out['length_mean']:.1f} ± {out['length_std']:.1f} over "
+          f"{out['episodes']} episodes ({'stochastic' if args.stochastic else 'deterministic'} "
+          f"policy, seed {args.seed})")
+    return 0
 
 
 def resolve_config(args):
@@ -98,12 +151,46 @@ def resolve_config(args):
     return config.validate(), source
 
 
+def _resume_config(args):
+    """The config of a run folder being resumed: its config.yaml, then --set pairs."""
+    from jaxppo.checkpoint import CheckpointError, load_run_config
+
+    clashing = [flag for flag, given in (("--config", args.config), ("--env", args.env),
+                                         ("--defaults", args.defaults), ("--run-name", args.run_name))
+                if given]
+    if clashing:
+        from jaxppo.config import ConfigError
+
+        raise ConfigError(
+            f"{clashing[0]} cannot be combined with --resume: a resumed run keeps its folder and "
+            "its config.yaml; change fields with --set (e.g. --set total_timesteps=1000000)"
+        )
+    run_dir = Path(args.resume)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
+    config = load_run_config(run_dir)
+    overrides = list(args.overrides)
+    if args.seeds is not None:
+        overrides.append(f"num_seeds={args.seeds}")
+    if overrides:
+        config = config.with_overrides(overrides)
+    return config.validate(), run_dir
+
+
 def _train(args) -> int:
+    from jaxppo.checkpoint import CheckpointError
     from jaxppo.config import ConfigError
 
+    if args.stop_after is not None and args.stop_after < 1:
+        print(f"error: --stop-after {args.stop_after} must be >= 1", file=sys.stderr)
+        return 2
     try:
-        config, source = resolve_config(args)
-    except ConfigError as e:
+        if args.resume:
+            config, run_dir = _resume_config(args)
+            source = f"{run_dir / 'config.yaml'} (resumed)"
+        else:
+            config, source = resolve_config(args)
+    except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -111,21 +198,25 @@ def _train(args) -> int:
 
     from jaxppo.train import TrainingDivergedError, train
 
-    name = args.run_name or f"{config.env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(args.runs_dir) / name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        print(f"error: run folder {run_dir} already exists and is not empty; "
-              "choose another --run-name", file=sys.stderr)
-        return 2
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    if not args.resume:
+        name = args.run_name or f"{config.env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(args.runs_dir) / name
+        if run_dir.exists() and any(run_dir.iterdir()):
+            print(f"error: run folder {run_dir} already exists and is not empty; "
+                  "choose another --run-name (or continue it with --resume)", file=sys.stderr)
+            return 2
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     print(f"config: {source}; run folder: {run_dir}", file=sys.stderr)
     try:
-        result = train(config, run_dir=run_dir, progress=False if args.no_progress else None)
+        result = train(config, run_dir=None if args.resume else run_dir,
+                       resume=run_dir if args.resume else None,
+                       progress=False if args.no_progress else None,
+                       stop_after_iterations=args.stop_after)
     except TrainingDivergedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -139,9 +230,19 @@ def _train(args) -> int:
 
         plot_runs([run_dir], run_dir / "curve.png", labels=[config.env_name],
                   title=f"{config.env_name}: return vs env steps")
+    if not result.completed:
+        print(
+            f"stopped after iteration {result.iterations_done} of {config.num_iterations} "
+            f"(checkpoint written); continue with: jaxppo train --resume {run_dir}",
+            file=sys.stderr,
+        )
+        return 0
+    ev = summary.get("final_eval_return_mean")
     print(
         f"done: final return {summary['final_return_mean']:.1f} ± {summary['final_return_std']:.1f} "
-        f"(last 10 iterations, {config.num_seeds} seed(s)); {summary['env_steps']:,} env steps in "
+        f"(last 10 iterations, {config.num_seeds} seed(s)); "
+        + (f"final eval return {ev:.1f}; " if ev is not None else "")
+        + f"{summary['env_steps']:,} env steps in "
         f"{summary['train_seconds']:.1f}s ({summary['sps']:,.0f} steps/s) + "
         f"{summary['compile_seconds']:.1f}s compile; run folder {run_dir}",
         file=sys.stderr,
@@ -161,16 +262,27 @@ def _summary(result) -> dict:
         vals = vals[np.isfinite(vals)]
         tail.append(float(vals.mean()) if len(vals) else float("nan"))
     cfg = result.config
-    steps = int(cfg.num_iterations * cfg.batch_size)
-    return {
+    steps = int(result.iterations_done * cfg.batch_size)
+    steps_now = int((result.iterations_done - (result.resumed_from or 0)) * cfg.batch_size)
+    out = {
         "env": cfg.env_name,
         "num_seeds": cfg.num_seeds,
         "env_steps": steps,
+        "iterations": int(result.iterations_done),
+        "completed": bool(result.completed),
         "final_return_mean": float(np.mean(tail)),
         "final_return_std": float(np.std(tail)),
         "final_return_per_seed": tail,
         "compile_seconds": result.compile_seconds,
         "train_seconds": result.train_seconds,
-        "sps": steps * cfg.num_seeds / max(result.train_seconds, 1e-9),
+        "sps": steps_now * cfg.num_seeds / max(result.train_seconds, 1e-9),
         "process_seconds": process_uptime(),
     }
+    if "eval_return_mean" in result.metrics:
+        ev = np.atleast_2d(result.metrics["eval_return_mean"])
+        done = np.isfinite(ev[0])
+        if done.any():
+            idx = np.flatnonzero(done)[-1]
+            out["final_eval_return_mean"] = float(np.mean(ev[:, idx]))
+            out["final_eval_iteration"] = int(np.atleast_2d(result.metrics["iteration"])[0, idx])
+    return out

@@ -1,25 +1,27 @@
-"""Learning-curve figures from metrics.jsonl files (matplotlib, headless)."""
+"""Learning-curve figures from run folders (matplotlib, headless).
+
+`plot_runs` draws return vs env steps and vs wall-clock time, mean ± std over seeds, one
+curve per run; evaluation returns, where the run has them, are dashed lines with markers in
+the run's colour. Legends name the env and the config fields whose values differ between the
+runs' config.yaml files. `jaxppo plot` and every run folder's curve.png use it.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from jaxppo.runlog import read_metrics
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """Rows of a metrics.jsonl; a run folder may be given instead of the file."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.jsonl"
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                rows.append(json.loads(line))
-    return rows
+# Fields that do not change what a run learns; left out of the legend's differences.
+_NOT_IN_LEGEND = {
+    "compilation_cache_dir", "log_every", "checkpoint_every", "keep_checkpoints", "tensorboard",
+    "num_devices", "eval_every", "eval_episodes", "eval_deterministic", "eval_max_steps",
+}
+
+__all__ = ["read_metrics", "return_curve", "eval_curve", "config_differences", "make_figure",
+           "plot_runs"]
 
 
 def return_curve(rows: list[dict], key: str = "episode_return_mean"):
@@ -36,6 +38,22 @@ def return_curve(rows: list[dict], key: str = "episode_return_mean"):
     return steps, wall, np.stack(curves)
 
 
+def eval_curve(rows: list[dict]):
+    """(env_steps [K], wall_time [K], eval returns [S, K]) at the iterations that evaluated;
+    None when the run has no evaluation."""
+    seeds = sorted({r.get("seed", 0) for r in rows})
+    by_seed = [[r for r in rows if r.get("seed", 0) == s] for s in seeds]
+    n = min(len(b) for b in by_seed)
+    points = [j for j in range(n) if all(b[j].get("eval_return_mean") is not None for b in by_seed)]
+    if not points:
+        return None
+    first = by_seed[0]
+    steps = np.asarray([first[j]["env_steps"] for j in points], float)
+    wall = np.asarray([first[j]["wall_time"] for j in points], float)
+    returns = np.asarray([[b[j]["eval_return_mean"] for j in points] for b in by_seed], float)
+    return steps, wall, returns
+
+
 def _ffill(x: np.ndarray) -> np.ndarray:
     out = x.copy()
     last = np.nan
@@ -47,14 +65,72 @@ def _ffill(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def plot_runs(run_dirs, out: str | Path, labels=None, title: str | None = None) -> Path:
-    """Return vs env steps and vs wall time, mean ± std over seeds, one curve per run."""
+def _run_folder(run) -> Path:
+    p = Path(run)
+    return p.parent if p.is_file() else p
+
+
+def _flat_config(run) -> dict:
+    path = _run_folder(run) / "config.yaml"
+    if not path.exists():
+        return {}
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    flat = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                flat[f"{k}.{kk}"] = vv
+        else:
+            flat[k] = v
+    return flat
+
+
+def config_differences(runs) -> list[dict]:
+    """For each run, {field: value} of the config fields (from config.yaml) whose values are
+    not the same in every run; fields that do not affect learning are left out."""
+    configs = [_flat_config(r) for r in runs]
+    keys = sorted(set().union(*configs)) if configs else []
+    differing = [k for k in keys if k not in _NOT_IN_LEGEND and k != "env"
+                 and len({repr(c.get(k)) for c in configs}) > 1]
+    return [{k: c.get(k) for k in differing} for c in configs]
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, list):
+        return "[" + ",".join(_fmt(x) for x in v) + "]"
+    return str(v)
+
+
+def run_labels(runs) -> list[str]:
+    """Legend labels: the env name, then the config fields that differ between the runs; the
+    folder name is added where that still leaves two runs with the same label."""
+    diffs = config_differences(runs)
+    labels = []
+    for run, diff in zip(runs, diffs):
+        env = _flat_config(run).get("env") or _run_folder(run).name
+        labels.append(env + (": " + ", ".join(f"{k}={_fmt(v)}" for k, v in diff.items()) if diff else ""))
+    for i, lab in enumerate(list(labels)):
+        if labels.count(lab) > 1 or len(runs) == 1 and not _flat_config(runs[i]):
+            labels[i] = f"{lab} [{_run_folder(runs[i]).name}]"
+    return labels
+
+
+def make_figure(run_dirs, labels=None, title: str | None = None):
+    """The figure of `plot_runs`, not saved: (fig, axes). Each line's gid is
+    'train:<i>', 'train-band:<i>' or 'eval:<i>' for run i."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    run_dirs = list(run_dirs)
+    labels = list(labels) if labels else run_labels(run_dirs)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    any_eval = False
     for i, run in enumerate(run_dirs):
         rows = read_metrics(run)
         if not rows:
@@ -62,21 +138,38 @@ def plot_runs(run_dirs, out: str | Path, labels=None, title: str | None = None) 
         steps, wall, curves = return_curve(rows)
         mean = np.nanmean(curves, axis=0) if curves.shape[0] > 1 else curves[0]
         std = np.nanstd(curves, axis=0) if curves.shape[0] > 1 else np.zeros_like(mean)
-        label = labels[i] if labels else Path(run).name
+        label = labels[i]
         if curves.shape[0] > 1:
             label += f" ({curves.shape[0]} seeds)"
-        for ax, x in ((axes[0], steps), (axes[1], wall)):
-            (line,) = ax.plot(x, mean, label=label)
-            ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=line.get_color())
+        ev = eval_curve(rows)
+        for ax, x, xi in ((axes[0], steps, 0), (axes[1], wall, 1)):
+            (line,) = ax.plot(x, mean, label=label, gid=f"train:{i}")
+            band = ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=line.get_color())
+            band.set_gid(f"train-band:{i}")
+            if ev is not None and ev[0].size:
+                any_eval = True
+                ex = ev[xi]
+                em = ev[2].mean(axis=0)
+                ax.plot(ex, em, linestyle="--", marker="o", markersize=3, color=line.get_color(),
+                        label="_nolegend_", gid=f"eval:{i}")
     axes[0].set_xlabel("env steps")
-    axes[1].set_xlabel("wall-clock seconds since process start")
+    axes[1].set_xlabel("wall-clock seconds (summed over resumed processes)")
     for ax in axes:
-        ax.set_ylabel("episode return")
+        ax.set_ylabel("episode return" + (" (dashed: evaluation)" if any_eval else ""))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    return fig, axes
+
+
+def plot_runs(run_dirs, out: str | Path, labels=None, title: str | None = None) -> Path:
+    """Return vs env steps and vs wall time, mean ± std over seeds, one curve per run; writes
+    the PNG `out` and returns its path."""
+    import matplotlib.pyplot as plt
+
+    fig, _ = make_figure(run_dirs, labels=labels, title=title)
     out = Path(out)
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -30,7 +30,7 @@ def one_iteration_equivalence():
     for nd in (1, 4):
         prog = build_program(cfg.replace(num_devices=nd), spec, hp, nd, 1)
         st = prog.init(jax.random.PRNGKey(3), hp)
-        st, m = prog.chunk(st, hp, jax.numpy.int32(0))
+        st, m = prog.chunk(st, hp, jax.numpy.int32(0), jax.numpy.int32(1))
         if nd > 1:
             leaves = jax.tree.leaves(st.params)
             out["replicated_after_iteration"] = all(
