@@ -14,10 +14,11 @@ import numpy as np
 
 from jaxppo.runlog import read_metrics
 
-# Fields that do not change what a run learns; left out of the legend's differences.
+# Fields that do not change what a run learns (or, num_seeds, are shown as "(N seeds)"); left
+# out of the legend's differences.
 _NOT_IN_LEGEND = {
     "compilation_cache_dir", "log_every", "checkpoint_every", "keep_checkpoints", "tensorboard",
-    "num_devices", "eval_every", "eval_episodes", "eval_deterministic", "eval_max_steps",
+    "num_devices", "num_seeds", "eval_every", "eval_episodes", "eval_deterministic", "eval_max_steps",
 }
 
 __all__ = ["read_metrics", "return_curve", "eval_curve", "config_differences", "make_figure",
@@ -107,14 +108,19 @@ def _fmt(v) -> str:
 
 def run_labels(runs) -> list[str]:
     """Legend labels: the env name, then the config fields that differ between the runs; the
-    folder name is added where that still leaves two runs with the same label."""
+    folder name is added where that still leaves two runs with the same label (and stands
+    alone for a folder without config.yaml)."""
     diffs = config_differences(runs)
     labels = []
     for run, diff in zip(runs, diffs):
-        env = _flat_config(run).get("env") or _run_folder(run).name
+        env = _flat_config(run).get("env")
+        if env is None:
+            labels.append(_run_folder(run).name)
+            continue
         labels.append(env + (": " + ", ".join(f"{k}={_fmt(v)}" for k, v in diff.items()) if diff else ""))
-    for i, lab in enumerate(list(labels)):
-        if labels.count(lab) > 1 or len(runs) == 1 and not _flat_config(runs[i]):
+    base = list(labels)
+    for i, lab in enumerate(base):
+        if base.count(lab) > 1:
             labels[i] = f"{lab} [{_run_folder(runs[i]).name}]"
     return labels
 

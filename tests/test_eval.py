@@ -1,0 +1,254 @@
+"""Evaluation: hand-computed returns on a tiny env, in-training evaluation that leaves the
+training randomness alone, and the load_policy round trip."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct as pystruct
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import struct
+from gymnax.environments import environment, spaces
+
+import jaxppo
+from jaxppo import cli
+from jaxppo.algorithm import Algorithm
+from jaxppo.checkpoint import CheckpointError, save_params
+from jaxppo.config import NetworkConfig, PPOConfig
+from jaxppo.evaluation import EVAL_KEY_TAG, run_episodes
+from jaxppo.running_stats import RunningStats
+
+
+# ---------------------------------------------------------------------- a tiny env
+@struct.dataclass
+class CountdownState(environment.EnvState):
+    length: int
+
+
+@struct.dataclass
+class CountdownParams(environment.EnvParams):
+    max_steps_in_episode: int = 100
+    min_len: int = 1
+    max_len: int = 7
+
+
+class Countdown(environment.Environment):
+    """An episode lasts L steps, L drawn uniformly from [min_len, max_len] at reset.
+    Reward 1 + action (actions 0/1); observation [t, L]; terminated when t reaches L."""
+
+    @property
+    def default_params(self):
+        return CountdownParams()
+
+    def step_env(self, key, state, action, params):
+        t = state.time + 1
+        new = CountdownState(time=t, length=state.length)
+        reward = 1.0 + jnp.asarray(action, jnp.float32)
+        return self._obs(new), new, reward, t >= state.length, {}
+
+    def reset_env(self, key, params):
+        length = jax.random.randint(key, (), params.min_len, params.max_len + 1)
+        state = CountdownState(time=0, length=length)
+        return self._obs(state), state
+
+    def _obs(self, state):
+        return jnp.stack([state.time, state.length]).astype(jnp.float32)
+
+    def action_space(self, params=None):
+        return spaces.Discrete(2)
+
+    def observation_space(self, params):
+        return spaces.Box(0.0, 1000.0, (2,), jnp.float32)
+
+
+ENV = Countdown()
+
+
+def always(action):
+    return lambda obs, key: jnp.full(obs.shape[:1], action, jnp.int32)
+
+
+def alternate(obs, key):  # 1 on even steps, 0 on odd ones
+    return (obs[:, 0].astype(jnp.int32) % 2 == 0).astype(jnp.int32)
+
+
+def _episodes(act, params, n=16, max_steps=1000, seed=0):
+    stats = jax.jit(lambda k: run_episodes(act, ENV, params, k, n, max_steps))(jax.random.PRNGKey(seed))
+    return np.asarray(stats.returns), np.asarray(stats.lengths)
+
+
+def test_each_env_plays_exactly_one_episode():
+    returns, lengths = _episodes(always(1), ENV.default_params, n=64)
+    # Random lengths 1..7: an env that finished early must not collect anything afterwards.
+    assert set(lengths.tolist()) == set(range(1, 8))
+    np.testing.assert_array_equal(returns, 2.0 * lengths)
+    returns0, lengths0 = _episodes(always(0), ENV.default_params, n=64)
+    np.testing.assert_array_equal(lengths0, lengths)  # same reset keys, same episodes
+    np.testing.assert_array_equal(returns0, 1.0 * lengths)
+
+
+def test_hand_computed_return_of_an_alternating_policy():
+    params = CountdownParams(min_len=5, max_len=5)
+    returns, lengths = _episodes(alternate, params, n=4)
+    np.testing.assert_array_equal(returns, [8.0] * 4)  # 2 + 1 + 2 + 1 + 2
+    np.testing.assert_array_equal(lengths, [5] * 4)
+
+
+def test_episodes_are_cut_at_max_steps_and_at_the_env_time_limit():
+    returns, lengths = _episodes(always(1), CountdownParams(min_len=50, max_len=50), max_steps=7)
+    np.testing.assert_array_equal(lengths, [7] * 16)
+    np.testing.assert_array_equal(returns, [14.0] * 16)
+    returns, lengths = _episodes(always(1), CountdownParams(max_steps_in_episode=3, min_len=5, max_len=5))
+    np.testing.assert_array_equal(lengths, [3] * 16)
+    np.testing.assert_array_equal(returns, [6.0] * 16)
+
+
+@pytest.mark.parametrize("bias, deterministic, expected", [
+    ([0.0, 5.0], True, 10.0), ([5.0, 0.0], True, 5.0), ([0.0, 60.0], False, 10.0)])
+def test_algorithm_evaluate_with_a_hand_made_policy(bias, deterministic, expected):
+    cfg = PPOConfig(env=ENV, env_kwargs={"min_len": 5, "max_len": 5}, num_envs=4, num_steps=16,
+                    network=NetworkConfig((8,)), eval_episodes=6,
+                    eval_deterministic=deterministic, compilation_cache_dir=None).validate()
+    algo = Algorithm(cfg)
+    params = algo.network.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)))
+    head = params["params"]["policy_head"]
+    params["params"]["policy_head"] = {"kernel": jnp.zeros_like(head["kernel"]),
+                                       "bias": jnp.asarray(bias, jnp.float32)}
+    stats = RunningStats.create((2,))
+    m = jax.jit(algo.evaluate)(params, stats, jax.random.PRNGKey(1))
+    assert float(m["eval_return_mean"]) == expected
+    assert float(m["eval_return_std"]) == 0.0
+    assert float(m["eval_length_mean"]) == 5.0
+
+
+# ---------------------------------------------------------------------- evaluation in training
+# Two seeds (vmapped), 4 iterations, evaluation after iterations 3 (a multiple) and 4 (the end).
+CFG = PPOConfig(
+    env="CartPole-v1", num_envs=4, num_steps=16, total_timesteps=4 * 64, num_minibatches=2,
+    network=NetworkConfig((16, 16)), log_every=2, num_seeds=2, normalize_observations=True,
+    eval_episodes=5, compilation_cache_dir=None,
+)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    base = tmp_path_factory.mktemp("eval")
+    plain = jaxppo.train(CFG, progress=False)
+    evaluated = jaxppo.train(CFG.replace(eval_every=3, tensorboard=True), run_dir=base / "run",
+                             progress=False)
+    return dict(base=base, run=base / "run", plain=plain, evaluated=evaluated)
+
+
+def test_evaluation_does_not_change_training(trained):
+    plain, ev = trained["plain"], trained["evaluated"]
+    for a, b in zip(jax.tree.leaves(plain.state), jax.tree.leaves(ev.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for k, v in plain.metrics.items():
+        if k not in ("wall_time", "sps"):
+            np.testing.assert_array_equal(v, ev.metrics[k], err_msg=k)
+    assert "eval_return_mean" not in plain.metrics
+
+
+def test_eval_metrics_on_eval_iterations_only(trained):
+    m = trained["evaluated"].metrics
+    for k in ("eval_return_mean", "eval_return_std", "eval_length_mean"):
+        assert m[k].shape == (2, 4)
+        assert np.isnan(m[k][:, :2]).all() and np.isfinite(m[k][:, 2:]).all(), k
+    assert (m["eval_length_mean"][:, 2:] >= 1).all()
+    rows = [json.loads(line) for line in (trained["run"] / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 8  # 4 iterations x 2 seeds
+    assert [r["eval_return_mean"] is None for r in rows] == [True] * 4 + [False] * 4
+
+
+def test_final_in_training_eval_matches_the_loaded_policy(trained):
+    """The program's last evaluation, replayed outside it with the loaded policy and the same
+    key, gives the same returns."""
+    ev = trained["evaluated"]
+    for seed in range(2):
+        policy = jaxppo.load_policy(trained["run"], seed_index=seed)
+        key = jax.random.fold_in(jnp.asarray(ev.state.rng)[seed], EVAL_KEY_TAG)
+        stats = jax.jit(lambda k: run_episodes(lambda o, _: policy(o), policy.spec.env,
+                                               policy.spec.env_params, k, 5, 500))(key)
+        assert float(jnp.mean(stats.returns)) == pytest.approx(float(ev.metrics["eval_return_mean"][seed, -1]))
+
+
+# ---------------------------------------------------------------------- load_policy
+def _some_obs(n=64):
+    rng = np.random.default_rng(0)
+    return jnp.asarray(rng.normal(scale=[1.0, 1.0, 0.1, 1.0], size=(n, 4)), jnp.float32)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_loaded_policy_acts_like_the_trained_one(trained, seed):
+    ev = trained["evaluated"]
+    policy = jaxppo.load_policy(trained["run"], seed_index=seed)
+    assert policy.iteration == 4
+    obs = _some_obs()
+    np.testing.assert_array_equal(policy(obs), ev.policy(obs, deterministic=True, seed=seed))
+    key = jax.random.PRNGKey(7)
+    np.testing.assert_array_equal(policy(obs, key), ev.policy(obs, key, seed=seed))
+    np.testing.assert_array_equal(policy(obs[0]), ev.policy(obs[0], deterministic=True, seed=seed))
+    # The same evaluation numbers from the loaded policy and from the TrainResult.
+    assert policy.evaluate(episodes=6, seed=3) == ev.evaluate(episodes=6, seed=3, policy_seed=seed)
+
+
+def test_load_policy_from_params_msgpack_and_errors(trained, tmp_path):
+    ev = trained["evaluated"]
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    shutil.rmtree(run / "checkpoints")
+    save_params(run / "params.msgpack", ev)
+    policy = jaxppo.load_policy(run, seed_index=1)
+    obs = _some_obs()
+    np.testing.assert_array_equal(policy(obs), ev.policy(obs, deterministic=True, seed=1))
+    with pytest.raises(CheckpointError, match="does not exist"):
+        jaxppo.load_policy(tmp_path / "missing")
+    (run / "params.msgpack").unlink()
+    with pytest.raises(CheckpointError, match="no trained policy"):
+        jaxppo.load_policy(run)
+
+
+def test_cli_eval_prints_mean_and_std(trained, capsys):
+    policy = jaxppo.load_policy(trained["run"])
+    want = policy.evaluate(episodes=3, seed=2)
+    assert cli.main(["eval", str(trained["run"]), "--episodes", "3", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"return {want['return_mean']:.2f} ± {want['return_std']:.2f}" in out
+    assert f"length {want['length_mean']:.1f}" in out and "3 episodes" in out
+    assert cli.main(["eval", str(trained["run"]), "--episodes", "3", "--stochastic", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["episodes"] == 3 and got["deterministic"] is False
+    assert cli.main(["eval", str(trained["base"] / "nope")]) == 2
+
+
+# ---------------------------------------------------------------------- TensorBoard
+def _read_events(path: Path) -> list:
+    """Scalar (tag, step, value) of a TFRecord event file, parsed with tensorboardX's protos."""
+    from tensorboardX.proto import event_pb2
+
+    data, out, i = path.read_bytes(), [], 0
+    while i < len(data):
+        (n,) = pystruct.unpack("<Q", data[i:i + 8])
+        event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+        i += 12 + n + 4
+        for v in event.summary.value:
+            out.append((v.tag, event.step, v.simple_value))
+    return out
+
+
+def test_tensorboard_event_files_per_seed(trained):
+    ev = trained["evaluated"]
+    for seed in range(2):
+        files = list((trained["run"] / "tensorboard" / f"seed_{seed}").glob("events.out.tfevents*"))
+        assert len(files) == 1
+        scalars = _read_events(files[0])
+        ret = [(s, v) for t, s, v in scalars if t == "charts/episode_return_mean"]
+        evals = [(s, v) for t, s, v in scalars if t == "eval/return_mean"]
+        assert [s for s, _ in evals] == [3 * 64, 4 * 64]
+        assert evals[-1][1] == pytest.approx(float(ev.metrics["eval_return_mean"][seed, -1]))
+        assert len(ret) >= 1 and all(s % 64 == 0 for s, _ in ret)

@@ -1,0 +1,108 @@
+"""Plots and logs from run folders written by hand (no training): curves per run, mean ± std
+over seeds, legends with the config differences, metrics.jsonl handling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from jaxppo import cli
+from jaxppo.config import PPOConfig
+from jaxppo.plotting import config_differences, make_figure, plot_runs, run_labels
+from jaxppo.runlog import RunLog, read_metrics
+
+
+def _write_run(path: Path, returns: np.ndarray, evals: dict | None = None, **config) -> Path:
+    """A run folder: config.yaml and metrics.jsonl with returns [S, N] (S seeds)."""
+    path.mkdir(parents=True)
+    cfg = PPOConfig(compilation_cache_dir=None).replace(**config)
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    seeds, n = returns.shape
+    rows = []
+    for i in range(n):
+        for s in range(seeds):
+            row = {"iteration": i + 1, "env_steps": (i + 1) * 512, "wall_time": 2.0 + 0.5 * i,
+                   "sps": 1000.0, "episode_return_mean": float(returns[s, i])}
+            if evals is not None:
+                row["eval_return_mean"] = evals.get(i + 1)
+            if seeds > 1:
+                row["seed"] = s
+            rows.append(row)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def three_runs(tmp_path):
+    a = _write_run(tmp_path / "a", np.arange(10.0)[None], lr=0.001)
+    b = _write_run(tmp_path / "b", np.stack([np.arange(10.0), np.arange(10.0) + 2]), lr=0.002,
+                   num_seeds=2)
+    c = _write_run(tmp_path / "c", np.full((1, 10), 5.0), evals={5: 7.0, 10: 9.0}, lr=0.001,
+                   env="Acrobot-v1")
+    return [a, b, c]
+
+
+def _lines(ax, kind):
+    return [ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith(kind + ":")]
+
+
+def test_one_curve_per_run_on_both_axes(three_runs):
+    fig, axes = make_figure(three_runs)
+    for ax in axes:
+        assert len(_lines(ax, "train")) == 3
+        assert [ln.get_gid() for ln in _lines(ax, "eval")] == ["eval:2"]
+    # Mean over the two seeds of run b; the std band around it.
+    np.testing.assert_allclose(_lines(axes[0], "train")[1].get_ydata(), np.arange(10.0) + 1)
+    np.testing.assert_allclose(_lines(axes[0], "train")[1].get_xdata(), np.arange(1, 11) * 512)
+    np.testing.assert_allclose(_lines(axes[1], "train")[1].get_xdata(), 2.0 + 0.5 * np.arange(10))
+    ev = _lines(axes[0], "eval")[0]
+    np.testing.assert_allclose(ev.get_xdata(), [5 * 512, 10 * 512])
+    np.testing.assert_allclose(ev.get_ydata(), [7.0, 9.0])
+    legend = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert len(legend) == 3
+    assert legend[0].startswith("CartPole-v1") and "lr=0.001" in legend[0]
+    assert legend[1].startswith("CartPole-v1") and "lr=0.002" in legend[1] and "(2 seeds)" in legend[1]
+    assert legend[2].startswith("Acrobot-v1")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_config_differences_name_only_fields_that_differ(three_runs):
+    diffs = config_differences(three_runs)
+    assert diffs == [{"lr": 0.001}, {"lr": 0.002}, {"lr": 0.001}]  # env and num_seeds are shown apart
+
+
+def test_identical_configs_are_told_apart_by_folder(tmp_path):
+    runs = [_write_run(tmp_path / n, np.zeros((1, 3))) for n in ("x", "y")]
+    assert run_labels(runs) == ["CartPole-v1 [x]", "CartPole-v1 [y]"]
+
+
+def test_plot_writes_a_png(three_runs, tmp_path):
+    out = plot_runs(three_runs, tmp_path / "out.png", title="t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["plot", *map(str, three_runs), "-o", str(tmp_path / "cli.png")]) == 0
+    assert (tmp_path / "cli.png").stat().st_size > 10_000
+    assert cli.main(["plot", str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")]) == 2
+
+
+def test_read_metrics_skips_a_half_written_last_line(tmp_path):
+    run = _write_run(tmp_path / "r", np.ones((1, 3)))
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"iteration": 4, "env_st')
+    assert [r["iteration"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+def test_runlog_resume_keeps_rows_up_to_the_checkpoint(tmp_path):
+    run = _write_run(tmp_path / "r", np.ones((2, 5)), num_seeds=2)
+    log = RunLog(run, num_seeds=2, resume_iteration=3)
+    assert [r["iteration"] for r in log.previous_rows] == [1, 1, 2, 2, 3, 3]
+    log.write([{"iteration": 4, "env_steps": 2048, "episode_return_mean": float("nan"), "seed": 0}])
+    log.close()
+    rows = read_metrics(run)
+    assert [r["iteration"] for r in rows] == [1, 1, 2, 2, 3, 3, 4]
+    assert rows[-1]["episode_return_mean"] is None  # NaN is written as null
