@@ -1,0 +1,33 @@
+"""Shared test setup.
+
+JAX's persistent compilation cache goes to a folder under pytest's cache (`.pytest_cache/d/`),
+so a rerun of the suite skips most XLA compiling. Nothing depends on it: with an empty cache
+(or `pytest -p no:cacheprovider`, which disables it) every test compiles from scratch and passes.
+Test configs set `compilation_cache_dir=None`, so `jaxppo.train` leaves this setting alone
+and never writes to the user's home cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import pytest
+
+
+def pytest_configure(config):
+    cache = getattr(config, "cache", None)
+    if cache is None or os.environ.get("JAXPPO_TEST_NO_COMPILE_CACHE"):
+        return
+    path = cache.mkdir("jax-xla")
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+@pytest.fixture(scope="session")
+def compile_cache_dir(pytestconfig):
+    """The folder the persistent compilation cache uses (None when disabled)."""
+    if getattr(pytestconfig, "cache", None) is None or os.environ.get("JAXPPO_TEST_NO_COMPILE_CACHE"):
+        return None
+    return str(pytestconfig.cache.mkdir("jax-xla"))

@@ -1,0 +1,184 @@
+"""`python -m jaxppo` end to end in a subprocess: run folder contents, errors, help."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jaxppo import PPOConfig
+
+REPO = Path(__file__).resolve().parent.parent
+REQUIRED_KEYS = {
+    "iteration", "env_steps", "episode_return_mean", "episode_length_mean", "policy_loss",
+    "value_loss", "entropy", "kl", "approx_kl", "clip_fraction", "grad_norm", "lr",
+    "wall_time", "sps",
+}
+
+
+def run_cli(*args, timeout=300, cwd=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "jaxppo", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or REPO, env=env)
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory, compile_cache_dir):
+    runs = tmp_path_factory.mktemp("runs")
+    cache = [f"compilation_cache_dir={compile_cache_dir}"] if compile_cache_dir else ["compilation_cache_dir=null"]
+    proc = run_cli(
+        "train", "--env", "CartPole-v1",
+        "--set", "total_timesteps=5000", "num_envs=4", "num_steps=32",
+        # keep the compiled program small whatever tuned config ships for CartPole
+        "num_epochs=2", "num_minibatches=2", "network.hidden_sizes=[16,16]", *cache,
+        "--runs-dir", str(runs), "--run-name", "r", "--no-progress",
+    )
+    return proc, runs / "r"
+
+
+def test_exit_code_and_files(short_run):
+    proc, run = short_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("config.yaml", "metrics.jsonl", "params.msgpack", "summary.json", "curve.png"):
+        assert (run / name).is_file(), name
+        assert (run / name).stat().st_size > 0, name
+    assert "Traceback" not in proc.stderr
+
+
+def test_config_yaml_round_trips(short_run):
+    _, run = short_run
+    data = yaml.safe_load((run / "config.yaml").read_text())
+    cfg = PPOConfig.from_dict(data)
+    assert cfg.env == "CartPole-v1"
+    assert (cfg.total_timesteps, cfg.num_envs, cfg.num_steps) == (5000, 4, 32)
+    assert cfg.network.hidden_sizes == (16, 16)
+    cfg.validate()
+    assert PPOConfig.from_dict(cfg.to_dict()) == cfg
+    assert yaml.safe_load(yaml.safe_dump(cfg.to_dict())) == data
+
+
+def test_metrics_jsonl(short_run):
+    _, run = short_run
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    n_iter = 5000 // (4 * 32)
+    assert [r["iteration"] for r in rows] == list(range(1, n_iter + 1))
+    for r in rows:
+        missing = REQUIRED_KEYS - set(r)
+        assert not missing, missing
+        assert r["env_steps"] == r["iteration"] * 128
+        for k in ("policy_loss", "value_loss", "entropy", "grad_norm"):
+            assert isinstance(r[k], float), (r["iteration"], k)
+    assert any(r["episode_return_mean"] is not None for r in rows)
+
+
+def test_summary_json(short_run):
+    _, run = short_run
+    s = json.loads((run / "summary.json").read_text())
+    assert s["env"] == "CartPole-v1" and s["num_seeds"] == 1
+    assert s["env_steps"] == (5000 // 128) * 128
+    assert s["final_return_mean"] > 0
+    assert s["train_seconds"] > 0 and s["compile_seconds"] >= 0 and s["sps"] > 0
+
+
+def test_params_msgpack_loads(short_run):
+    from flax import serialization
+
+    _, run = short_run
+    data = serialization.msgpack_restore((run / "params.msgpack").read_bytes())
+    assert "params" in data
+    leaves = [x for x in _leaves(data["params"])]
+    assert leaves and all(getattr(x, "size", 0) > 0 for x in leaves)
+
+
+def _leaves(d):
+    for v in d.values():
+        if isinstance(v, dict):
+            yield from _leaves(v)
+        else:
+            yield v
+
+
+def test_curve_png(short_run):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+
+    _, run = short_run
+    png = run / "curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = mpimg.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert img.std() > 0  # not a blank image
+
+
+def test_existing_run_folder_is_refused(short_run):
+    proc, run = short_run
+    again = run_cli("train", "--env", "CartPole-v1", "--runs-dir", str(run.parent), "--run-name", "r",
+                    "--no-progress", timeout=120)
+    assert again.returncode == 2
+    assert "already exists" in again.stderr and "Traceback" not in again.stderr
+
+
+# ------------------------------------------------------------------ errors: exit 2, no traceback
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--env", "CartPole-v0"], ["CartPole-v0", "CartPole-v1"]),
+        (["--env", "cartpole"], ["cartpole", "CartPole-v1"]),
+        (["--env", "CartPole-v1", "--set", "num_env=8"], ["num_env", "num_envs"]),
+        (["--env", "CartPole-v1", "--set", "network.hidden_size=[8]"], ["network.hidden_size", "network.hidden_sizes"]),
+        (["--env", "CartPole-v1", "--set", "num_minibatches=3"], ["num_minibatches=3"]),
+        (["--env", "CartPole-v1", "--set", "gamma=1.5"], ["gamma=1.5"]),
+        (["--env", "CartPole-v1", "--set", "lr"], ["key=value"]),
+    ],
+)
+def test_bad_input_exits_2_with_message(args, expected, tmp_path):
+    proc = run_cli("train", *args, "--runs-dir", str(tmp_path), "--run-name", "x", "--no-progress",
+                   timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for word in expected:
+        assert word in proc.stderr, (word, proc.stderr)
+    assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    proc = run_cli("train", "--config", str(tmp_path / "nope.yaml"), "--runs-dir", str(tmp_path),
+                   timeout=120)
+    assert proc.returncode == 2 and "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_train_help_mentions_every_option():
+    proc = run_cli("train", "--help", timeout=120)
+    assert proc.returncode == 0
+    from jaxppo.cli import _build_parser
+
+    parser = _build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    train_parser = sub.choices["train"]
+    options = [s for a in train_parser._actions for s in a.option_strings if s.startswith("--")]
+    assert {"--env", "--config", "--set", "--seeds", "--runs-dir", "--run-name", "--no-progress"} <= set(options)
+    for opt in options:
+        assert opt in proc.stdout, opt
+
+
+def test_top_level_help_lists_commands():
+    proc = run_cli("--help", timeout=120)
+    assert proc.returncode == 0
+    for cmd in ("train", "plot", "envs"):
+        assert cmd in proc.stdout
+
+
+def test_envs_lists_registered_names():
+    proc = run_cli("envs", timeout=120)
+    assert proc.returncode == 0
+    names = proc.stdout.split()
+    assert "CartPole-v1" in names and "Pendulum-v1" in names

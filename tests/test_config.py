@@ -1,0 +1,408 @@
+"""PPOConfig: every validation error names field, value and fix; loading and round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+import yaml
+
+from jaxppo.config import ConfigError, NetworkConfig, PPOConfig
+
+BASE = PPOConfig(num_envs=4, num_steps=16, num_minibatches=4, total_timesteps=1024)
+
+
+def bad(match: str, **changes):
+    """Assert that validating BASE with `changes` raises ConfigError matching `match`."""
+    with pytest.raises(ConfigError, match=match) as info:
+        BASE.replace(**changes).validate()
+    return str(info.value)
+
+
+def test_base_and_defaults_are_valid():
+    assert BASE.validate() is BASE
+    PPOConfig().validate()
+
+
+# ------------------------------------------------------------------ batch shape
+def test_num_minibatches_must_divide_num_steps():
+    msg = bad(r"num_minibatches=3 does not divide", num_minibatches=3)
+    assert "num_steps=16" in msg
+    assert "4*16 = 64" in msg  # names the batch it failed to split
+    # the fix: valid choices for this num_steps
+    assert re.search(r"choose num_minibatches from \[1, 2, 4, 8, 16\]", msg), msg
+
+
+def test_num_minibatches_dividing_batch_but_not_steps():
+    # 4 envs * 6 steps = 24 is divisible by 4, but minibatches are whole rollout steps.
+    msg = bad(r"num_minibatches=4 does not divide", num_steps=6, num_minibatches=4)
+    assert "num_steps=6" in msg and "[1, 2, 3, 6]" in msg
+
+
+@pytest.mark.parametrize(
+    "field", ["num_envs", "num_steps", "num_epochs", "num_minibatches", "total_timesteps", "num_seeds"]
+)
+@pytest.mark.parametrize("value", [0, -3])
+def test_positive_integers(field, value):
+    msg = bad(rf"^{field}={value} must be an integer >= 1", **{field: value})
+    assert "e.g." in msg  # a fix
+
+
+@pytest.mark.parametrize("field", ["num_envs", "num_steps", "num_epochs", "total_timesteps"])
+@pytest.mark.parametrize("value", [2.5, "8", True])
+def test_integers_reject_other_types(field, value):
+    bad(rf"^{field}={re.escape(repr(value))} must be an integer >= 1", **{field: value})
+
+
+def test_log_every_may_be_zero_but_not_negative():
+    BASE.replace(log_every=0).validate()
+    bad(r"^log_every=-1 must be an integer >= 0", log_every=-1)
+
+
+def test_num_devices():
+    BASE.replace(num_devices=None).validate()
+    BASE.replace(num_devices=2).validate()
+    bad(r"^num_devices=0 must be an integer >= 1", num_devices=0)
+    msg = bad(r"^num_envs=4 cannot be split evenly over num_devices=3", num_devices=3)
+    assert "num_devices from [1, 2, 4]" in msg
+
+
+def test_seed_must_be_an_integer():
+    bad(r"^seed='1' must be an integer", seed="1")
+
+
+def test_total_timesteps_smaller_than_one_iteration():
+    msg = bad(r"^total_timesteps=63 is smaller than one iteration", total_timesteps=63)
+    assert "num_envs\\*num_steps = 64" in re.escape(msg) or "num_envs*num_steps = 64" in msg
+    assert "at least 64" in msg  # the fix
+    BASE.replace(total_timesteps=64).validate()
+
+
+# ------------------------------------------------------------------ returns
+@pytest.mark.parametrize("field", ["gamma", "gae_lambda"])
+@pytest.mark.parametrize("value", [-0.01, 1.01, 2, float("nan"), "0.9", None])
+def test_gamma_lambda_in_unit_interval(field, value):
+    msg = bad(rf"^{field}={re.escape(repr(value))} must be a number in \[0, 1\]", **{field: value})
+    assert f"e.g. {field}=" in msg
+
+
+@pytest.mark.parametrize("field", ["gamma", "gae_lambda"])
+@pytest.mark.parametrize("value", [0.0, 1.0, 1])
+def test_gamma_lambda_bounds_are_inclusive(field, value):
+    BASE.replace(**{field: value}).validate()
+
+
+# ------------------------------------------------------------------ schedules
+@pytest.mark.parametrize("value", [0, 0.0, -1e-4])
+def test_lr_must_be_positive(value):
+    msg = bad(rf"^lr={re.escape(repr(value))} must be > 0", lr=value)
+    assert "e.g. lr=" in msg
+
+
+@pytest.mark.parametrize("value", ["fast", None, [], [[0]], [[0, 1e-3, 5]], [1e-3, 1e-4]])
+def test_lr_wrong_type(value):
+    msg = bad(r"^lr=.* must be a number or a piecewise schedule", lr=value)
+    assert "[[env_step, value], ...]" in msg and "e.g. lr=[[" in msg
+
+
+def test_lr_piecewise_steps_must_increase():
+    msg = bad(r"^lr=\[\[1000, 0\.001\], \[0, 0\.0001\]\]: the env_step", lr=[[1000, 1e-3], [0, 1e-4]])
+    assert "increasing" in msg
+    bad(r"env_step of each \[env_step, value\] point must be >= 0", lr=[[-5, 1e-3], [10, 1e-4]])
+
+
+def test_lr_piecewise_values_must_be_positive():
+    bad(r"^lr=\[\[0, 0\.001\], \[1000, 0\]\]: every value must be > 0", lr=[[0, 1e-3], [1000, 0]])
+
+
+def test_valid_piecewise_schedules():
+    BASE.replace(lr=[[0, 1e-3], [500, 1e-4]], entropy_coeff=[[0, 0.01], [1000, 0.0]]).validate()
+
+
+def test_entropy_coeff_may_be_zero_not_negative():
+    BASE.replace(entropy_coeff=0.0).validate()
+    bad(r"^entropy_coeff=-0\.1 must be >= 0", entropy_coeff=-0.1)
+
+
+@pytest.mark.parametrize("field", ["lr_schedule", "entropy_schedule"])
+def test_schedule_kind(field):
+    msg = bad(rf"^{field}='cosine' is not one of \('constant', 'linear'\)", **{field: "cosine"})
+    assert "piecewise schedule" in msg
+
+
+# ------------------------------------------------------------------ loss / optimiser scalars
+@pytest.mark.parametrize("field", ["clip_param", "adam_eps", "max_grad_norm", "kl_target"])
+@pytest.mark.parametrize("value", [0, -0.5, float("inf")])
+def test_positive_scalars(field, value):
+    bad(rf"^{field}={re.escape(repr(value))} must be a positive number", **{field: value})
+
+
+@pytest.mark.parametrize("field", ["vf_coeff", "kl_coeff"])
+def test_nonnegative_scalars(field):
+    BASE.replace(**{field: 0.0}).validate()
+    bad(rf"^{field}=-1 must be a number >= 0", **{field: -1})
+
+
+def test_vf_clip_param():
+    BASE.replace(vf_clip_param=None).validate()
+    BASE.replace(vf_clip_param=10.0).validate()
+    msg = bad(r"^vf_clip_param=0 must be a positive number", vf_clip_param=0)
+    assert "null to turn value clipping off" in msg
+
+
+# ------------------------------------------------------------------ network
+@pytest.mark.parametrize("sizes", [(), (64, 0), (-1,)])
+def test_hidden_sizes(sizes):
+    msg = bad(r"^network\.hidden_sizes=.* must be a non-empty list of positive", network=NetworkConfig(hidden_sizes=sizes))
+    assert "e.g. [64, 64]" in msg
+
+
+def test_activation_suggests_nearest():
+    msg = bad(r"^network\.activation='tahn' is not one of", network=NetworkConfig(activation="tahn"))
+    assert "did you mean 'tanh'" in msg
+
+
+def test_network_must_be_network_config():
+    bad(r"^network=.* must be a NetworkConfig", network={"hidden_sizes": [8]})
+
+
+# ------------------------------------------------------------------ environment
+@pytest.mark.parametrize("name", ["CartPole-v0", "cartpole", "cartpole-v1", "CartPole"])
+def test_unknown_env_suggests_cartpole(name):
+    msg = bad(rf"^env={re.escape(repr(name))} is not a registered gymnax environment", env=name)
+    suggestion = re.search(r"did you mean (.*?)\?", msg)
+    assert suggestion, msg
+    assert suggestion.group(1).startswith("'CartPole-v1'"), msg  # the nearest name comes first
+    assert "Registered:" in msg and "Pendulum-v1" in msg
+
+
+def test_unknown_env_suggests_pendulum():
+    msg = bad(r"env='pendulum' is not a registered", env="pendulum")
+    assert "did you mean 'Pendulum-v1'" in msg
+
+
+def test_unknown_env_without_close_match_lists_registered():
+    msg = bad(r"env='zzzz' is not a registered gymnax environment", env="zzzz")
+    assert "did you mean" not in msg
+    assert "CartPole-v1" in msg and "Pendulum-v1" in msg
+
+
+def test_env_object_without_gymnax_api():
+    bad(r"^env=.* is neither a registered gymnax name nor an object with the gymnax API", env=object())
+
+
+def test_env_kwargs_must_be_mapping():
+    bad(r"^env_kwargs=\[1, 2\] must be a mapping", env_kwargs=[1, 2])
+
+
+# ------------------------------------------------------------------ unknown keys
+def test_unknown_key_suggests_nearest_field():
+    with pytest.raises(ConfigError, match=r"^unknown config key 'num_env'; did you mean 'num_envs'") as e:
+        PPOConfig.from_dict({"num_env": 8})
+    assert "valid keys:" in str(e.value)
+
+
+def test_unknown_key_without_close_match_lists_valid_keys():
+    # difflib finds nothing close to 'learning_rate' among the field names; the message must
+    # still name the key and list the valid ones (among them 'lr').
+    with pytest.raises(ConfigError, match=r"^unknown config key 'learning_rate'") as e:
+        PPOConfig.from_dict({"learning_rate": 3e-4})
+    keys = str(e.value).split("valid keys:")[1]
+    assert re.search(r"\blr\b", keys) and "num_envs" in keys
+
+
+def test_unknown_key_from_overrides():
+    with pytest.raises(ConfigError, match=r"^unknown config key 'gama'; did you mean 'gamma'"):
+        BASE.with_overrides(["gama=0.9"])
+
+
+def test_unknown_key_from_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("num_env: 8\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'num_env'; did you mean 'num_envs'"):
+        PPOConfig.from_file(path)
+
+
+def test_unknown_network_key():
+    with pytest.raises(ConfigError, match=r"^unknown config key 'network\.hidden_size'; "
+                                          r"did you mean 'network\.hidden_sizes'") as e:
+        PPOConfig.from_dict({"network": {"hidden_size": [32]}})
+    assert "network.activation" in str(e.value)  # lists the valid network keys
+    with pytest.raises(ConfigError, match=r"unknown config key 'network\.activaton'; did you mean 'network\.activation'"):
+        BASE.with_overrides(["network.activaton=relu"])
+
+
+def test_network_not_a_mapping():
+    with pytest.raises(ConfigError, match=r"^network=\[64, 64\] must be a mapping"):
+        PPOConfig.from_dict({"network": [64, 64]})
+
+
+def test_override_without_equals():
+    with pytest.raises(ConfigError, match=r"--set 'lr' must have the form key=value, e\.g\. lr=3e-4"):
+        BASE.with_overrides(["lr"])
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file '.*nope\.yaml' does not exist"):
+        PPOConfig.from_file(tmp_path / "nope.yaml")
+    p = tmp_path / "list.yaml"
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match=r"must hold a mapping of field: value"):
+        PPOConfig.from_file(p)
+
+
+# ------------------------------------------------------------------ round trips and parsing
+NON_DEFAULT = PPOConfig(
+    env="Pendulum-v1", env_kwargs={"max_steps_in_episode": 100}, num_envs=8, num_steps=32,
+    total_timesteps=12_345, num_epochs=3, num_minibatches=8, gamma=0.95, gae_lambda=0.9,
+    lr=[[0, 1e-3], [5000, 1e-4]], lr_schedule="constant", adam_eps=1e-7, max_grad_norm=1.5,
+    clip_param=0.3, vf_clip_param=5.0, vf_coeff=0.25, entropy_coeff=0.0,
+    entropy_schedule="linear", use_kl_loss=True, kl_coeff=0.5, kl_target=0.02,
+    normalize_advantages=False, normalize_observations=True, normalize_rewards=True,
+    network=NetworkConfig(hidden_sizes=(32, 16), activation="relu", shared_trunk=True),
+    num_devices=2, seed=7, num_seeds=3, log_every=5, compilation_cache_dir=None,
+)
+
+
+def _tweaked(name: str, value, annotation: str):
+    """A value of the field's type that differs from its default (validity not needed)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 3
+    if isinstance(value, float):
+        return value / 2 + 0.125
+    if isinstance(value, str):
+        return value + "x"
+    if value is None:
+        if "int" in annotation:
+            return 5
+        if "float" in annotation:
+            return 0.75
+        if "str" in annotation:
+            return "/tmp/somewhere"
+    return None  # structured fields are covered by NON_DEFAULT
+
+
+FIELDS = [(f.name, f.type) for f in dataclasses.fields(PPOConfig)]
+
+
+@pytest.mark.parametrize("name,annotation", FIELDS, ids=[n for n, _ in FIELDS])
+def test_every_simple_field_round_trips(name, annotation):
+    """Every scalar field (including ones added later) survives to_dict -> YAML -> from_dict."""
+    default = getattr(PPOConfig(), name)
+    value = _tweaked(name, default, str(annotation))
+    if value is None:
+        pytest.skip(f"{name} is structured; covered by NON_DEFAULT")
+    cfg = PPOConfig().replace(**{name: value})
+    assert PPOConfig.from_dict(cfg.to_dict()) == cfg
+    assert PPOConfig.from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg
+
+
+def test_default_config_round_trips():
+    cfg = PPOConfig()
+    assert PPOConfig.from_dict(cfg.to_dict()) == cfg
+    assert PPOConfig.from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg
+
+
+def test_round_trip_dict():
+    NON_DEFAULT.validate()
+    assert PPOConfig.from_dict(NON_DEFAULT.to_dict()) == NON_DEFAULT
+
+
+def test_round_trip_yaml_and_json(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text(yaml.safe_dump(NON_DEFAULT.to_dict(), sort_keys=False))
+    assert PPOConfig.from_file(y) == NON_DEFAULT
+    j = tmp_path / "c.json"
+    j.write_text(json.dumps(NON_DEFAULT.to_dict()))
+    assert PPOConfig.from_file(j) == NON_DEFAULT
+
+
+def test_from_file_yaml(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(
+        "env: Acrobot-v1\n"
+        "num_envs: 8\n"
+        "lr: 0.001\n"
+        "lr_schedule: constant\n"
+        "vf_clip_param: null\n"
+        "network:\n"
+        "  hidden_sizes: [32, 32]\n"
+    )
+    cfg = PPOConfig.from_file(path).validate()
+    assert cfg.env == "Acrobot-v1" and cfg.num_envs == 8 and cfg.lr == 0.001
+    assert cfg.vf_clip_param is None and cfg.lr_schedule == "constant"
+    assert cfg.network == NetworkConfig(hidden_sizes=(32, 32))  # other network fields keep defaults
+    assert cfg.num_steps == PPOConfig().num_steps
+
+
+def test_from_file_on_top_of_base(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("network:\n  activation: relu\n")
+    base = PPOConfig(network=NetworkConfig(hidden_sizes=(8,)))
+    cfg = PPOConfig.from_file(path, base)
+    assert cfg.network == NetworkConfig(hidden_sizes=(8,), activation="relu")
+
+
+def test_empty_yaml_file_gives_base(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert PPOConfig.from_file(path, BASE) == BASE
+
+
+def test_with_overrides_parses_values():
+    cfg = BASE.with_overrides([
+        "num_envs=8", "gamma=0.9", "lr=[[0, 0.001], [1000, 0.0001]]", "vf_clip_param=null",
+        "use_kl_loss=true", "env=Pendulum-v1", "network.hidden_sizes=[32,32]",
+        "network.activation=relu", "env_kwargs={max_steps_in_episode: 50}",
+    ])
+    assert cfg.num_envs == 8 and isinstance(cfg.num_envs, int)
+    assert cfg.gamma == 0.9
+    assert cfg.lr == [[0, 0.001], [1000, 0.0001]]
+    assert cfg.vf_clip_param is None
+    assert cfg.use_kl_loss is True
+    assert cfg.env == "Pendulum-v1"
+    assert cfg.network == NetworkConfig(hidden_sizes=(32, 32), activation="relu")
+    assert cfg.env_kwargs == {"max_steps_in_episode": 50}
+    cfg.validate()
+    # untouched fields keep the base's values
+    assert cfg.num_steps == BASE.num_steps and cfg.total_timesteps == BASE.total_timesteps
+
+
+def test_with_overrides_vf_clip_null_turns_clipping_off():
+    cfg = BASE.replace(vf_clip_param=10.0).with_overrides(["vf_clip_param=null"])
+    assert cfg.vf_clip_param is None
+    cfg.validate()
+
+
+def test_with_overrides_later_pair_wins():
+    assert BASE.with_overrides(["num_envs=2", "num_envs=8"]).num_envs == 8
+
+
+# Scientific notation without a dot ("3e-4") is a *string* to YAML 1.1 (PyYAML). The CLI's own
+# help shows `--set lr=3e-4`; it must give the number 3e-4, not a ConfigError.
+@pytest.mark.parametrize("raw,expected", [("3e-4", 3e-4), ("1e-3", 1e-3), ("2.5e-4", 2.5e-4)])
+def test_with_overrides_scientific_notation_lr(raw, expected):
+    cfg = BASE.with_overrides([f"lr={raw}"]).validate()
+    assert cfg.lr == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("raw", ["5e5", "5.0e+5", "500000"])
+def test_with_overrides_scientific_notation_total_timesteps(raw):
+    cfg = BASE.with_overrides([f"total_timesteps={raw}"]).validate()
+    assert cfg.total_timesteps == 500_000 and isinstance(cfg.total_timesteps, int)
+
+
+def test_yaml_file_scientific_notation(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("lr: 3e-4\nadam_eps: 1e-5\n")
+    cfg = PPOConfig.from_file(path, BASE).validate()
+    assert cfg.lr == pytest.approx(3e-4) and cfg.adam_eps == pytest.approx(1e-5)
+
+
+def test_derived_sizes():
+    cfg = PPOConfig(num_envs=8, num_steps=32, num_minibatches=4, total_timesteps=1000)
+    assert cfg.batch_size == 256 and cfg.minibatch_size == 64 and cfg.num_iterations == 3
