@@ -237,6 +237,10 @@ def _train(args) -> int:
             file=sys.stderr,
         )
         return 0
+    if result.resumed_from is not None and result.resumed_from == result.iterations_done:
+        print(f"nothing to do: {run_dir} is already complete at iteration {result.iterations_done}; "
+              "extend it with --set total_timesteps=N", file=sys.stderr)
+        return 0
     ev = summary.get("final_eval_return_mean")
     print(
         f"done: final return {summary['final_return_mean']:.1f} ± {summary['final_return_std']:.1f} "

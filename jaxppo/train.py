@@ -520,8 +520,9 @@ class _Reporter:
                                        TimeElapsedColumn, TimeRemainingColumn)
 
             columns = [
-                TextColumn(f"[bold]{config.env_name}[/]"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("return {task.fields[ret]}"), TextColumn("{task.fields[sps]} steps/s"),
+                TextColumn(f"[bold]{config.env_name}[/]"), BarColumn(bar_width=16),
+                MofNCompleteColumn(), TextColumn("return {task.fields[ret]}"),
+                TextColumn("{task.fields[sps]} steps/s"),
             ]
             if config.eval_every:
                 columns.append(TextColumn("eval {task.fields[eval]}"))
@@ -539,9 +540,9 @@ class _Reporter:
         if evals:
             last = evals[-1]["iteration"]
             vals = [r["eval_return_mean"] for r in evals if r["iteration"] == last]
-            self.last_eval = f"{np.mean(vals):.1f} (it {last})"
+            self.last_eval = f"{np.mean(vals):.1f}@{last}"
         if self.bar is not None:
-            self.bar.update(self.task, completed=done_iters, ret=f"{self.last_return:7.1f}",
+            self.bar.update(self.task, completed=done_iters, ret=f"{self.last_return:.1f}",
                             sps=f"{sps:,.0f}", eval=self.last_eval)
         elif not self.quiet:
             steps = done_iters * self.config.batch_size
