@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from jaxppo import networks
+from jaxppo import networks, transforms
 from jaxppo.config import PPOConfig
 from jaxppo.envs import EnvSpec, env_action, flatten_obs, make_env
 from jaxppo.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS, eval_max_steps, run_episodes
@@ -99,6 +99,8 @@ class TrainState:
     rng: jax.Array  # identical on every device/host; per-env streams fold in env_ids
     env_steps: jax.Array  # int, global transitions so far (all devices)
     iteration: jax.Array  # int
+    hidden: Any = None  # recurrent policies' carry (jaxppo.recurrent); None for feed-forward
+    hook_state: Any = ()  # states of the config's reward hooks (jaxppo.transforms), one each
 
 
 class Transition(NamedTuple):
@@ -198,6 +200,7 @@ class Algorithm:
             rng=key,
             env_steps=jnp.asarray(0, jnp.int32),
             iteration=jnp.asarray(0, jnp.int32),
+            hook_state=self.init_reward_hooks(),
         )
 
     def _merge_stats(self, stats: RunningStats, x: jax.Array) -> RunningStats:
@@ -278,6 +281,7 @@ class Algorithm:
         values, next_values = self.values(state.params, obs_stats_acting, traj)
 
         rewards = traj.reward
+        rewards, state = self.apply_reward_hooks(state, traj, rewards)
         return_stats = state.return_stats
         if cfg.normalize_rewards:
             return_stats = self._merge_stats(return_stats, traj.discounted_return.reshape(-1))
@@ -325,6 +329,18 @@ class Algorithm:
             return_stats=return_stats, env_steps=env_steps, iteration=state.iteration + 1,
         )
         return state, metrics
+
+    # ------------------------------------------------------------------ user reward hooks
+    def init_reward_hooks(self) -> tuple:
+        """Initial states of the config's reward hooks (jaxppo.transforms); () for none."""
+        return transforms.init_reward_hooks(self.config, self.spec)
+
+    def apply_reward_hooks(self, state: TrainState, traj: Transition, rewards):
+        """The config's reward hooks over the rollout batch [T, E], before GAE.
+        Returns (rewards, state) with the hooks' new states in state.hook_state."""
+        rewards, hook_state = transforms.apply_reward_hooks(
+            self.config, state.hook_state, traj, rewards, self.axis_name)
+        return rewards, state.replace(hook_state=hook_state)
 
     # ------------------------------------------------------------------ pieces of an iteration
     def _global_moments(self, x: jax.Array):

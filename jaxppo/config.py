@@ -40,6 +40,7 @@ class NetworkConfig:
     torso: str = "auto"  # "mlp", "cnn" (image observations), or "auto": cnn for [H, W, C] obs
     conv_channels: tuple[int, ...] = (16,)  # cnn torso: channels of each 3x3 conv layer
     conv_kernel: int = 3
+    recurrent_size: int = 0  # 0 = feed-forward; > 0 = a GRU core of this size (jaxppo.recurrent)
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
@@ -87,6 +88,9 @@ class PPOConfig:
     normalize_rewards: bool = False
     # --- network ---
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    # --- user transforms (jaxppo.transforms): observation wrappers and reward hooks, in order,
+    # e.g. [{"frame_stack": {"k": 4}}, {"count_bonus": {"scale": 0.1}}] ---
+    transforms: tuple = ()
     # --- devices ---
     num_devices: int | None = None  # local devices to pmap over; None = all of them
     # --- run ---
@@ -203,7 +207,12 @@ class PPOConfig:
             if f.name == "network":
                 v = {"hidden_sizes": list(v.hidden_sizes), "activation": v.activation,
                      "shared_trunk": v.shared_trunk, "torso": v.torso,
-                     "conv_channels": list(v.conv_channels), "conv_kernel": v.conv_kernel}
+                     "conv_channels": list(v.conv_channels), "conv_kernel": v.conv_kernel,
+                     "recurrent_size": v.recurrent_size}
+            elif f.name == "transforms":
+                from jaxppo.transforms import transforms_to_list
+
+                v = transforms_to_list(v)
             elif f.name == "env":
                 v = self.env_name
             elif f.name == "env_params":
@@ -243,7 +252,16 @@ class PPOConfig:
                 )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed={self.seed!r} must be an integer")
-        if self.num_steps % self.num_minibatches:
+        recurrent = _is_recurrent(self.network)
+        if recurrent and self.num_envs % self.num_minibatches:
+            # Recurrent minibatches are whole env sequences [num_steps, num_envs/num_minibatches].
+            raise ConfigError(
+                f"num_minibatches={self.num_minibatches} does not divide num_envs={self.num_envs}: "
+                f"with network.recurrent_size={self.network.recurrent_size} each minibatch holds "
+                "whole env sequences, so num_envs must be a multiple of num_minibatches; choose "
+                f"num_minibatches from {_divisors(self.num_envs)}"
+            )
+        if not recurrent and self.num_steps % self.num_minibatches:
             # Each minibatch takes num_steps/num_minibatches steps of every env, which keeps
             # the global minibatch identical however envs are spread over devices or hosts.
             divisors = [d for d in range(1, min(self.num_steps, 64) + 1) if self.num_steps % d == 0]
@@ -303,6 +321,15 @@ class PPOConfig:
                 f"network.conv_channels={list(net.conv_channels)} / conv_kernel={net.conv_kernel} "
                 "must be positive, e.g. conv_channels=[16], conv_kernel=3"
             )
+        if not isinstance(self.transforms, (list, tuple)):
+            raise ConfigError(
+                f"transforms={self.transforms!r} must be a list, e.g. "
+                "[{'frame_stack': {'k': 4}}, {'count_bonus': {'scale': 0.1}}]"
+            )
+        if self.transforms:
+            from jaxppo.transforms import resolve_transforms
+
+            resolve_transforms(self.transforms)  # ConfigError for unknown names or arguments
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError(f"env_kwargs={self.env_kwargs!r} must be a mapping of keyword arguments")
         if isinstance(self.env, str):
@@ -323,6 +350,16 @@ def _did_you_mean(word: str, candidates, prefix: str = "") -> str:
     if not close:
         return ""
     return "; did you mean " + " or ".join(repr(prefix + c) for c in close) + "?"
+
+
+def _is_recurrent(net) -> bool:
+    v = getattr(net, "recurrent_size", 0)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ConfigError(
+            f"network.recurrent_size={v!r} must be an integer >= 0 (0 = feed-forward, "
+            "e.g. 64 for a GRU of 64 units)"
+        )
+    return v > 0
 
 
 def _divisors(n: int) -> list[int]:

@@ -95,6 +95,10 @@ def make_env(config) -> EnvSpec:
         env_params = config.env_params
     if param_kwargs:
         env_params = env_params.replace(**param_kwargs)
+    if getattr(config, "transforms", ()):
+        from jaxppo.transforms import wrap_env
+
+        env = wrap_env(env, config)  # observation transforms (frame stacking, ...)
 
     obs_space = env.observation_space(env_params)
     act_space = env.action_space(env_params)

@@ -24,6 +24,7 @@ from jaxppo.algorithm import METRIC_KEYS, Algorithm, HyperParams, TrainState
 from jaxppo.config import ConfigError, PPOConfig
 from jaxppo.envs import make_env
 from jaxppo.evaluation import EVAL_METRIC_KEYS
+from jaxppo.recurrent import algorithm_class
 from jaxppo.runlog import RunLog
 
 # Metrics whose non-finite value means training diverged (episode stats are NaN by design
@@ -408,7 +409,7 @@ def build_program(config: PPOConfig, spec, hp: HyperParams, num_devices: int, ch
     """
     seeds = config.num_seeds
     axis = AXIS if num_devices > 1 else None
-    algo = Algorithm(config, spec, num_devices=num_devices, axis_name=axis)
+    algo = algorithm_class(config)(config, spec, num_devices=num_devices, axis_name=axis)
     local = algo.local_envs
     hp_axis = (0 if _is_batched(hp, seeds) else None) if seeds > 1 else None
 
@@ -463,7 +464,7 @@ def make_train(config: PPOConfig, hparams: HyperParams | None = None):
     keys (seeds) and over a batched `HyperParams` (a sweep of lr, clip_param, ...).
     """
     config = config.validate()
-    algo = Algorithm(config)
+    algo = algorithm_class(config)(config)
     hp = hparams if hparams is not None else HyperParams.from_config(config)
     train_hp = algo.make_train()
 

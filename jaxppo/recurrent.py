@@ -1,0 +1,352 @@
+"""Recurrent (GRU) PPO for partially observed envs: `network.recurrent_size > 0`.
+
+The actor and critic share one GRU core: torso MLP (or CNN) -> GRUCell -> policy head and
+value head. The carry is zeroed where an episode ended, by multiplying it by (1 - reset)
+before the step that sees the new episode's first observation.
+
+What changes against the feed-forward `Algorithm`:
+* the train state carries the GRU state of every env (`TrainState.hidden`, a
+  `RecurrentCarry`) from step to step and from one iteration to the next;
+* the rollout stores the carry at its start (`hidden0` [E, H]) and the reset flag applied
+  before every step (`reset` [T, E]), which is all the learner needs to replay the GRU;
+* V(s_t) is recomputed by replaying the GRU over the rollout; V(s'_t) of the pre-reset
+  successor uses the carry after step t, before any reset;
+* minibatches are whole env sequences [T, E/M] (not time-stratified samples), and the loss
+  replays the GRU over each from its stored initial carry with the stored resets
+  (truncated backpropagation through time over the rollout). At the start of learning this
+  reproduces the rollout's log-probs, so the first ratio is 1.
+
+Minibatch j takes one env from every group of M consecutive global env ids (a permutation
+per group, keyed by the group id), so the global minibatch is the same set of sequences
+however envs are spread over devices; this needs M to divide the local number of envs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo import networks
+from jaxppo.algorithm import Algorithm, HyperParams, TrainState
+from jaxppo.config import ConfigError
+from jaxppo.envs import env_action
+from jaxppo.evaluation import EpisodeStats, eval_max_steps
+from jaxppo.losses import Minibatch, ppo_loss_terms
+from jaxppo.networks import CNN, MLP, DistParams, _dense
+
+
+# ---------------------------------------------------------------------- network
+class RecurrentActorCritic(nn.Module):
+    """One step of the recurrent actor-critic.
+
+    `__call__(obs [..., obs_dim], hidden [..., H] = zeros, reset [...] = False)` returns
+    (DistParams, value [...], new_hidden [..., H]); `reset` marks observations that start
+    an episode, whose carry is zeroed first.
+    """
+
+    action_dim: int
+    discrete: bool
+    recurrent_size: int
+    hidden_sizes: Sequence[int] = (64,)
+    activation: str = "tanh"
+    torso: str = "mlp"
+    obs_shape: Sequence[int] = ()
+    conv_channels: Sequence[int] = (16,)
+    conv_kernel: int = 3
+
+    def setup(self):
+        if self.torso == "cnn":
+            self.encoder = CNN(self.obs_shape, self.conv_channels, self.conv_kernel,
+                               self.hidden_sizes, self.activation)
+        else:
+            self.encoder = MLP(self.hidden_sizes, self.activation)
+        self.core = nn.GRUCell(features=self.recurrent_size)
+        self.policy_head = _dense(self.action_dim, 0.01)
+        self.value_head = _dense(1, 1.0)
+        if not self.discrete:
+            self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+
+    def __call__(self, obs, hidden=None, reset=None):
+        if hidden is None:
+            hidden = jnp.zeros(obs.shape[:-1] + (self.recurrent_size,), jnp.float32)
+        if reset is not None:
+            hidden = hidden * (1.0 - reset.astype(hidden.dtype))[..., None]
+        hidden, y = self.core(hidden, self.encoder(obs))
+        loc = self.policy_head(y)
+        log_std = self.log_std if not self.discrete else jnp.zeros((self.action_dim,), loc.dtype)
+        return DistParams(loc, log_std), self.value_head(y)[..., 0], hidden
+
+
+def make_recurrent_network(config, spec) -> RecurrentActorCritic:
+    net = config.network
+    return RecurrentActorCritic(
+        action_dim=spec.action_dim,
+        discrete=spec.discrete,
+        recurrent_size=net.recurrent_size,
+        hidden_sizes=tuple(net.hidden_sizes),
+        activation=net.activation,
+        torso=networks.resolve_torso(config, spec),
+        obs_shape=tuple(spec.obs_shape),
+        conv_channels=tuple(net.conv_channels),
+        conv_kernel=net.conv_kernel,
+    )
+
+
+# ---------------------------------------------------------------------- data
+class RecurrentCarry(NamedTuple):
+    """`TrainState.hidden` of a recurrent run: the GRU state after each env's last step, and
+    whether that step ended its episode (then the carry is zeroed before the next step)."""
+
+    hidden: jax.Array  # [E, H]
+    reset: jax.Array  # [E] bool
+
+
+class RecurrentTransition(NamedTuple):
+    """`algorithm.Transition` plus what replaying the GRU needs; [T, E] unless noted."""
+
+    obs: jax.Array
+    final_obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    dist: DistParams
+    reward: jax.Array
+    discounted_return: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+    reset: jax.Array  # the carry was zeroed before step t (obs[t] starts an episode)
+    hidden0: jax.Array  # [E, H] carry at the rollout's start (before reset[0] is applied)
+
+
+class RecurrentBatch(NamedTuple):
+    """The iteration's batch: a time-major Minibatch [T, E, ...] and the GRU's replay inputs."""
+
+    minibatch: Minibatch
+    reset: jax.Array  # [T, E]
+    hidden0: jax.Array  # [E, H]
+
+
+# ---------------------------------------------------------------------- algorithm
+class RecurrentAlgorithm(Algorithm):
+    """PPO with a GRU actor-critic; see the module docstring for what differs."""
+
+    def __init__(self, config, spec=None, num_devices: int = 1, axis_name: str | None = None):
+        super().__init__(config, spec, num_devices, axis_name)
+        if config.network.recurrent_size < 1:
+            raise ConfigError(
+                f"RecurrentAlgorithm needs network.recurrent_size >= 1, got "
+                f"{config.network.recurrent_size}; use Algorithm for feed-forward policies"
+            )
+        if self.local_envs % config.num_minibatches:
+            raise ConfigError(
+                f"num_minibatches={config.num_minibatches} must divide the envs on each device "
+                f"(num_envs={config.num_envs} / {num_devices} device(s) = {self.local_envs}): "
+                "recurrent minibatches are whole env sequences; choose num_minibatches from "
+                f"{[d for d in range(1, self.local_envs + 1) if self.local_envs % d == 0]}"
+            )
+        self.network = make_recurrent_network(config, self.spec)
+        self.recurrent_size = config.network.recurrent_size
+
+    # ------------------------------------------------------------------ state
+    def initial_hidden(self, batch_shape: tuple[int, ...] = ()) -> jax.Array:
+        """A zero GRU state [*batch_shape, H]: the carry at the start of an episode."""
+        return jnp.zeros(tuple(batch_shape) + (self.recurrent_size,), jnp.float32)
+
+    def init(self, key, hp: HyperParams, env_index_offset=0) -> TrainState:
+        state = super().init(key, hp, env_index_offset)
+        carry = RecurrentCarry(self.initial_hidden((self.local_envs,)),
+                               jnp.ones((self.local_envs,), bool))
+        return state.replace(hidden=carry)
+
+    # ------------------------------------------------------------------ acting
+    def act(self, params, obs_stats, raw_obs, hidden, key, deterministic: bool = False):
+        """(env actions, new hidden) for raw observations [B, *obs_shape] and the GRU state
+        hidden [B, H] (zeros, `initial_hidden((B,))`, at the start of an episode)."""
+        if key is None or jnp.result_type(key) == jnp.bool_:
+            raise TypeError(
+                "a recurrent policy needs its hidden state: call "
+                "RecurrentAlgorithm.act(params, obs_stats, obs, hidden, key) -> (action, new_hidden), "
+                "starting each episode from initial_hidden(batch_shape); the feed-forward form "
+                "policy(obs, key) (TrainResult.policy, TrainResult.evaluate) cannot carry it"
+            )
+        dist, _, hidden = self.network.apply(params, self._obs_in(obs_stats, raw_obs), hidden)
+        a = networks.mode(self.discrete, dist) if deterministic else networks.sample(self.discrete, dist, key)
+        return env_action(self.spec, a), hidden
+
+    def value(self, params, obs_stats, raw_obs, hidden=None):
+        """V(obs) given the GRU state before it (hidden [B, H])."""
+        if hidden is None:
+            raise TypeError("a recurrent critic needs the hidden state: value(params, obs_stats, "
+                            "obs, hidden) with hidden from RecurrentAlgorithm.act")
+        return self.network.apply(params, self._obs_in(obs_stats, raw_obs), hidden)[1]
+
+    def unroll(self, params, hidden0, obs_in, reset):
+        """Replay the GRU over sequences: obs_in [T, B, obs_dim] (normalised), reset [T, B],
+        hidden0 [B, H]. Returns (DistParams loc [T, B, A] / log_std unbatched, values [T, B],
+        hiddens [T, B, H] after each step)."""
+
+        def step(h, xs):
+            obs, r = xs
+            dist, value, h = self.network.apply(params, obs, h, r)
+            return h, (dist, value, h)
+
+        _, (dist, values, hiddens) = jax.lax.scan(step, hidden0, (obs_in, reset))
+        return DistParams(dist.loc, dist.log_std[0]), values, hiddens  # log_std rows are equal
+
+    # ------------------------------------------------------------------ rollout
+    def rollout(self, state: TrainState, hp: HyperParams):
+        spec, cfg = self.spec, self.config
+
+        def step(carry, _):
+            st, rng = carry
+            rng, k_step = jax.random.split(rng)
+            env_keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(k_step, i)))(st.env_ids)
+            act_keys, env_keys = env_keys[:, 0], env_keys[:, 1]
+            obs_in = self._obs_in(st.obs_stats, st.last_obs)
+            dist, _, hidden = self.network.apply(st.params, obs_in, st.hidden.hidden, st.hidden.reset)
+            action = jax.vmap(lambda d, k: networks.sample(self.discrete, d, k))(
+                DistParams(dist.loc, jnp.broadcast_to(dist.log_std, dist.loc.shape)), act_keys)
+            logp = networks.log_prob(self.discrete, dist, action)
+            obs, env_state, reward, term, trunc, info = jax.vmap(
+                spec.env.step, in_axes=(0, 0, 0, None)
+            )(env_keys, st.env_state, env_action(spec, action), spec.env_params)
+            reward = reward.astype(jnp.float32)
+            term = term.astype(bool)
+            trunc = jnp.logical_and(trunc.astype(bool), ~term)
+            done = jnp.logical_or(term, trunc)
+            ep_ret = st.episode_return + reward
+            ep_len = st.episode_length + 1
+            disc_ret = st.discounted_return * hp.gamma + reward
+            tr = (
+                st.last_obs, info["final_observation"], action, logp, dist, reward,
+                disc_ret, term, trunc, ep_ret, ep_len, st.hidden.reset,
+            )
+            st = st.replace(
+                env_state=env_state,
+                last_obs=obs,
+                discounted_return=jnp.where(done, 0.0, disc_ret),
+                episode_return=jnp.where(done, 0.0, ep_ret),
+                episode_length=jnp.where(done, 0, ep_len),
+                hidden=RecurrentCarry(hidden, done),
+            )
+            return (st, rng), tr
+
+        hidden0 = state.hidden.hidden
+        rng, k_roll = jax.random.split(state.rng)
+        (state, _), out = jax.lax.scan(step, (state, k_roll), None, length=cfg.num_steps)
+        (obs, final_obs, action, logp, dist, reward, disc_ret, term, trunc, ep_ret, ep_len,
+         reset) = out
+        traj = RecurrentTransition(
+            obs=obs, final_obs=final_obs, action=action, log_prob=logp, dist=dist, reward=reward,
+            discounted_return=disc_ret, terminated=term, truncated=trunc, episode_return=ep_ret,
+            episode_length=ep_len, reset=reset, hidden0=hidden0,
+        )
+        return state.replace(rng=rng), traj
+
+    # ------------------------------------------------------------------ pieces of an iteration
+    def values(self, params, obs_stats, traj: RecurrentTransition):
+        """V(s_t) [T, E] by replaying the GRU; V(s'_t) [T, E] of the pre-reset successor from
+        the carry after step t (before any reset), in one batched pass."""
+        obs_in = self._obs_in(obs_stats, traj.obs)
+        final_in = self._obs_in(obs_stats, traj.final_obs)
+        _, values, hiddens = self.unroll(params, traj.hidden0, obs_in, traj.reset)
+        next_values = self.network.apply(params, final_in, hiddens)[1]
+        return values, next_values
+
+    def make_batch(self, obs_stats, traj: RecurrentTransition, values, advantages, targets):
+        mb = super().make_batch(obs_stats, traj, values, advantages, targets)
+        return RecurrentBatch(mb, traj.reset, traj.hidden0)
+
+    def minibatch_indices(self, key: jax.Array, env_ids: jax.Array) -> jax.Array:
+        """[M, E/M] local env columns: minibatch j holds one env of each group of M
+        consecutive global env ids, chosen by a permutation keyed by the group id."""
+        M = self.config.num_minibatches
+        groups = env_ids.reshape(-1, M)[:, 0] // M  # [E/M] global group ids
+        perms = jax.vmap(lambda g: jax.random.permutation(jax.random.fold_in(key, g), M))(groups)
+        cols = jnp.arange(env_ids.shape[0]).reshape(-1, M)
+        return jnp.take_along_axis(cols, perms, axis=1).T
+
+    def gather_minibatch(self, batch: RecurrentBatch, idx: jax.Array) -> RecurrentBatch:
+        """The sequences of env columns idx [E/M]: every field [T, E/M, ...]."""
+        mb = batch.minibatch
+        old_log_std = mb.old_dist.log_std
+        per_env = mb._replace(old_dist=mb.old_dist._replace(log_std=None))
+        sub = jax.tree.map(lambda x: x[:, idx], per_env)
+        sub = sub._replace(old_dist=sub.old_dist._replace(log_std=old_log_std))
+        return RecurrentBatch(sub, batch.reset[:, idx], batch.hidden0[idx])
+
+    def loss_and_grads(self, params, batch: RecurrentBatch, hp: HyperParams, ent_coeff, kl_coeff):
+        """(grads, LossTerms) of the PPO loss with the GRU replayed over the minibatch's
+        sequences from their stored initial carries and resets."""
+        cfg = self.config
+        mb = batch.minibatch
+        old_log_std = mb.old_dist.log_std
+        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]),
+                            mb._replace(old_dist=mb.old_dist._replace(log_std=None)))
+        flat = flat._replace(old_dist=flat.old_dist._replace(log_std=old_log_std))
+
+        def loss_fn(p):
+            dist, values, _ = self.unroll(p, batch.hidden0, mb.obs, batch.reset)
+            dist = DistParams(dist.loc.reshape((-1,) + dist.loc.shape[2:]), dist.log_std)
+            terms = ppo_loss_terms(
+                self.discrete, dist, values.reshape(-1), flat,
+                clip_param=hp.clip_param, vf_clip_param=hp.vf_clip_param, vf_coeff=hp.vf_coeff,
+                entropy_coeff=ent_coeff, kl_coeff=kl_coeff, use_kl_loss=cfg.use_kl_loss,
+                use_vf_clip=cfg.vf_clip_param is not None,
+            )
+            return terms.total, terms
+
+        return jax.grad(loss_fn, has_aux=True)(params)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, params, obs_stats, key, num_episodes: int | None = None,
+                 deterministic: bool | None = None, max_steps: int | None = None) -> dict:
+        """As `Algorithm.evaluate`, with each eval env's GRU state carried through its episode."""
+        cfg = self.config
+        n = cfg.eval_episodes if num_episodes is None else num_episodes
+        det = cfg.eval_deterministic if deterministic is None else deterministic
+        bound = eval_max_steps(cfg, self.spec.env_params) if max_steps is None else max_steps
+        return run_recurrent_episodes(self, params, obs_stats, key, n, bound, det).metrics()
+
+
+def run_recurrent_episodes(algo: RecurrentAlgorithm, params, obs_stats, key, num_episodes: int,
+                           max_steps: int, deterministic: bool = True) -> EpisodeStats:
+    """One episode in each of `num_episodes` fresh envs with the recurrent policy; pure and
+    jit-able (the recurrent form of `evaluation.run_episodes`)."""
+    env, env_params = algo.spec.env, algo.spec.env_params
+    k_reset, k_loop = jax.random.split(key)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(k_reset, num_episodes), env_params)
+    zeros_f = jnp.zeros((num_episodes,), jnp.float32)
+    zeros_i = jnp.zeros((num_episodes,), jnp.int32)
+
+    def cond(carry):
+        t, _, _, _, _, _, _, done = carry
+        return jnp.logical_and(t < max_steps, ~jnp.all(done))
+
+    def body(carry):
+        t, k, obs, env_state, hidden, ret, length, done = carry
+        k, k_act, k_step = jax.random.split(k, 3)
+        action, hidden = algo.act(params, obs_stats, obs, hidden, k_act, deterministic=deterministic)
+        obs, env_state, reward, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            jax.random.split(k_step, num_episodes), env_state, action, env_params)
+        live = ~done
+        ret = ret + jnp.where(live, reward.astype(jnp.float32), 0.0)
+        length = length + live.astype(jnp.int32)
+        done = jnp.logical_or(done, jnp.logical_or(term.astype(bool), trunc.astype(bool)))
+        return t + 1, k, obs, env_state, hidden, ret, length, done
+
+    carry = (jnp.asarray(0, jnp.int32), k_loop, obs, env_state,
+             algo.initial_hidden((num_episodes,)), zeros_f, zeros_i, jnp.zeros((num_episodes,), bool))
+    out = jax.lax.while_loop(cond, body, carry)
+    return EpisodeStats(out[5], out[6])
+
+
+def algorithm_class(config) -> type[Algorithm]:
+    """RecurrentAlgorithm when `network.recurrent_size > 0`, else the feed-forward Algorithm."""
+    return RecurrentAlgorithm if config.network.recurrent_size > 0 else Algorithm
