@@ -64,6 +64,24 @@ class HyperParams:
             gae_lambda=f(config.gae_lambda),
         )
 
+    @classmethod
+    def stack(cls, items: "list[HyperParams]") -> "HyperParams":
+        """One batched HyperParams (leading axis len(items)) for `vmap`: a sweep.
+
+        Schedules must have the same number of points in every item (e.g. all constant or
+        all linear).
+        """
+        shapes = {tuple(np.shape(h.lr_points)) + tuple(np.shape(h.entropy_points)) for h in items}
+        if len(shapes) != 1:
+            from jaxppo.config import ConfigError
+
+            raise ConfigError(
+                "HyperParams.stack: lr/entropy schedules have different numbers of points "
+                "across the sweep; use the same schedule form (constant, linear or the same "
+                "number of [env_step, value] points) in every config"
+            )
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *items)
+
 
 def _schedule_points(value, kind: str, total_timesteps: int) -> jax.Array:
     if isinstance(value, (list, tuple)):

@@ -107,6 +107,17 @@ class PPOConfig:
     eval_max_steps: int | None = None  # bound on an eval episode; None = env's max_steps_in_episode
     tensorboard: bool = False  # also write TensorBoard event files to RUN_DIR/tensorboard
 
+    def __post_init__(self):
+        # Lists from YAML/JSON and tuples from Python mean the same config: store one form,
+        # so a config read back from its own config.yaml compares equal to the original.
+        for name in ("lr", "entropy_coeff"):
+            v = getattr(self, name)
+            if isinstance(v, (list, tuple)):
+                object.__setattr__(self, name, [
+                    list(p) if isinstance(p, (list, tuple)) else p for p in v])
+        if isinstance(self.transforms, list):
+            object.__setattr__(self, "transforms", tuple(self.transforms))
+
     # ------------------------------------------------------------------ derived sizes
     @property
     def batch_size(self) -> int:
@@ -141,7 +152,7 @@ class PPOConfig:
         if unknown:
             key = unknown[0]
             raise ConfigError(
-                f"unknown config key {key!r}{_did_you_mean(key, names)}; "
+                f"unknown config key {key!r}{_suggest_field(key, names)}; "
                 f"valid keys: {', '.join(sorted(names))}"
             )
         if "network" in values:
@@ -161,6 +172,10 @@ class PPOConfig:
                     f"network={net!r} must be a mapping such as "
                     "{'hidden_sizes': [64, 64], 'activation': 'tanh', 'shared_trunk': False}"
                 )
+        for name, v in values.items():
+            # YAML/JSON write 5e5 as a float; integer fields take it when it is whole.
+            if name in _INT_FIELDS and isinstance(v, float) and v.is_integer():
+                values[name] = int(v)
         return dataclasses.replace(base, **values)
 
     @classmethod
@@ -172,24 +187,20 @@ class PPOConfig:
         if path.suffix == ".json":
             data = json.loads(text)
         else:
-            import yaml
-
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
         return cls.from_dict(data, base)
 
     def with_overrides(self, pairs: Sequence[str]) -> "PPOConfig":
         """Apply CLI `key=value` pairs; values are parsed as YAML (numbers, lists, null...)."""
-        import yaml
-
         values: dict[str, Any] = {}
         for pair in pairs:
             if "=" not in pair:
                 raise ConfigError(f"--set {pair!r} must have the form key=value, e.g. lr=3e-4")
             key, raw = pair.split("=", 1)
             key = key.strip()
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = load_yaml(raw) if raw.strip() else None
             if key.startswith("network."):
                 values.setdefault("network", {})[key[len("network."):]] = value
             else:
@@ -345,6 +356,62 @@ class PPOConfig:
 
 
 # ---------------------------------------------------------------------- helpers
+_INT_FIELDS = {
+    "num_envs", "num_steps", "total_timesteps", "num_epochs", "num_minibatches", "seed",
+    "num_seeds", "log_every", "num_devices", "checkpoint_every", "keep_checkpoints",
+    "eval_every", "eval_episodes", "eval_max_steps",
+}
+
+# Names other PPO code uses for our fields (PureJaxRL, RLlib, CleanRL, SB3).
+_ALIASES = {
+    "learning_rate": "lr", "ent_coef": "entropy_coeff", "entropy_coef": "entropy_coeff",
+    "vf_coef": "vf_coeff", "vf_loss_coeff": "vf_coeff", "clip_eps": "clip_param",
+    "clip_range": "clip_param", "clip_coef": "clip_param", "lambda": "gae_lambda",
+    "lambda_": "gae_lambda", "update_epochs": "num_epochs", "num_sgd_iter": "num_epochs",
+    "n_epochs": "num_epochs", "n_steps": "num_steps", "rollout_fragment_length": "num_steps",
+    "n_envs": "num_envs", "max_grad_norm_clip": "max_grad_norm", "grad_clip": "max_grad_norm",
+    "anneal_lr": "lr_schedule", "env_name": "env", "env_id": "env", "env_config": "env_kwargs",
+    "total_steps": "total_timesteps", "fcnet_hiddens": "network", "activation": "network",
+}
+
+
+def _yaml_loader():
+    """PyYAML's SafeLoader with YAML 1.2 floats, so 3e-4 and 5e5 are numbers, not strings."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                    |[0-9][0-9_]*[eE][-+]?[0-9]+
+                    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                    |\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+        list("-+0123456789."),
+    )
+    return Loader
+
+
+def load_yaml(text: str):
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())
+
+
+def _suggest_field(key: str, names) -> str:
+    alias = _ALIASES.get(str(key).lower())
+    if alias is not None and alias in names:
+        hint = f"; did you mean {alias!r}?"
+        if alias == "network":
+            hint = "; set it inside network, e.g. network.hidden_sizes=[64,64] or network.activation=tanh"
+        if alias == "lr_schedule":
+            hint = "; did you mean 'lr_schedule' (linear or constant)?"
+        return hint
+    return _did_you_mean(key, names)
+
 def _did_you_mean(word: str, candidates, prefix: str = "") -> str:
     close = difflib.get_close_matches(str(word), list(candidates), n=3, cutoff=0.5)
     if not close:

@@ -51,8 +51,8 @@ def check_env_name(name: str) -> None:
         close = [lowered[name.lower()]]
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise ConfigError(
-        f"env={name!r} is not a registered gymnax environment{hint} "
-        f"Registered: {', '.join(names)}"
+        f"env={name!r} is not a registered gymnax environment{hint or '.'} "
+        f"Registered: {', '.join(names)}. Or pass an env object with the gymnax API as env="
     )
 
 
