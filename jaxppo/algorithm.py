@@ -442,7 +442,7 @@ class Algorithm:
 
     def apply_grads(self, params, opt_state, grads, hp: HyperParams, lr):
         """Clip by global norm, Adam, step by -lr. Returns (params, opt_state, grad_norm)."""
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = self._optimizer(hp).update(grads, opt_state, params)
         params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
         return params, opt_state, grad_norm
