@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -144,11 +145,12 @@ class CheckpointStore:
         return state, meta
 
     def _unreadable(self, step: int, err: Exception) -> CheckpointError:
+        _ignore_closed_loop_reports()
         path = self.step_path(step)
         earlier = [s for s in self.steps() if s < step]
         msg = f"checkpoint {path} is corrupt or incomplete ({type(err).__name__}: {_first_line(err)})."
         if earlier:
-            msg += (f" Earlier checkpoints: {', '.join(str(s) for s in earlier)}; to resume from "
+            msg += (f" Earlier checkpoints: {', '.join(str(s) for s in earlier)}; to go back to "
                     f"iteration {earlier[-1]}, move {path} out of {self.directory} and run again.")
         else:
             msg += " No earlier checkpoint is left; start a new run."
@@ -165,6 +167,24 @@ class CheckpointStore:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _ignore_closed_loop_reports() -> None:
+    """After a failed restore, tensorstore's still-pending reads report back to orbax's event
+    loop, which is already closed; each prints an 'Event loop is closed' traceback after our
+    clear error. Swallow exactly those reports; every other one goes to the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_jaxppo_closed_loop_filter", False):
+        return
+
+    def hook(report):
+        if (report.object is None and isinstance(report.exc_value, RuntimeError)
+                and str(report.exc_value) == "Event loop is closed"):
+            return
+        previous(report)
+
+    hook._jaxppo_closed_loop_filter = True
+    sys.unraisablehook = hook
 
 
 @contextlib.contextmanager

@@ -175,7 +175,7 @@ def test_corrupt_checkpoint_is_a_clear_error_and_nothing_changes(stopped_copy, d
         jaxppo.train(None, resume=stopped_copy, progress=False)
     msg = str(info.value)
     assert str(step_dir) in msg and "corrupt or incomplete" in msg
-    assert "move" in msg and "iteration 3" in msg  # the way back to the earlier checkpoint
+    assert "move" in msg and "back to iteration 3" in msg  # the way back to the earlier checkpoint
     assert _folder_digest(stopped_copy) == before
 
 
