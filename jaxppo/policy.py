@@ -108,6 +108,11 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
     config = load_run_config(run_dir, meta)
     if env is not None:
         config = config.replace(env=env)
+    if getattr(config.network, "recurrent_size", 0):
+        raise CheckpointError(
+            f"{run_dir} holds a recurrent policy (network.recurrent_size="
+            f"{config.network.recurrent_size}); load_policy returns stateless policies only, so "
+            "restore it with jaxppo.checkpoint.CheckpointStore and act with the run's algorithm")
     spec = make_env(config)
     if state is not None:
         params, obs_stats = state["params"], state["obs_stats"]
