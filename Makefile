@@ -46,3 +46,37 @@ experiments: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# ---- Multi-host PPO over Ray, tried on this machine: a head and RAY_WORKERS worker nodes of
+# one CPU each, all on loopback (127.0.0.1). The loopback wrapper keeps Ray from swapping
+# 127.0.0.1 for the machine's outward IP. On a real cluster use `ray start` on each node and
+# `ray job submit` against the head (see README, "Multi-host with Ray").
+RAY_PORT      ?= 6379
+RAY_DASHBOARD ?= 8265
+RAY_WORKERS   ?= 2
+RAY_LOOPBACK  := RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m jaxppo.distributed.loopback
+RAY_NODE_ARGS := --node-ip-address=127.0.0.1 --num-cpus=1 --object-store-memory=200000000 --disable-usage-stats
+RAY_RUNTIME_ENV := {"working_dir": ".", "excludes": [".venv/", "runs/", ".git/", "**/__pycache__/", "*.egg-info/", ".pytest_cache/", ".cache/"]}
+
+.PHONY: ray-cluster ray-submit ray-stop
+
+ray-cluster: $(STAMP)
+	$(RAY_LOOPBACK) start --head --port=$(RAY_PORT) $(RAY_NODE_ARGS) \
+		--include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port=$(RAY_DASHBOARD)
+	for i in $$(seq $(RAY_WORKERS)); do \
+		$(RAY_LOOPBACK) start --address=127.0.0.1:$(RAY_PORT) $(RAY_NODE_ARGS) \
+			--dashboard-agent-listen-port=0 || exit 1; \
+	done
+	$(RAY_LOOPBACK) status --address=127.0.0.1:$(RAY_PORT)
+
+# The job runs this venv's python (an absolute path: the job's cwd is an uploaded copy of
+# the working dir, without .venv) and writes its run folder to ./runs.
+ray-submit: $(STAMP)
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/ray job submit --address http://127.0.0.1:$(RAY_DASHBOARD) \
+		--runtime-env-json '$(RAY_RUNTIME_ENV)' -- \
+		$(abspath $(BIN))/python -m jaxppo.distributed --hosts $(HOSTS) --env $(ENV) \
+		--runs-dir $(abspath runs) $(ARGS)
+
+# Stops every Ray process of this user on this machine (Ray's own `ray stop`).
+ray-stop: $(STAMP)
+	$(BIN)/ray stop
