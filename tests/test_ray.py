@@ -31,7 +31,7 @@ from jaxppo.config import ConfigError  # noqa: E402
 from jaxppo.distributed import (HostsConfigError, NotEnoughNodesError, RayTrainer,  # noqa: E402
                                 train_distributed)
 from jaxppo.distributed.loopback import LOOPBACK_ENV  # noqa: E402
-from jaxppo.distributed.ray_trainer import connect  # noqa: E402
+from jaxppo.distributed.ray_trainer import _quiet_fork_warning, connect  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,13 +59,15 @@ def cluster():
         for k, v in LOOPBACK_ENV.items():
             mp.setenv(k, v)
         port = _free_port()
-        c = Cluster(initialize_head=True, head_node_args=dict(
-            num_cpus=1, node_ip_address="127.0.0.1", include_dashboard=True,
-            dashboard_host="127.0.0.1", dashboard_port=port,
-            object_store_memory=100 * 1024 * 1024))
+        with _quiet_fork_warning():
+            c = Cluster(initialize_head=True, head_node_args=dict(
+                num_cpus=1, node_ip_address="127.0.0.1", include_dashboard=True,
+                dashboard_host="127.0.0.1", dashboard_port=port,
+                object_store_memory=100 * 1024 * 1024))
         try:
-            c.add_node(num_cpus=1, node_ip_address="127.0.0.1",
-                       object_store_memory=100 * 1024 * 1024)
+            with _quiet_fork_warning():
+                c.add_node(num_cpus=1, node_ip_address="127.0.0.1",
+                           object_store_memory=100 * 1024 * 1024)
             c.wait_for_nodes()
             connect(c.address)
             yield SimpleNamespace(cluster=c, dashboard=f"http://127.0.0.1:{port}")
