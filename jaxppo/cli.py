@@ -53,6 +53,10 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--stop-after", type=int, metavar="N",
                    help="stop after N iterations of this call (a checkpoint is written); "
                         "continue later with --resume")
+    t.add_argument("--hosts", type=int, metavar="H",
+                   help="train across H hosts of a Ray cluster (RAY_ADDRESS, else a local Ray); "
+                        "same as `python -m jaxppo.distributed --hosts H ...`, which has the "
+                        "multi-host options")
 
     e = sub.add_parser("eval", help="evaluate the trained policy of a run folder",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -177,9 +181,37 @@ def _resume_config(args):
     return config.validate(), run_dir
 
 
+def _train_on_hosts(args) -> int:
+    """`train --hosts H`: hand over to the Ray driver (imported only here)."""
+    unsupported = [flag for flag, v in (("--resume", args.resume), ("--stop-after", args.stop_after),
+                                        ("--seeds", args.seeds)) if v is not None]
+    if unsupported:
+        print(f"error: {', '.join(unsupported)} cannot be combined with --hosts yet: a multi-host "
+              "run trains one seed and has no resume", file=sys.stderr)
+        return 2
+    argv = ["--hosts", str(args.hosts), "--runs-dir", args.runs_dir]
+    for flag, value in (("--env", args.env), ("--config", args.config), ("--run-name", args.run_name)):
+        if value:
+            argv += [flag, value]
+    if args.defaults:
+        argv.append("--defaults")
+    if args.no_progress:
+        argv.append("--no-progress")
+    if args.no_plot:
+        argv.append("--no-plot")
+    if args.overrides:
+        argv += ["--set", *args.overrides]
+    from jaxppo.distributed.__main__ import main as distributed_main
+
+    return distributed_main(argv)
+
+
 def _train(args) -> int:
     from jaxppo.checkpoint import CheckpointError
     from jaxppo.config import ConfigError
+
+    if args.hosts is not None:
+        return _train_on_hosts(args)
 
     if args.stop_after is not None and args.stop_after < 1:
         print(f"error: --stop-after {args.stop_after} must be >= 1", file=sys.stderr)
