@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 from flax import struct
 
 from jaxppo import networks, transforms
@@ -195,7 +196,7 @@ class Algorithm:
         key, k_params, k_env = jax.random.split(key, 3)
         dummy = jnp.zeros((1, spec.obs_dim), jnp.float32)
         params = self.network.init(k_params, dummy)
-        opt_state = self._optimizer(hp).init(params)
+        opt_state = self._optimizer(hp).init(ravel_pytree(params)[0])
         env_ids = env_index_offset + jnp.arange(self.local_envs)
         env_keys = jax.vmap(lambda i: jax.random.fold_in(k_env, i))(env_ids)
         obs, env_state = jax.vmap(spec.env.reset, in_axes=(0, None))(env_keys, spec.env_params)
@@ -441,11 +442,16 @@ class Algorithm:
         return grads, terms
 
     def apply_grads(self, params, opt_state, grads, hp: HyperParams, lr):
-        """Clip by global norm, Adam, step by -lr. Returns (params, opt_state, grad_norm)."""
-        grad_norm = optax.tree.norm(grads)
-        updates, opt_state = self._optimizer(hp).update(grads, opt_state, params)
-        params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
-        return params, opt_state, grad_norm
+        """Clip by global norm, Adam, step by -lr. Returns (params, opt_state, grad_norm).
+
+        The optimiser works on one flat vector (its state too): one fused update instead of
+        one per parameter array, which compiles and runs faster for small networks.
+        """
+        flat_params, unravel = ravel_pytree(params)
+        flat_grads = ravel_pytree(grads)[0]
+        grad_norm = optax.tree.norm(flat_grads)
+        updates, opt_state = self._optimizer(hp).update(flat_grads, opt_state, flat_params)
+        return unravel(flat_params - lr * updates), opt_state, grad_norm
 
     def learn(self, params, opt_state, batch: Minibatch, env_ids, key, hp, lr, ent_coeff, kl_coeff):
         """num_epochs x num_minibatches gradient steps; grads averaged over devices."""
