@@ -69,8 +69,15 @@ def run_env(env: str, seeds: int, max_steps: float | None) -> dict:
 
     total = int(yaml.safe_load(config.read_text())["total_timesteps"])
     overrides = []
+    budget_note = "config"
+    if env in GYMNAX_PPO and total > GYMNAX_PPO[env][1]:
+        # Compare at a budget no larger than gymnax's own PPO baseline.
+        total = int(GYMNAX_PPO[env][1])
+        budget_note = "gymnax baseline budget"
     if max_steps is not None and total > max_steps:
         total = int(max_steps)
+        budget_note = "capped for this CPU"
+    if total != int(yaml.safe_load(config.read_text())["total_timesteps"]):
         overrides = ["--set", f"total_timesteps={total}"]
     run_dir = RUNS / env
     if run_dir.exists():
@@ -86,7 +93,8 @@ def run_env(env: str, seeds: int, max_steps: float | None) -> dict:
         "config": str(config.relative_to(ROOT)),
         "seeds": seeds,
         "env_steps_per_seed": summary["env_steps"],
-        "budget_capped": bool(overrides),
+        "budget_capped": budget_note == "capped for this CPU",
+        "budget": budget_note,
         "final_return_mean": summary["final_return_mean"],
         "final_return_std": summary["final_return_std"],
         "final_return_per_seed": summary["final_return_per_seed"],

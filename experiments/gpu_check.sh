@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# GPU figures for jaxppo in <= 5 minutes on a machine that already has jax (CUDA), flax,
+# optax and chex but no internet. gymnax and gymnasium come as wheels in
+# experiments/gpu_wheels/ (make them beforehand on a machine with PyPI:
+#   pip download --no-deps -d experiments/gpu_wheels gymnax==1.0.1 gymnasium==1.3.0 \
+#       farama-notifications==0.0.6 cloudpickle==3.1.3 pyyaml==6.0.4
+# and carry that folder). Prints JSON and writes experiments/results/gpu-<date>.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+if ! $PY -c "import gymnax" 2>/dev/null; then
+    $PY -m pip install --quiet --no-index --no-deps experiments/gpu_wheels/*.whl
+fi
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+PYTHONPATH=$PWD timeout 300 $PY experiments/gpu_check.py "$@"
