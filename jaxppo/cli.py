@@ -183,13 +183,15 @@ def _resume_config(args):
 
 def _train_on_hosts(args) -> int:
     """`train --hosts H`: hand over to the Ray driver (imported only here)."""
-    unsupported = [flag for flag, v in (("--resume", args.resume), ("--stop-after", args.stop_after),
-                                        ("--seeds", args.seeds)) if v is not None]
-    if unsupported:
-        print(f"error: {', '.join(unsupported)} cannot be combined with --hosts yet: a multi-host "
-              "run trains one seed and has no resume", file=sys.stderr)
+    if args.seeds is not None:
+        print("error: --seeds cannot be combined with --hosts: a multi-host run trains one "
+              "seed (submit one run per seed)", file=sys.stderr)
         return 2
     argv = ["--hosts", str(args.hosts), "--runs-dir", args.runs_dir]
+    if args.resume:
+        argv += ["--resume", args.resume]
+    if args.stop_after is not None:
+        argv += ["--stop-after", str(args.stop_after)]
     for flag, value in (("--env", args.env), ("--config", args.config), ("--run-name", args.run_name)):
         if value:
             argv += [flag, value]

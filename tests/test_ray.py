@@ -265,3 +265,120 @@ def test_job_submission_succeeds_and_writes_run_folder(cluster, compile_cache_di
     summary = json.loads((run / "summary.json").read_text())
     assert summary["hosts"] == 2 and summary["env_steps"] == 320
     assert "done: final return" in logs
+
+
+# ---------------------------------------------------------------------- checkpoints and resume
+STOP = 3
+
+
+def _ckpt_cfg(cache_dir):
+    # 5 iterations, checkpoints every 2: stopping after 3 is off the grid (saved at 2 and 3),
+    # the resumed run saves at 4 and 5; every global statistic is in play.
+    return tiny(cache_dir, total_timesteps=4 * 16 * 5, checkpoint_every=2, keep_checkpoints=2,
+                normalize_observations=True, normalize_rewards=True, use_kl_loss=True)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _folder_digest(path: Path) -> dict:
+    import hashlib
+
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_file() else "<dir>" for p in sorted(path.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def ray_runs(cluster, compile_cache_dir, tmp_path_factory):
+    """A 2-host run to the end; one stopped after STOP iterations (a copy is kept as
+    `stopped`) and then resumed through `jaxppo train --hosts 2 --resume`."""
+    import shutil
+
+    from jaxppo import cli
+
+    base = tmp_path_factory.mktemp("ray-ckpt")
+    cfg = _ckpt_cfg(compile_cache_dir)
+    t0 = time.perf_counter()
+    full = train_distributed(cfg, hosts=2, run_dir=base / "full", progress=False)
+    part = train_distributed(cfg, hosts=2, run_dir=base / "part", progress=False,
+                             stop_after_iterations=STOP)
+    shutil.copytree(base / "part", base / "stopped")
+    rows_before = _rows(base / "part")
+    rc = cli.main(["train", "--hosts", "2", "--resume", str(base / "part"), "--no-progress",
+                   "--no-plot"])
+    seconds = time.perf_counter() - t0
+    return SimpleNamespace(base=base, cfg=cfg, full=full, part=part, rc=rc,
+                           rows_before=rows_before, seconds=seconds)
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k not in ("wall_time", "sps")} for r in rows]
+
+
+def test_stopped_and_resumed_two_host_run_is_bit_identical(ray_runs):
+    from jaxppo.checkpoint import CheckpointStore, load_params_dict
+
+    r = ray_runs
+    assert not r.part.completed and r.part.iterations_done == STOP
+    assert [row["iteration"] for row in r.rows_before] == [1, 2, 3]
+    assert r.rc == 0
+    full_rows, resumed_rows = _rows(r.base / "full"), _rows(r.base / "part")
+    assert [row["iteration"] for row in resumed_rows] == [1, 2, 3, 4, 5]  # each once
+    assert _strip(resumed_rows) == _strip(full_rows)
+    # Final params (params.msgpack of the resumed CLI run) equal the uninterrupted run's.
+    saved = load_params_dict(r.base / "part" / "params.msgpack")
+    for a, b in zip(jax.tree.leaves(saved["params"]), jax.tree.leaves(r.full.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Whole saved states (driver state and every host's envs) are identical at each step.
+    with CheckpointStore(r.base / "full", read_only=True) as fs, \
+            CheckpointStore(r.base / "part", read_only=True) as ps:
+        assert fs.steps() == ps.steps() == [4, 5]
+        for step in (4, 5):
+            assert fs.read_meta(step)["state_digest"] == ps.read_meta(step)["state_digest"]
+        state, meta = ps.restore(5)
+        assert meta["hosts"] == 2 and meta["env_steps"] == 5 * r.cfg.batch_size
+        np.testing.assert_array_equal(np.asarray(state["env_ids"]), np.arange(4))
+    summary = json.loads((r.base / "part" / "summary.json").read_text())
+    assert summary["iterations"] == 5 and summary["completed"]
+
+
+def test_corrupt_checkpoint_is_a_clear_error_and_resume_drops_later_rows(ray_runs, tmp_path):
+    import shutil
+
+    from jaxppo.checkpoint import CheckpointError
+
+    run = tmp_path / "run"
+    shutil.copytree(ray_runs.base / "stopped", run)
+    # A corrupt newest checkpoint: a clear error naming it, nothing in the folder changed.
+    step_dir = run / "checkpoints" / str(STOP)
+    data = max((p for p in (step_dir / "state" / "d").iterdir()), key=lambda p: p.stat().st_size)
+    data.write_bytes(np.random.default_rng(0).bytes(data.stat().st_size))
+    before = _folder_digest(run)
+    with pytest.raises(CheckpointError) as info:
+        train_distributed(None, hosts=2, resume=run, progress=False)
+    msg = str(info.value)
+    assert str(step_dir) in msg and "corrupt or incomplete" in msg and "iteration 2" in msg
+    with pytest.raises(ConfigError, match=r"num_envs=8.*num_envs=4"):
+        train_distributed(ray_runs.cfg.replace(num_envs=8), hosts=2, resume=run,
+                          progress=False)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        train_distributed(None, hosts=2, resume=tmp_path / "nope", progress=False)
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        train_distributed(ray_runs.cfg, hosts=2, run_dir=run, progress=False)
+    assert _folder_digest(run) == before
+
+    # As the message says: move the corrupt one out and resume from iteration 2, here on
+    # one host (the checkpoint holds all envs in global order, so any hosts dividing num_envs
+    # will do). The row of iteration 3 written before is dropped and written again.
+    shutil.move(step_dir, tmp_path / "bad")
+    result = train_distributed(None, hosts=1, resume=run, progress=False,
+                               stop_after_iterations=1, strategy="PACK")
+    assert result.resumed_from == 2 and result.iterations_done == 3 and not result.completed
+    rows = _rows(run)
+    assert [row["iteration"] for row in rows] == [1, 2, 3]
+    assert list(result.metrics["iteration"]) == [1, 2, 3]
+    full = _rows(ray_runs.base / "full")
+    assert _strip(rows[:2]) == _strip(full[:2])
+    for k in ("policy_loss", "value_loss", "entropy", "kl", "grad_norm", "kl_coeff", "env_steps"):
+        assert rows[2][k] == pytest.approx(full[2][k], rel=1e-4, abs=1e-6), k

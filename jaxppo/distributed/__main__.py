@@ -42,6 +42,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default="STRICT_SPREAD",
                    choices=("STRICT_SPREAD", "SPREAD", "PACK", "STRICT_PACK"),
                    help="placement of the learners; STRICT_SPREAD = one per node")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue RUN_DIR from its newest checkpoint, with its config.yaml; --set "
+                        "may change fields such as total_timesteps (to extend the run), not "
+                        "shapes; --hosts may change if it divides num_envs")
+    p.add_argument("--stop-after", type=int, metavar="N",
+                   help="stop after N iterations of this call (a checkpoint is written); "
+                        "continue later with --resume")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.add_argument("--no-plot", action="store_true", help="skip curve.png")
     return p
@@ -61,39 +68,52 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")
 
-    from jaxppo.cli import resolve_config
+    from jaxppo.checkpoint import CheckpointError
+    from jaxppo.cli import _resume_config, resolve_config
     from jaxppo.config import ConfigError
     from jaxppo.distributed.ray_trainer import (DistributedError, check_hosts,
                                                 train_distributed)
     from jaxppo.train import TrainingDivergedError
 
+    if args.stop_after is not None and args.stop_after < 1:
+        print(f"error: --stop-after {args.stop_after} must be >= 1", file=sys.stderr)
+        return 2
     try:
-        config, source = resolve_config(args)
+        if args.resume:
+            config, run_dir = _resume_config(args)
+            source = f"{run_dir / 'config.yaml'} (resumed)"
+        else:
+            config, source = resolve_config(args)
         check_hosts(config, args.hosts)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     import yaml
 
-    name = args.run_name or f"{config.env_name}-ray{args.hosts}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(args.runs_dir) / name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        print(f"error: run folder {run_dir} already exists and is not empty; "
-              "choose another --run-name", file=sys.stderr)
-        return 2
+    if not args.resume:
+        name = args.run_name or f"{config.env_name}-ray{args.hosts}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(args.runs_dir) / name
+        if run_dir.exists() and any(run_dir.iterdir()):
+            print(f"error: run folder {run_dir} already exists and is not empty; "
+                  "choose another --run-name (or continue it with --resume)", file=sys.stderr)
+            return 2
     print(f"config: {source}; hosts: {args.hosts}; run folder: {run_dir.resolve()}",
           file=sys.stderr, flush=True)
     t_start = time.perf_counter()
-    _write_config(run_dir, config, yaml)
+    if not args.resume:
+        _write_config(run_dir, config, yaml)
     try:
         result = train_distributed(
-            config, hosts=args.hosts, run_dir=run_dir, progress=not args.no_progress,
-            address=args.address, strategy=args.strategy, gpus_per_host=args.gpus_per_host,
+            config, hosts=args.hosts, run_dir=None if args.resume else run_dir,
+            resume=run_dir if args.resume else None, stop_after_iterations=args.stop_after,
+            progress=not args.no_progress, address=args.address, strategy=args.strategy,
+            gpus_per_host=args.gpus_per_host,
         )
-    except (DistributedError, ConfigError) as e:
+    except (DistributedError, ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
-        _drop_if_unused(run_dir)
+        if not args.resume:
+            _drop_if_unused(run_dir)
         return 2
     except TrainingDivergedError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -109,6 +129,15 @@ def main(argv: list[str] | None = None) -> int:
 
         plot_runs([run_dir], run_dir / "curve.png", labels=[f"{config.env_name} ({args.hosts} hosts)"],
                   title=f"{config.env_name}: return vs env steps ({args.hosts} hosts)")
+    if not result.completed:
+        print(f"stopped after iteration {result.iterations_done} of {config.num_iterations} "
+              "(checkpoint written); continue with: python -m jaxppo.distributed --resume "
+              f"{run_dir} --hosts {args.hosts}", file=sys.stderr)
+        return 0
+    if result.resumed_from is not None and result.resumed_from == result.iterations_done:
+        print(f"nothing to do: {run_dir} is already complete at iteration "
+              f"{result.iterations_done}; extend it with --set total_timesteps=N", file=sys.stderr)
+        return 0
     print(
         f"done: final return {info['final_return_mean']:.1f} (last 10 iterations) ; "
         f"{info['env_steps']:,} env steps in {info['train_seconds']:.1f}s "
@@ -129,19 +158,23 @@ def summary(result, hosts: int, wall_seconds: float) -> dict:
     r = r[np.isfinite(r)]
     tail = float(r.mean()) if len(r) else float("nan")
     cfg = result.config
-    steps = int(cfg.num_iterations * cfg.batch_size)
+    done = int(getattr(result, "iterations_done", cfg.num_iterations))
+    steps = done * cfg.batch_size
+    steps_now = (done - (getattr(result, "resumed_from", None) or 0)) * cfg.batch_size
     return {
         "env": cfg.env_name,
         "num_seeds": 1,
         "hosts": hosts,
         "envs_per_host": cfg.num_envs // hosts,
         "env_steps": steps,
+        "iterations": done,
+        "completed": bool(getattr(result, "completed", True)),
         "final_return_mean": tail,
         "final_return_std": 0.0,
         "final_return_per_seed": [tail],
         "compile_seconds": result.compile_seconds,
         "train_seconds": result.train_seconds,
-        "sps": steps / max(result.train_seconds, 1e-9),
+        "sps": steps_now / max(result.train_seconds, 1e-9),
         "wall_seconds": wall_seconds,
         "process_seconds": process_uptime(),
         "host_failures": getattr(result, "host_failures", []),

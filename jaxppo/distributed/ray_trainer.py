@@ -23,6 +23,13 @@ A host whose actor dies is replaced (same host index and env ids; its envs are r
 the iteration is retried from the driver's last completed state; every host keeps the env
 state it had at the start of the iteration until the next one starts, so survivors roll
 back too. Nothing before the last completed iteration is lost.
+
+Checkpoints (with a run folder): every `checkpoint_every` iterations and at the end the driver
+gathers the hosts' env states and episode trackers and saves them with its own state as one
+single-host TrainState (env fields concatenated in global env order) through
+`jaxppo.checkpoint.CheckpointStore`, the format `jaxppo train` writes. `resume=RUN_DIR` loads
+the newest one, gives each host its slice of the envs back and continues exactly where the
+run stopped.
 """
 
 from __future__ import annotations
@@ -53,8 +60,8 @@ from jaxppo.envs import flatten_obs, make_env
 from jaxppo.gae import compute_gae
 from jaxppo.losses import update_kl_coeff
 from jaxppo.running_stats import RunningStats
-from jaxppo.train import (TrainingDivergedError, TrainResult, enable_compilation_cache,
-                          process_uptime)
+from jaxppo.train import (TrainingDivergedError, TrainResult, _history_from_rows, _version,
+                          _write_config, enable_compilation_cache, process_uptime)
 
 logger = logging.getLogger("jaxppo.distributed")
 
@@ -406,6 +413,26 @@ class HostLearner:
         mean, var = _moments(flat)
         return {"obs_mean": np.asarray(mean), "obs_var": np.asarray(var)}
 
+    def env_state(self, completed: int) -> dict:
+        """The env state and episode trackers at the start of iteration `completed` (numpy),
+        for a checkpoint."""
+        if completed not in self.snapshots:
+            raise RuntimeError(
+                f"host {self.host_index} has no env state for the start of iteration "
+                f"{completed + 1} (it has {sorted(self.snapshots)})")
+        return _to_numpy(self.snapshots[completed])
+
+    def load_envs(self, completed: int, env: dict) -> None:
+        """Continue from a checkpoint: `env` (this host's slice) is the env state at the start
+        of iteration `completed`."""
+        env = jax.tree.map(jnp.asarray, env)
+        ids = np.asarray(env["env_ids"])
+        want = np.arange(self.offset, self.offset + self.local_envs)
+        if ids.shape != want.shape or not np.array_equal(ids, want):
+            raise RuntimeError(f"host {self.host_index} was given env ids {ids.tolist()}, "
+                               f"expected {want.tolist()}")
+        self.snapshots = {completed: env}
+
     def warmup(self) -> float:
         """Compile every per-iteration function (no state changes). Returns seconds."""
         t0 = time.perf_counter()
@@ -537,15 +564,19 @@ class RayTrainer:
             )
         return nodes
 
-    def start(self) -> "RayTrainer":
-        """Reserve the bundles, start and compile the learners; cleans up if it fails."""
+    def start(self, restored: TrainState | None = None) -> "RayTrainer":
+        """Reserve the bundles, start and compile the learners; cleans up if it fails.
+
+        restored: a checkpointed single-host TrainState (env fields over all `num_envs` envs,
+        in global order) to continue from instead of a fresh start.
+        """
         try:
-            return self._start()
+            return self._start(restored)
         except BaseException:
             self.shutdown()
             raise
 
-    def _start(self) -> "RayTrainer":
+    def _start(self, restored: TrainState | None = None) -> "RayTrainer":
         t0 = time.perf_counter()
         nodes = self.check_cluster()
         self.pg = placement_group([dict(self.bundle) for _ in range(self.hosts_n)],
@@ -561,9 +592,17 @@ class RayTrainer:
             ) from None
         self.hosts = [self._make_host(k) for k in range(self.hosts_n)]
         self.host_info = ray.get([h.info.remote() for h in self.hosts])
-        init = ray.get([h.reset_envs.remote(0) for h in self.hosts])
+        if restored is None:
+            init = ray.get([h.reset_envs.remote(0) for h in self.hosts])
+        else:
+            completed = int(restored.iteration)
+            ray.get([h.load_envs.remote(completed, self._env_slice(restored, k))
+                     for k, h in enumerate(self.hosts)])
+            init = None
         compile_futs = [h.warmup.remote() for h in self.hosts]
         self._init_driver(init)
+        if restored is not None:
+            self._restore_driver(restored)
         self.host_compile_seconds = ray.get(compile_futs)
         self.setup_seconds = time.perf_counter() - t0
         return self
@@ -578,11 +617,37 @@ class RayTrainer:
         )
         return remote_cls.options(**opts).remote(self.config, self.hp_np, k, self.hosts_n)
 
+    def _env_slice(self, full: TrainState, k: int) -> dict:
+        local = self.config.num_envs // self.hosts_n
+        return {f: jax.tree.map(lambda x: np.asarray(x)[k * local:(k + 1) * local],
+                                getattr(full, f)) for f in ENV_FIELDS}
+
+    def _restore_driver(self, restored: TrainState):
+        driver_part = restored.replace(**{f: None for f in ENV_FIELDS})
+        self.state = jax.tree.map(lambda new, old: jnp.asarray(new, dtype=old.dtype),
+                                  driver_part, self.state)
+        self.flat_params = np.asarray(ravel_pytree(self.state.params)[0])
+
+    def full_state(self) -> TrainState:
+        """The driver's state with every host's env state and episode trackers (numpy,
+        concatenated over hosts in global env order): a single-host TrainState, as saved in
+        checkpoints. A host that died meanwhile is replaced (its envs restart from reset)."""
+        completed = int(self.state.iteration)
+        while True:
+            try:
+                envs = ray.get([h.env_state.remote(completed) for h in self.hosts])
+                break
+            except RayActorError as e:
+                self._handle_failure(e)
+        env = {f: jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *[e[f] for e in envs])
+               for f in ENV_FIELDS}
+        return _to_numpy(self.state).replace(**env)
+
     def _init_driver(self, init_stats):
         cfg, algo = self.config, self.algo
         state = jax.jit(algo.init)(jax.random.PRNGKey(cfg.seed), self.hp)
         obs_stats = RunningStats.create((self.spec.obs_dim,))
-        if cfg.normalize_observations:
+        if cfg.normalize_observations and init_stats is not None:
             m, v = _combine_moments([s["obs_mean"] for s in init_stats],
                                     [s["obs_var"] for s in init_stats])
             obs_stats = obs_stats.merge(jnp.asarray(m), jnp.asarray(v), cfg.num_envs)
@@ -878,7 +943,7 @@ def _short_reason(e: Exception) -> str:
 
 # ---------------------------------------------------------------------- public entry point
 def train_distributed(
-    config: PPOConfig,
+    config: PPOConfig | None,
     hosts: int = 2,
     run_dir: str | Path | None = None,
     progress: bool | None = None,
@@ -891,36 +956,100 @@ def train_distributed(
     placement_timeout_s: float = 120.0,
     connect_timeout_s: float = 5.0,
     fault_hook: Callable | None = None,
+    resume: str | Path | None = None,
+    stop_after_iterations: int | None = None,
 ) -> TrainResult:
     """Train PPO with `hosts` learner actors (one per Ray node); returns a TrainResult.
 
     `config.num_envs` is the global env count: each host owns num_envs // hosts envs.
     Ray: uses the current connection if `ray.init` was called, else `address`, else
     RAY_ADDRESS, else starts a local instance (one node: hosts=1 unless strategy="PACK").
-    run_dir: metrics.jsonl is appended there, one row per iteration.
+    run_dir: metrics.jsonl is appended there, one row per iteration; checkpoints/ gets the
+    whole state (the driver's and every host's envs) every `checkpoint_every` iterations and
+    at the end, as `jaxppo.train` writes it.
+    resume: a run folder to continue from its newest checkpoint (config may be None: the
+    folder's config.yaml is used); metrics.jsonl is cut back to the checkpoint and appended
+    to. `hosts` may differ from the saved run's as long as it divides num_envs.
+    stop_after_iterations: run at most this many iterations in this call, then checkpoint and
+    return (`TrainResult.completed` is False).
     progress: None/True print a line about 40 times per run to stderr; False is quiet.
     callback: called with the metric rows of each finished iteration.
-    Raises HostsConfigError/ConfigError for a bad config, ClusterUnreachableError,
+    Raises HostsConfigError/ConfigError for a bad config, CheckpointError for a run folder
+    that cannot be resumed (nothing in it is changed), ClusterUnreachableError,
     NotEnoughNodesError, DistributedError (a host could not be replaced), and
     TrainingDivergedError on NaN/inf, always before starting work where it can be known.
     """
-    config = config.validate()
-    check_hosts(config, hosts)
-    started = connect(address, timeout_s=connect_timeout_s)
-    trainer = RayTrainer(config, hosts, hparams=hparams, strategy=strategy,
-                         gpus_per_host=gpus_per_host, placement_timeout_s=placement_timeout_s,
-                         fault_hook=fault_hook)
-    n_iter = config.num_iterations
-    keys = METRIC_KEYS
-    if getattr(config, "eval_every", 0):
-        from jaxppo.evaluation import EVAL_METRIC_KEYS
+    from jaxppo import checkpoint as ckpt
 
-        keys = keys + EVAL_METRIC_KEYS
-    history: dict[str, list] = {k: [] for k in keys + ("iteration", "wall_time", "sps")}
-    run_dir = Path(run_dir) if run_dir is not None else None
-    log = None
+    resume_store, resume_step, restored = None, None, None
+    start_iter, wall_offset = 0, 0.0
+    if resume is not None:
+        if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+            raise ConfigError(f"train_distributed(run_dir={str(run_dir)!r}, resume="
+                              f"{str(resume)!r}): a resumed run continues in its own folder; "
+                              "pass only resume=")
+        run_dir = Path(resume)
+        resume_store, resume_step = ckpt.find_latest(run_dir)
     try:
-        trainer.start()
+        meta = resume_store.read_meta(resume_step) if resume_store is not None else None
+        if config is None:
+            if resume is None:
+                raise ConfigError("train_distributed(config): a PPOConfig is needed unless "
+                                  "resume=RUN_DIR is given")
+            config = ckpt.load_run_config(run_dir, meta)
+        config = config.validate()
+        check_hosts(config, hosts)
+        if stop_after_iterations is not None and (
+                not isinstance(stop_after_iterations, int) or stop_after_iterations < 1):
+            raise ConfigError(f"stop_after_iterations={stop_after_iterations!r} must be an "
+                              "integer >= 1 (or None to run to the end)")
+        n_iter = config.num_iterations
+        if meta is not None:
+            ckpt.check_resumable(meta.get("config") or {}, config, run_dir)
+            saved_devices = meta.get("num_devices") or 1
+            if saved_devices != 1:
+                raise ConfigError(
+                    f"cannot resume {run_dir} on hosts: it was trained with "
+                    f"num_devices={saved_devices} (its state is split over them); resume it "
+                    "with `jaxppo train --resume` instead. Nothing was changed.")
+            hp = hparams if hparams is not None else HyperParams.from_config(config)
+            single = Algorithm(config, make_env(config))
+            abstract = jax.eval_shape(single.init, jax.random.PRNGKey(config.seed), hp)
+            restored, meta = resume_store.restore(resume_step, target=abstract)
+            start_iter = int(meta["iteration"])
+            wall_offset = float(meta.get("wall_time", 0.0))
+            if start_iter > n_iter:
+                raise ConfigError(
+                    f"cannot resume {run_dir}: its checkpoint is at iteration {start_iter}, "
+                    f"past the {n_iter} iterations of total_timesteps={config.total_timesteps}; "
+                    f"raise total_timesteps to at least {start_iter * config.batch_size}. "
+                    "Nothing was changed.")
+        elif run_dir is not None and ckpt.checkpoint_dir(run_dir).is_dir() and any(
+                ckpt.checkpoint_dir(run_dir).iterdir()):
+            raise ConfigError(
+                f"run folder {run_dir} already holds checkpoints; continue it with "
+                f"resume={str(run_dir)!r} (`python -m jaxppo.distributed --resume {run_dir}`) "
+                "or choose a new folder")
+    finally:
+        if resume_store is not None:
+            resume_store.close()
+
+    started = connect(address, timeout_s=connect_timeout_s)
+    trainer = None
+    log = store = None
+    try:
+        trainer = RayTrainer(config, hosts, hparams=hparams, strategy=strategy,
+                             gpus_per_host=gpus_per_host,
+                             placement_timeout_s=placement_timeout_s, fault_hook=fault_hook)
+        keys = METRIC_KEYS
+        if getattr(config, "eval_every", 0):
+            from jaxppo.evaluation import EVAL_METRIC_KEYS
+
+            keys = keys + EVAL_METRIC_KEYS
+        history: dict[str, list] = {k: [] for k in keys + ("iteration", "wall_time", "sps")}
+        run_dir = Path(run_dir) if run_dir is not None else None
+        trainer.start(restored)
+        restored = None
         compile_seconds = trainer.setup_seconds
         if progress is not False:
             for h in trainer.host_info:
@@ -928,20 +1057,45 @@ def train_distributed(
                 print(f"host {h['host_index']}: node {h['node_ip']} ({h['node_id'][:8]}), pid "
                       f"{h['pid']}, devices {', '.join(h['devices'])}, envs {lo}-"
                       f"{lo + h['local_envs'] - 1}", file=sys.stderr, flush=True)
-            print(f"learners ready in {compile_seconds:.1f}s (start + compile)",
+            print(f"learners ready in {compile_seconds:.1f}s (start + compile)"
+                  + (f"; resumed at iteration {start_iter}" if resume is not None else ""),
                   file=sys.stderr, flush=True)
+        previous: list[dict] = []
         if run_dir is not None:
             from jaxppo.runlog import RunLog
 
+            # Every check has passed: from here on the run folder may be written to.
             run_dir.mkdir(parents=True, exist_ok=True)
-            log = RunLog(run_dir, tensorboard=bool(getattr(config, "tensorboard", False)))
+            _write_config(run_dir, config, overwrite=resume is not None)
+            log = RunLog(run_dir, tensorboard=bool(getattr(config, "tensorboard", False)),
+                         resume_iteration=start_iter if resume is not None else None,
+                         resume_env_steps=(start_iter * config.batch_size
+                                           if resume is not None else None))
+            previous = log.previous_rows
+            store = ckpt.CheckpointStore(run_dir, keep=config.keep_checkpoints)
+        end_iter = n_iter if stop_after_iterations is None else min(
+            n_iter, start_iter + stop_after_iterations)
         every = max(1, math.ceil(n_iter / 40))
         t_train = time.perf_counter()
         last_finite = None
-        returns: list[float] = []
-        for it in range(n_iter):
+        returns: list[float] = [r["episode_return_mean"] for r in previous[-10:]
+                                if r.get("episode_return_mean") is not None]
+        it = start_iter
+        saved_at = start_iter if resume is not None else None
+        wall = wall_offset
+
+        def save(iteration):
+            store.save(iteration, trainer.full_state(), {
+                "env_steps": iteration * config.batch_size, "num_devices": 1, "num_seeds": 1,
+                "hosts": hosts, "wall_time": wall, "config": config.to_dict(),
+                "env": config.env_name, "jaxppo_version": _version(),
+            })
+
+        while it < end_iter:
             row = trainer.run_iteration()
-            row.update(wall_time=process_uptime(),
+            it = row["iteration"]
+            wall = wall_offset + process_uptime()
+            row.update(wall_time=wall,
                        sps=config.batch_size / max(trainer.timing["iteration_s"], 1e-9))
             bad = [k for k in HEALTH_KEYS if not math.isfinite(row[k])]
             if bad:
@@ -958,28 +1112,42 @@ def train_distributed(
                 log.write([row])
             for k in history:
                 history[k].append(row[k])
+            if store is not None and config.checkpoint_every and it % config.checkpoint_every == 0:
+                save(it)
+                saved_at = it
             if callback is not None:
                 callback([row])
             if math.isfinite(row["episode_return_mean"]):
                 returns.append(row["episode_return_mean"])
-            if progress is not False and ((it + 1) % every == 0 or it + 1 == n_iter):
+            if progress is not False and (it % every == 0 or it == end_iter):
                 elapsed = time.perf_counter() - t_train
+                done_now = it - start_iter
                 ret = float(np.mean(returns[-10:])) if returns else float("nan")
-                print(f"[{config.env_name} x{hosts} hosts] iter {it + 1}/{n_iter}  steps "
+                print(f"[{config.env_name} x{hosts} hosts] iter {it}/{n_iter}  steps "
                       f"{row['env_steps']:,}  return {ret:.1f}  {row['sps']:,.0f} steps/s  "
-                      f"ETA {elapsed / (it + 1) * (n_iter - it - 1):.0f}s",
+                      f"ETA {elapsed / done_now * (end_iter - it):.0f}s",
                       file=sys.stderr, flush=True)
+        if store is not None and saved_at != it:
+            save(it)
         train_seconds = time.perf_counter() - t_train
         trainer.broadcast_params()
-        metrics = {k: np.asarray(v) for k, v in history.items()}
+        past = _history_from_rows(previous, keys, 1)
+        metrics = {k: np.concatenate([*(np.asarray(p) for p in past[k]), np.asarray(v)])
+                   if past[k] else np.asarray(v) for k, v in history.items()}
         result = trainer.result(metrics, run_dir, compile_seconds, train_seconds)
+        result.iterations_done = it
+        result.completed = it >= n_iter
+        result.resumed_from = start_iter if resume is not None else None
         result.host_failures = list(trainer.host_failures)
         result.hosts = hosts
         return result
     finally:
         if log is not None:
             log.close()
-        trainer.shutdown()
+        if store is not None:
+            store.close()  # waits for a save still being written
+        if trainer is not None:
+            trainer.shutdown()
         if started:
             ray.shutdown()
 
