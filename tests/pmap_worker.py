@@ -53,7 +53,7 @@ def one_iteration_equivalence():
 def learns_on_two_devices():
     cfg = jaxppo.PPOConfig(
         num_envs=16, num_steps=128, num_epochs=8, num_minibatches=8, lr=5e-4,
-        total_timesteps=150_000, num_devices=2,
+        total_timesteps=300_000, num_devices=2,
     )
     result = jaxppo.train(cfg, progress=False)
     leaves = jax.tree.leaves(result.state.params)
