@@ -76,10 +76,33 @@ def kl_divergence(discrete: bool, p: DistParams, q: DistParams) -> jax.Array:
 
 
 # ---------------------------------------------------------------- networks
+def orthogonal(scale: float):
+    """flax's orthogonal initializer, made safe to vmap: a batch of keys runs one QR at a time.
+
+    Under vmap (seeds) flax's initializer becomes one batched LAPACK QR, and jaxlib's CPU
+    LAPACK batches over a thread pool that we saw deadlock (every thread idle, the init never
+    finishing) with 4 vmapped seeds on 2 cores. A sequential lax.map gives the same numbers.
+    """
+    base = nn.initializers.orthogonal(scale)
+
+    def init(key, shape, dtype=jnp.float32):
+        one = jax.custom_batching.custom_vmap(lambda k: base(k, shape, dtype))
+
+        @one.def_vmap
+        def _one_at_a_time(axis_size, in_batched, k):
+            if not in_batched[0]:
+                return base(k, shape, dtype), False
+            return jax.lax.map(lambda kk: base(kk, shape, dtype), k), True
+
+        return one(key)
+
+    return init
+
+
 def _dense(features: int, scale: float) -> nn.Dense:
     return nn.Dense(
         features,
-        kernel_init=nn.initializers.orthogonal(scale),
+        kernel_init=orthogonal(scale),
         bias_init=nn.initializers.constant(0.0),
     )
 

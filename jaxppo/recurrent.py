@@ -36,7 +36,7 @@ from jaxppo.config import ConfigError
 from jaxppo.envs import env_action
 from jaxppo.evaluation import EpisodeStats, eval_max_steps
 from jaxppo.losses import Minibatch, ppo_loss_terms
-from jaxppo.networks import CNN, MLP, DistParams, _dense
+from jaxppo.networks import CNN, MLP, DistParams, _dense, orthogonal
 
 
 # ---------------------------------------------------------------------- network
@@ -64,7 +64,8 @@ class RecurrentActorCritic(nn.Module):
                                self.hidden_sizes, self.activation)
         else:
             self.encoder = MLP(self.hidden_sizes, self.activation)
-        self.core = nn.GRUCell(features=self.recurrent_size)
+        # flax's default recurrent init, made safe to vmap over seeds (see networks.orthogonal).
+        self.core = nn.GRUCell(features=self.recurrent_size, recurrent_kernel_init=orthogonal(1.0))
         self.policy_head = _dense(self.action_dim, 0.01)
         self.value_head = _dense(1, 1.0)
         if not self.discrete:
