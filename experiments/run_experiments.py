@@ -114,7 +114,7 @@ def run_env(env: str, seeds: int, max_steps: float | None) -> dict:
 
 
 def _fmt_steps(x: float) -> str:
-    return f"{x:.0e}".replace("e+0", "e").replace("e+", "e")
+    return f"{x:.2g}".replace("e+0", "e").replace("e+", "e")
 
 
 def build_table() -> str:
