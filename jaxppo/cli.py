@@ -242,6 +242,8 @@ def _train(args) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     print(f"config: {source}; run folder: {run_dir}", file=sys.stderr)
+    print("compiling the training program (a few seconds; cached for the next run) ...",
+          file=sys.stderr, flush=True)
     try:
         result = train(config, run_dir=None if args.resume else run_dir,
                        resume=run_dir if args.resume else None,
