@@ -7,7 +7,6 @@ iteration runs on several devices: gradients and every batch statistic are avera
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -244,53 +243,65 @@ class Algorithm:
         return self.network.apply(params, self._obs_in(obs_stats, raw_obs), method="value")
 
     # ------------------------------------------------------------------ rollout
-    def rollout(self, state: TrainState, hp: HyperParams):
-        spec, cfg = self.spec, self.config
+    def step_keys(self, k_step: jax.Array, env_ids: jax.Array):
+        """(action keys [E], env keys [E]) from the global env index: the same env sees the
+        same randomness whether it lives on 1 device, N devices or H hosts."""
+        keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(k_step, i)))(env_ids)
+        return keys[:, 0], keys[:, 1]
 
+    def sample_actions(self, dist: DistParams, act_keys: jax.Array):
+        """One action per env from its own key; returns (actions, log_probs)."""
+        action = jax.vmap(lambda d, k: networks.sample(self.discrete, d, k))(
+            DistParams(dist.loc, jnp.broadcast_to(dist.log_std, dist.loc.shape)), act_keys)
+        return action, networks.log_prob(self.discrete, dist, action)
+
+    def step_envs(self, st: TrainState, dist: DistParams, action, logp, env_keys, hp: HyperParams):
+        """Step every env once; returns (state with env/episode trackers advanced, the
+        Transition of this step, done flags [E])."""
+        spec = self.spec
+        obs, env_state, reward, term, trunc, info = jax.vmap(
+            spec.env.step, in_axes=(0, 0, 0, None)
+        )(env_keys, st.env_state, env_action(spec, action), spec.env_params)
+        reward = reward.astype(jnp.float32)
+        term = term.astype(bool)
+        trunc = jnp.logical_and(trunc.astype(bool), ~term)
+        done = jnp.logical_or(term, trunc)
+        ep_ret = st.episode_return + reward
+        ep_len = st.episode_length + 1
+        disc_ret = st.discounted_return * hp.gamma + reward
+        tr = Transition(
+            obs=st.last_obs, final_obs=info["final_observation"], action=action,
+            log_prob=logp, dist=dist, reward=reward, discounted_return=disc_ret,
+            terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
+        )
+        st = st.replace(
+            env_state=env_state,
+            last_obs=obs,
+            discounted_return=jnp.where(done, 0.0, disc_ret),
+            episode_return=jnp.where(done, 0.0, ep_ret),
+            episode_length=jnp.where(done, 0, ep_len),
+        )
+        return st, tr, done
+
+    def rollout(self, state: TrainState, hp: HyperParams):
         def step(carry, _):
             st, rng = carry
             rng, k_step = jax.random.split(rng)
-            # Per-env keys from the global env index: the same env sees the same randomness
-            # whether it lives on 1 device, N devices or H hosts.
-            env_keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(k_step, i)))(st.env_ids)
-            act_keys, env_keys = env_keys[:, 0], env_keys[:, 1]
-            obs_in = self._obs_in(st.obs_stats, st.last_obs)
-            dist = self.network.apply(st.params, obs_in, method="policy")
-            action = jax.vmap(lambda d, k: networks.sample(self.discrete, d, k))(
-                DistParams(dist.loc, jnp.broadcast_to(dist.log_std, dist.loc.shape)), act_keys)
-            logp = networks.log_prob(self.discrete, dist, action)
-            obs, env_state, reward, term, trunc, info = jax.vmap(
-                spec.env.step, in_axes=(0, 0, 0, None)
-            )(env_keys, st.env_state, env_action(spec, action), spec.env_params)
-            reward = reward.astype(jnp.float32)
-            term = term.astype(bool)
-            trunc = jnp.logical_and(trunc.astype(bool), ~term)
-            done = jnp.logical_or(term, trunc)
-            ep_ret = st.episode_return + reward
-            ep_len = st.episode_length + 1
-            disc_ret = st.discounted_return * hp.gamma + reward
-            tr = Transition(
-                obs=st.last_obs, final_obs=info["final_observation"], action=action,
-                log_prob=logp, dist=dist, reward=reward, discounted_return=disc_ret,
-                terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
-            )
-            st = st.replace(
-                env_state=env_state,
-                last_obs=obs,
-                discounted_return=jnp.where(done, 0.0, disc_ret),
-                episode_return=jnp.where(done, 0.0, ep_ret),
-                episode_length=jnp.where(done, 0, ep_len),
-            )
+            act_keys, env_keys = self.step_keys(k_step, st.env_ids)
+            dist = self.network.apply(st.params, self._obs_in(st.obs_stats, st.last_obs),
+                                      method="policy")
+            action, logp = self.sample_actions(dist, act_keys)
+            st, tr, _ = self.step_envs(st, dist, action, logp, env_keys, hp)
             return (st, rng), tr
 
         rng, k_roll = jax.random.split(state.rng)
-        (state, _), traj = jax.lax.scan(step, (state, k_roll), None, length=cfg.num_steps)
+        (state, _), traj = jax.lax.scan(step, (state, k_roll), None, length=self.config.num_steps)
         return state.replace(rng=rng), traj
 
     # ------------------------------------------------------------------ one iteration
     def iteration(self, state: TrainState, hp: HyperParams):
         """Rollout, GAE, learn, adapt. Returns (new_state, metrics dict of scalars)."""
-        cfg, ax = self.config, self.axis_name
+        cfg = self.config
         start_steps = state.env_steps
         lr = schedule_value(hp.lr_points, start_steps)
         ent_coeff = schedule_value(hp.entropy_points, start_steps)

@@ -308,6 +308,22 @@ def check_resumable(saved: dict, config, run_dir: str | Path, saved_devices: int
         )
 
 
+def restore_for_resume(store: CheckpointStore, step: int, abstract, config, run_dir):
+    """(restored state, iteration it was saved at, wall_time offset) of a checkpoint to
+    continue; a checkpoint past the config's last iteration is a ConfigError."""
+    from jaxppo.config import ConfigError
+
+    restored, meta = store.restore(step, target=abstract)
+    start_iter = int(meta["iteration"])
+    n_iter = config.num_iterations
+    if start_iter > n_iter:
+        raise ConfigError(
+            f"cannot resume {run_dir}: its checkpoint is at iteration {start_iter}, past the "
+            f"{n_iter} iterations of total_timesteps={config.total_timesteps}; raise "
+            f"total_timesteps to at least {start_iter * config.batch_size}. Nothing was changed.")
+    return restored, start_iter, float(meta.get("wall_time", 0.0))
+
+
 def _norm(v):
     if isinstance(v, (list, tuple)):
         return [_norm(x) for x in v]

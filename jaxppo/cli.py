@@ -181,6 +181,26 @@ def _resume_config(args):
     return config.validate(), run_dir
 
 
+def config_for(args):
+    """(config, source, resumed run folder or None) from --resume, else --env/--config/--set."""
+    if args.resume:
+        config, run_dir = _resume_config(args)
+        return config, f"{run_dir / 'config.yaml'} (resumed)", run_dir
+    config, source = resolve_config(args)
+    return config, source, None
+
+
+def fresh_run_dir(runs_dir: str, name: str) -> Path:
+    """runs_dir/name for a new run; a non-empty existing folder is a ConfigError."""
+    from jaxppo.config import ConfigError
+
+    run_dir = Path(runs_dir) / name
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"run folder {run_dir} already exists and is not empty; "
+                          "choose another --run-name (or continue it with --resume)")
+    return run_dir
+
+
 def _train_on_hosts(args) -> int:
     """`train --hosts H`: hand over to the Ray driver (imported only here)."""
     if args.seeds is not None:
@@ -219,11 +239,10 @@ def _train(args) -> int:
         print(f"error: --stop-after {args.stop_after} must be >= 1", file=sys.stderr)
         return 2
     try:
-        if args.resume:
-            config, run_dir = _resume_config(args)
-            source = f"{run_dir / 'config.yaml'} (resumed)"
-        else:
-            config, source = resolve_config(args)
+        config, source, run_dir = config_for(args)
+        if not args.resume:
+            run_dir = fresh_run_dir(
+                args.runs_dir, args.run_name or f"{config.env_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -233,12 +252,6 @@ def _train(args) -> int:
     from jaxppo.train import TrainingDivergedError, train
 
     if not args.resume:
-        name = args.run_name or f"{config.env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(args.runs_dir) / name
-        if run_dir.exists() and any(run_dir.iterdir()):
-            print(f"error: run folder {run_dir} already exists and is not empty; "
-                  "choose another --run-name (or continue it with --resume)", file=sys.stderr)
-            return 2
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     print(f"config: {source}; run folder: {run_dir}", file=sys.stderr)

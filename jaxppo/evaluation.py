@@ -45,13 +45,17 @@ def run_episodes(
     key: jax.Array,
     num_episodes: int,
     max_steps: int,
+    policy_state: Any = None,
 ) -> EpisodeStats:
     """Play one episode in each of `num_episodes` envs; pure and jit-able.
 
-    act(obs [N, *obs_shape], key) -> env actions [N, ...] (what `env.step` takes).
+    act(obs [N, *obs_shape], key) -> env actions [N, ...] (what `env.step` takes). With a
+    `policy_state` (e.g. a recurrent policy's hidden state, [N, ...]) the policy carries it:
+    act(obs, key, policy_state) -> (actions, policy_state).
     An episode ends at the env's terminated or truncated flag, or after `max_steps` steps
     (whatever it has collected by then counts).
     """
+    stateful = policy_state is not None
     k_reset, k_loop = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(k_reset, num_episodes), env_params)
@@ -60,24 +64,28 @@ def run_episodes(
     done0 = jnp.zeros((num_episodes,), bool)
 
     def cond(carry):
-        t, _, _, _, _, _, done = carry
+        t, _, _, _, _, _, _, done = carry
         return jnp.logical_and(t < max_steps, ~jnp.all(done))
 
     def body(carry):
-        t, k, obs, env_state, ret, length, done = carry
+        t, k, obs, env_state, pstate, ret, length, done = carry
         k, k_act, k_step = jax.random.split(k, 3)
-        action = act(obs, k_act)
+        if stateful:
+            action, pstate = act(obs, k_act, pstate)
+        else:
+            action = act(obs, k_act)
         obs, env_state, reward, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
             jax.random.split(k_step, num_episodes), env_state, action, env_params)
         live = ~done
         ret = ret + jnp.where(live, reward.astype(jnp.float32), 0.0)
         length = length + live.astype(jnp.int32)
         done = jnp.logical_or(done, jnp.logical_or(term.astype(bool), trunc.astype(bool)))
-        return t + 1, k, obs, env_state, ret, length, done
+        return t + 1, k, obs, env_state, pstate, ret, length, done
 
-    carry = (jnp.asarray(0, jnp.int32), k_loop, obs, env_state, zeros_f, zeros_i, done0)
-    _, _, _, _, ret, length, _ = jax.lax.while_loop(cond, body, carry)
-    return EpisodeStats(ret, length)
+    carry = (jnp.asarray(0, jnp.int32), k_loop, obs, env_state, policy_state, zeros_f, zeros_i,
+             done0)
+    out = jax.lax.while_loop(cond, body, carry)
+    return EpisodeStats(out[5], out[6])
 
 
 def eval_max_steps(config, env_params) -> int:

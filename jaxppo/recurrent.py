@@ -23,20 +23,19 @@ however envs are spread over devices; this needs M to divide the local number of
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxppo import networks
 from jaxppo.algorithm import Algorithm, HyperParams, TrainState
 from jaxppo.config import ConfigError
 from jaxppo.envs import env_action
-from jaxppo.evaluation import EpisodeStats, eval_max_steps
+from jaxppo.evaluation import EpisodeStats, eval_max_steps, run_episodes
 from jaxppo.losses import Minibatch, ppo_loss_terms
-from jaxppo.networks import CNN, MLP, DistParams, _dense, orthogonal
+from jaxppo.networks import DistParams, _dense, orthogonal
 
 
 # ---------------------------------------------------------------------- network
@@ -59,11 +58,7 @@ class RecurrentActorCritic(nn.Module):
     conv_kernel: int = 3
 
     def setup(self):
-        if self.torso == "cnn":
-            self.encoder = CNN(self.obs_shape, self.conv_channels, self.conv_kernel,
-                               self.hidden_sizes, self.activation)
-        else:
-            self.encoder = MLP(self.hidden_sizes, self.activation)
+        self.encoder = networks.make_torso(self)
         # flax's default recurrent init, made safe to vmap over seeds (see networks.orthogonal).
         self.core = nn.GRUCell(features=self.recurrent_size, recurrent_kernel_init=orthogonal(1.0))
         self.policy_head = _dense(self.action_dim, 0.01)
@@ -201,52 +196,22 @@ class RecurrentAlgorithm(Algorithm):
 
     # ------------------------------------------------------------------ rollout
     def rollout(self, state: TrainState, hp: HyperParams):
-        spec, cfg = self.spec, self.config
-
         def step(carry, _):
             st, rng = carry
             rng, k_step = jax.random.split(rng)
-            env_keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(k_step, i)))(st.env_ids)
-            act_keys, env_keys = env_keys[:, 0], env_keys[:, 1]
+            act_keys, env_keys = self.step_keys(k_step, st.env_ids)
             obs_in = self._obs_in(st.obs_stats, st.last_obs)
             dist, _, hidden = self.network.apply(st.params, obs_in, st.hidden.hidden, st.hidden.reset)
-            action = jax.vmap(lambda d, k: networks.sample(self.discrete, d, k))(
-                DistParams(dist.loc, jnp.broadcast_to(dist.log_std, dist.loc.shape)), act_keys)
-            logp = networks.log_prob(self.discrete, dist, action)
-            obs, env_state, reward, term, trunc, info = jax.vmap(
-                spec.env.step, in_axes=(0, 0, 0, None)
-            )(env_keys, st.env_state, env_action(spec, action), spec.env_params)
-            reward = reward.astype(jnp.float32)
-            term = term.astype(bool)
-            trunc = jnp.logical_and(trunc.astype(bool), ~term)
-            done = jnp.logical_or(term, trunc)
-            ep_ret = st.episode_return + reward
-            ep_len = st.episode_length + 1
-            disc_ret = st.discounted_return * hp.gamma + reward
-            tr = (
-                st.last_obs, info["final_observation"], action, logp, dist, reward,
-                disc_ret, term, trunc, ep_ret, ep_len, st.hidden.reset,
-            )
-            st = st.replace(
-                env_state=env_state,
-                last_obs=obs,
-                discounted_return=jnp.where(done, 0.0, disc_ret),
-                episode_return=jnp.where(done, 0.0, ep_ret),
-                episode_length=jnp.where(done, 0, ep_len),
-                hidden=RecurrentCarry(hidden, done),
-            )
-            return (st, rng), tr
+            action, logp = self.sample_actions(dist, act_keys)
+            reset = st.hidden.reset
+            st, tr, done = self.step_envs(st, dist, action, logp, env_keys, hp)
+            return (st.replace(hidden=RecurrentCarry(hidden, done)), rng), (tr, reset)
 
         hidden0 = state.hidden.hidden
         rng, k_roll = jax.random.split(state.rng)
-        (state, _), out = jax.lax.scan(step, (state, k_roll), None, length=cfg.num_steps)
-        (obs, final_obs, action, logp, dist, reward, disc_ret, term, trunc, ep_ret, ep_len,
-         reset) = out
-        traj = RecurrentTransition(
-            obs=obs, final_obs=final_obs, action=action, log_prob=logp, dist=dist, reward=reward,
-            discounted_return=disc_ret, terminated=term, truncated=trunc, episode_return=ep_ret,
-            episode_length=ep_len, reset=reset, hidden0=hidden0,
-        )
+        (state, _), (traj, reset) = jax.lax.scan(step, (state, k_roll), None,
+                                                 length=self.config.num_steps)
+        traj = RecurrentTransition(*traj, reset=reset, hidden0=hidden0)
         return state.replace(rng=rng), traj
 
     # ------------------------------------------------------------------ pieces of an iteration
@@ -317,35 +282,12 @@ class RecurrentAlgorithm(Algorithm):
 
 def run_recurrent_episodes(algo: RecurrentAlgorithm, params, obs_stats, key, num_episodes: int,
                            max_steps: int, deterministic: bool = True) -> EpisodeStats:
-    """One episode in each of `num_episodes` fresh envs with the recurrent policy; pure and
-    jit-able (the recurrent form of `evaluation.run_episodes`)."""
-    env, env_params = algo.spec.env, algo.spec.env_params
-    k_reset, k_loop = jax.random.split(key)
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(k_reset, num_episodes), env_params)
-    zeros_f = jnp.zeros((num_episodes,), jnp.float32)
-    zeros_i = jnp.zeros((num_episodes,), jnp.int32)
+    """`evaluation.run_episodes` with the GRU state carried through each eval episode."""
+    def act(obs, k, hidden):
+        return algo.act(params, obs_stats, obs, hidden, k, deterministic=deterministic)
 
-    def cond(carry):
-        t, _, _, _, _, _, _, done = carry
-        return jnp.logical_and(t < max_steps, ~jnp.all(done))
-
-    def body(carry):
-        t, k, obs, env_state, hidden, ret, length, done = carry
-        k, k_act, k_step = jax.random.split(k, 3)
-        action, hidden = algo.act(params, obs_stats, obs, hidden, k_act, deterministic=deterministic)
-        obs, env_state, reward, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-            jax.random.split(k_step, num_episodes), env_state, action, env_params)
-        live = ~done
-        ret = ret + jnp.where(live, reward.astype(jnp.float32), 0.0)
-        length = length + live.astype(jnp.int32)
-        done = jnp.logical_or(done, jnp.logical_or(term.astype(bool), trunc.astype(bool)))
-        return t + 1, k, obs, env_state, hidden, ret, length, done
-
-    carry = (jnp.asarray(0, jnp.int32), k_loop, obs, env_state,
-             algo.initial_hidden((num_episodes,)), zeros_f, zeros_i, jnp.zeros((num_episodes,), bool))
-    out = jax.lax.while_loop(cond, body, carry)
-    return EpisodeStats(out[5], out[6])
+    return run_episodes(act, algo.spec.env, algo.spec.env_params, key, num_episodes, max_steps,
+                        policy_state=algo.initial_hidden((num_episodes,)))
 
 
 def algorithm_class(config) -> type[Algorithm]:

@@ -214,15 +214,8 @@ def train(
         start_iter, wall_offset, restored = 0, 0.0, None
         if resume_store is not None:  # read and check the checkpoint before compiling
             abstract = jax.eval_shape(program.init, key, hp)
-            restored, resume_meta = resume_store.restore(resume_step, target=abstract)
-            start_iter = int(resume_meta["iteration"])
-            wall_offset = float(resume_meta.get("wall_time", 0.0))
-            if start_iter > n_iter:
-                raise ConfigError(
-                    f"cannot resume {run_dir}: its checkpoint is at iteration {start_iter}, past "
-                    f"the {n_iter} iterations of total_timesteps={config.total_timesteps}; raise "
-                    f"total_timesteps to at least {start_iter * config.batch_size}. Nothing was changed."
-                )
+            restored, start_iter, wall_offset = ckpt.restore_for_resume(
+                resume_store, resume_step, abstract, config, run_dir)
         t_compile = time.perf_counter()
         state, compiled = initialise_and_compile(program, key, hp)
         compile_seconds = time.perf_counter() - t_compile

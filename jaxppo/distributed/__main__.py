@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_platforms", "cpu")
 
     from jaxppo.checkpoint import CheckpointError
-    from jaxppo.cli import _resume_config, resolve_config
+    from jaxppo.cli import config_for, fresh_run_dir
     from jaxppo.config import ConfigError
     from jaxppo.distributed.ray_trainer import (DistributedError, check_hosts,
                                                 train_distributed)
@@ -79,25 +79,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --stop-after {args.stop_after} must be >= 1", file=sys.stderr)
         return 2
     try:
-        if args.resume:
-            config, run_dir = _resume_config(args)
-            source = f"{run_dir / 'config.yaml'} (resumed)"
-        else:
-            config, source = resolve_config(args)
+        config, source, run_dir = config_for(args)
         check_hosts(config, args.hosts)
+        if not args.resume:
+            run_dir = fresh_run_dir(args.runs_dir, args.run_name or
+                                    f"{config.env_name}-ray{args.hosts}-{time.strftime('%Y%m%d-%H%M%S')}")
     except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     import yaml
 
-    if not args.resume:
-        name = args.run_name or f"{config.env_name}-ray{args.hosts}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(args.runs_dir) / name
-        if run_dir.exists() and any(run_dir.iterdir()):
-            print(f"error: run folder {run_dir} already exists and is not empty; "
-                  "choose another --run-name (or continue it with --resume)", file=sys.stderr)
-            return 2
     print(f"config: {source}; hosts: {args.hosts}; run folder: {run_dir.resolve()}",
           file=sys.stderr, flush=True)
     t_start = time.perf_counter()

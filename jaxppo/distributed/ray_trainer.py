@@ -1015,15 +1015,8 @@ def train_distributed(
             hp = hparams if hparams is not None else HyperParams.from_config(config)
             single = Algorithm(config, make_env(config))
             abstract = jax.eval_shape(single.init, jax.random.PRNGKey(config.seed), hp)
-            restored, meta = resume_store.restore(resume_step, target=abstract)
-            start_iter = int(meta["iteration"])
-            wall_offset = float(meta.get("wall_time", 0.0))
-            if start_iter > n_iter:
-                raise ConfigError(
-                    f"cannot resume {run_dir}: its checkpoint is at iteration {start_iter}, "
-                    f"past the {n_iter} iterations of total_timesteps={config.total_timesteps}; "
-                    f"raise total_timesteps to at least {start_iter * config.batch_size}. "
-                    "Nothing was changed.")
+            restored, start_iter, wall_offset = ckpt.restore_for_resume(
+                resume_store, resume_step, abstract, config, run_dir)
         elif run_dir is not None and ckpt.checkpoint_dir(run_dir).is_dir() and any(
                 ckpt.checkpoint_dir(run_dir).iterdir()):
             raise ConfigError(
