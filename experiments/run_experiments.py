@@ -6,8 +6,9 @@
     .venv/bin/python experiments/run_experiments.py --table-only     # rebuild README table
 
 Each env trains all its seeds in one vmapped program (`--seeds`, default 4) through the
-CLI, then experiments/results/<env>.json (final return mean ± std over seeds, env steps,
-wall time, steps/s, machine) and experiments/results/<env>.png are written, and the table
+CLI and ends with one evaluation scored as gymnax-blines scores its agents (164 episodes,
+sampled actions). experiments/results/<env>.json (that eval return and the training return of
+the last 10 iterations, mean ± std over seeds, env steps, wall time, steps/s, machine) and experiments/results/<env>.png are written, and the table
 between the results markers in README.md is rebuilt from every results/*.json present.
 """
 
@@ -42,6 +43,8 @@ GYMNAX_PPO = {
     "Freeway-MinAtar": (58.0, 1e7),
     "SpaceInvaders-MinAtar": (131.0, 1e7),
 }
+# gymnax-blines scores an agent by the mean return of 164 test episodes, actions sampled.
+EVAL_EPISODES = 164
 PUREJAXRL = {
     "CartPole-v1": "≈500 at 5e5 steps (PureJaxRL README curve)",
     "Breakout-MinAtar": "curve in PureJaxRL README (1e7 steps), no table",
@@ -68,7 +71,6 @@ def run_env(env: str, seeds: int, max_steps: float | None) -> dict:
     import yaml
 
     total = int(yaml.safe_load(config.read_text())["total_timesteps"])
-    overrides = []
     budget_note = "config"
     if env in GYMNAX_PPO and total > GYMNAX_PPO[env][1]:
         # Compare at a budget no larger than gymnax's own PPO baseline.
@@ -77,13 +79,16 @@ def run_env(env: str, seeds: int, max_steps: float | None) -> dict:
     if max_steps is not None and total > max_steps:
         total = int(max_steps)
         budget_note = "capped for this CPU"
+    # One evaluation after the last iteration, scored as gymnax-blines scores its agents:
+    # EVAL_EPISODES episodes with actions sampled from the policy, mean return per seed.
+    overrides = [f"eval_every={10**9}", f"eval_episodes={EVAL_EPISODES}", "eval_deterministic=false"]
     if total != int(yaml.safe_load(config.read_text())["total_timesteps"]):
-        overrides = ["--set", f"total_timesteps={total}"]
+        overrides.append(f"total_timesteps={total}")
     run_dir = RUNS / env
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "jaxppo", "train", "--config", str(config), "--seeds", str(seeds),
-           "--runs-dir", str(RUNS), "--run-name", env, "--no-progress", *overrides]
+           "--runs-dir", str(RUNS), "--run-name", env, "--no-progress", "--set", *overrides]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True)
     wall = time.perf_counter() - t0
@@ -99,6 +104,12 @@ def run_env(env: str, seeds: int, max_steps: float | None) -> dict:
         "final_return_std": summary["final_return_std"],
         "final_return_per_seed": summary["final_return_per_seed"],
         "final_return_definition": "mean episode return over the last 10 iterations, per seed",
+        "eval_return_mean": summary["final_eval_return_mean"],
+        "eval_return_std": summary["final_eval_return_std"],
+        "eval_return_per_seed": summary["final_eval_return_per_seed"],
+        "eval_return_definition": (
+            f"after the last iteration, mean return of {EVAL_EPISODES} episodes with sampled "
+            "actions, per seed (as gymnax-blines evaluates)"),
         "wall_seconds": wall,
         "compile_seconds": summary["compile_seconds"],
         "train_seconds": summary["train_seconds"],
@@ -117,11 +128,17 @@ def _fmt_steps(x: float) -> str:
     return f"{x:.2g}".replace("e+0", "e").replace("e+", "e")
 
 
+def _eval_cell(r: dict) -> str:
+    if "eval_return_mean" not in r:
+        return f"— ({r['seeds']})"
+    return f"{r['eval_return_mean']:.1f} ± {r['eval_return_std']:.1f} ({r['seeds']})"
+
+
 def build_table() -> str:
     rows = [
-        "| env | jaxppo final return (mean ± std, seeds) | env steps / seed | wall s | steps/s | "
-        "gymnax PPO (budget) | PureJaxRL |",
-        "|---|---|---|---|---|---|---|",
+        "| env | jaxppo eval return (mean ± std, seeds) | training return | env steps / seed "
+        "| wall s | steps/s | gymnax PPO (budget) | PureJaxRL |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for path in sorted(RESULTS.glob("*.json")):
         r = json.loads(path.read_text())
@@ -132,7 +149,7 @@ def build_table() -> str:
         anchor_s = f"{anchor[0]:g} ({_fmt_steps(anchor[1])})" if anchor else "—"
         capped = " (capped)" if r.get("budget_capped") else ""
         rows.append(
-            f"| {env} | {r['final_return_mean']:.1f} ± {r['final_return_std']:.1f} ({r['seeds']}) "
+            f"| {env} | {_eval_cell(r)} | {r['final_return_mean']:.1f} ± {r['final_return_std']:.1f} "
             f"| {_fmt_steps(r['env_steps_per_seed'])}{capped} | {r['wall_seconds']:.0f} "
             f"| {r['sps_all_seeds']:,.0f} | {anchor_s} | {PUREJAXRL.get(env, '—')} |"
         )

@@ -336,6 +336,9 @@ def _summary(result) -> dict:
         done = np.isfinite(ev[0])
         if done.any():
             idx = np.flatnonzero(done)[-1]
-            out["final_eval_return_mean"] = float(np.mean(ev[:, idx]))
+            per_seed = [float(v) for v in ev[:, idx]]
+            out["final_eval_return_mean"] = float(np.mean(per_seed))
+            out["final_eval_return_std"] = float(np.std(per_seed))
+            out["final_eval_return_per_seed"] = per_seed
             out["final_eval_iteration"] = int(np.atleast_2d(result.metrics["iteration"])[0, idx])
     return out

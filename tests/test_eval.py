@@ -165,6 +165,19 @@ def test_eval_metrics_on_eval_iterations_only(trained):
     assert [r["eval_return_mean"] is None for r in rows] == [True] * 4 + [False] * 4
 
 
+def test_summary_reports_the_last_evaluation_per_seed(trained):
+    from jaxppo.cli import _summary
+
+    ev = trained["evaluated"]
+    s = _summary(ev)
+    last = [float(v) for v in ev.metrics["eval_return_mean"][:, -1]]
+    assert s["final_eval_return_per_seed"] == last
+    assert s["final_eval_return_mean"] == pytest.approx(np.mean(last))
+    assert s["final_eval_return_std"] == pytest.approx(np.std(last))
+    assert s["final_eval_iteration"] == 4
+    assert "final_eval_return_mean" not in _summary(trained["plain"])
+
+
 def test_final_in_training_eval_matches_the_loaded_policy(trained):
     """The program's last evaluation, replayed outside it with the loaded policy and the same
     key, gives the same returns."""

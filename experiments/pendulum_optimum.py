@@ -1,0 +1,144 @@
+"""How well can any policy do on gymnax's Pendulum-v1? An independent reference for the table.
+
+    .venv/bin/python experiments/pendulum_optimum.py            # 401x401 grid, about a minute
+    .venv/bin/python experiments/pendulum_optimum.py --grid 601 # finer, about two minutes
+
+Finite-horizon (200-step, undiscounted) value iteration on a (theta, theta_dot) grid with
+bilinear interpolation and a discrete torque set, then the greedy time-dependent policy
+(one-step lookahead on the interpolated value) is played on gymnax's own Pendulum dynamics
+from gymnax's reset distribution. Its mean return is achievable, so it bounds the optimum
+from below; the grid value averaged over reset states is the approximate optimum.
+It also shows how far a 164-episode mean (gymnax-blines' evaluation) scatters with a fixed,
+near-optimal policy. Writes experiments/results/pendulum-optimum.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from jaxppo._imports import import_gymnax
+
+ROOT = Path(__file__).resolve().parent.parent
+HORIZON = 200
+
+
+def angle_normalize(x):
+    return ((x + jnp.pi) % (2 * jnp.pi)) - jnp.pi
+
+
+def transition(p, theta, theta_dot, u):
+    """Reward and next state, written out from the Pendulum-v1 equations."""
+    u = jnp.clip(u, -p.max_torque, p.max_torque)
+    reward = -(angle_normalize(theta) ** 2 + 0.1 * theta_dot**2 + 0.001 * u**2)
+    accel = 3 * p.g / (2 * p.l) * jnp.sin(theta) + 3.0 / (p.m * p.l**2) * u
+    new_dot = jnp.clip(theta_dot + accel * p.dt, -p.max_speed, p.max_speed)
+    return reward, theta + new_dot * p.dt, new_dot
+
+
+def make_interp(n_theta: int, n_dot: int, max_speed: float):
+    """Bilinear interpolation on a grid periodic in theta and clamped in theta_dot."""
+    d_theta = 2 * np.pi / n_theta
+    d_dot = 2 * max_speed / (n_dot - 1)
+
+    def interp(v, theta, theta_dot):
+        x = (angle_normalize(theta) + jnp.pi) / d_theta
+        x0 = jnp.floor(x)
+        fx = x - x0
+        i0 = x0.astype(jnp.int32) % n_theta
+        i1 = (i0 + 1) % n_theta
+        y = (jnp.clip(theta_dot, -max_speed, max_speed) + max_speed) / d_dot
+        j0 = jnp.clip(jnp.floor(y).astype(jnp.int32), 0, n_dot - 2)
+        fy = jnp.clip(y - j0, 0.0, 1.0)
+        j1 = j0 + 1
+        return ((1 - fx) * (1 - fy) * v[i0, j0] + fx * (1 - fy) * v[i1, j0]
+                + (1 - fx) * fy * v[i0, j1] + fx * fy * v[i1, j1])
+
+    return interp
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", type=int, default=401, help="nodes per state axis")
+    parser.add_argument("--torques", type=int, default=41, help="torques in [-2, 2]")
+    parser.add_argument("--episodes", type=int, default=2000)
+    args = parser.parse_args()
+
+    gymnax = import_gymnax()
+    env, p = gymnax.make("Pendulum-v1")
+    assert int(p.max_steps_in_episode) == HORIZON
+    t0 = time.perf_counter()
+    n = args.grid
+    thetas = jnp.asarray(-np.pi + 2 * np.pi * np.arange(n) / n, jnp.float32)
+    dots = jnp.linspace(-p.max_speed, p.max_speed, n, dtype=jnp.float32)
+    torques = jnp.linspace(-p.max_torque, p.max_torque, args.torques)
+    th, dot = jnp.meshgrid(thetas, dots, indexing="ij")
+    reward, next_th, next_dot = transition(p, th[..., None], dot[..., None], torques)
+    interp = make_interp(n, n, float(p.max_speed))
+
+    @jax.jit
+    def value_iteration():
+        def backup(v, _):
+            v = jnp.max(reward + interp(v, next_th, next_dot), axis=-1)
+            return v, v
+
+        v0 = jnp.zeros((n, n), jnp.float32)
+        _, vs = jax.lax.scan(backup, v0, None, length=HORIZON)
+        return jnp.concatenate([v0[None], vs])  # vs[k]: value with k steps to go
+
+    values = value_iteration().block_until_ready()
+    vi_seconds = time.perf_counter() - t0
+
+    def act(state, t):
+        r, nth, ndot = transition(p, state.theta, state.theta_dot, torques)
+        return torques[jnp.argmax(r + interp(values[HORIZON - t - 1], nth, ndot))]
+
+    def episode(key):
+        k_reset, k_step = jax.random.split(key)
+        _, state = env.reset(k_reset, p)
+
+        def step(carry, t):
+            state, ret = carry
+            _, state, r, _, _ = env.step_env(k_step, state, jnp.array([act(state, t)]), p)
+            return (state, ret + r), None
+
+        (_, ret), _ = jax.lax.scan(step, (state, jnp.float32(0.0)), jnp.arange(HORIZON))
+        return ret
+
+    play = jax.jit(jax.vmap(episode))
+    returns = np.asarray(play(jax.random.split(jax.random.key(12345), args.episodes)), np.float64)
+    resets = jax.vmap(lambda k: env.reset(k, p)[1])(jax.random.split(jax.random.key(7), 200_000))
+    grid_value = np.asarray(interp(values[HORIZON], resets.theta, resets.theta_dot), np.float64)
+    means_164 = [float(np.mean(np.asarray(play(jax.random.split(jax.random.key(s), 164)))))
+                 for s in range(10)]
+
+    out = {
+        "env": "Pendulum-v1",
+        "method": "finite-horizon value iteration, greedy policy played on gymnax dynamics",
+        "grid": [n, n],
+        "torques": args.torques,
+        "greedy_policy_return_mean": float(returns.mean()),
+        "greedy_policy_return_se": float(returns.std(ddof=1) / np.sqrt(len(returns))),
+        "greedy_policy_return_std": float(returns.std(ddof=1)),
+        "greedy_policy_episodes": len(returns),
+        "grid_value_mean_over_resets": float(grid_value.mean()),
+        "grid_value_resets": len(grid_value),
+        "means_of_164_episodes_seeds_0_to_9": [round(m, 2) for m in means_164],
+        "value_iteration_seconds": round(vi_seconds, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    path = ROOT / "experiments" / "results" / "pendulum-optimum.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

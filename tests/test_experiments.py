@@ -1,0 +1,80 @@
+"""The experiments folder: tuned configs are valid, the results table is built from the result
+files, and the Pendulum optimum script models gymnax's Pendulum exactly."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxppo.config import PPOConfig
+from jaxppo.envs import make_env
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((ROOT / "experiments" / "configs").glob("*.yaml"))
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_tuned_config_is_valid_and_named_after_its_env(path):
+    cfg = PPOConfig.from_file(path).validate()
+    assert cfg.env_name == path.stem
+    make_env(cfg)  # a registered gymnax env that builds with the config's env_kwargs
+
+
+def test_results_table_rows(tmp_path, monkeypatch):
+    rx = _load_script("run_experiments")
+    base = {"seeds": 4, "env_steps_per_seed": 150016, "wall_seconds": 6.2, "sps_all_seeds": 1e5,
+            "final_return_mean": 498.25, "final_return_std": 1.5, "budget_capped": False}
+    (tmp_path / "CartPole-v1.json").write_text(json.dumps(
+        {**base, "env": "CartPole-v1", "eval_return_mean": 500.0, "eval_return_std": 0.0}))
+    (tmp_path / "Catch-bsuite.json").write_text(json.dumps({**base, "env": "Catch-bsuite"}))
+    (tmp_path / "bench.json").write_text(json.dumps({"sps": 1}))  # not a results file
+    monkeypatch.setattr(rx, "RESULTS", tmp_path)
+    rows = rx.build_table().splitlines()
+    assert len(rows) == 4
+    assert rows[2].startswith("| CartPole-v1 | 500.0 ± 0.0 (4) | 498.2 ± 1.5 | 1.5e5 |")
+    assert "| 500 (1.5e5) |" in rows[2]
+    assert rows[3].startswith("| Catch-bsuite | — (4) | 498.2 ± 1.5 |")
+
+
+def test_pendulum_optimum_transition_matches_gymnax():
+    po = _load_script("pendulum_optimum")
+    spec = make_env(PPOConfig(env="Pendulum-v1"))
+    env, params = spec.env, spec.env_params
+    keys = jax.random.split(jax.random.key(0), 64)
+    _, states = jax.vmap(lambda k: env.reset(k, params))(keys)
+    states = states.replace(theta_dot=states.theta_dot * 6.0)  # reach the speed clip too
+    u = jnp.linspace(-3.0, 3.0, 64)  # beyond the torque bounds too
+    _, nxt, reward, _, _ = jax.vmap(lambda k, s, a: env.step_env(k, s, a[None], params))(keys, states, u)
+    r, theta, theta_dot = po.transition(params, states.theta, states.theta_dot, u)
+    np.testing.assert_allclose(r, reward, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(theta, nxt.theta, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(theta_dot, nxt.theta_dot, rtol=1e-6, atol=1e-6)
+
+
+def test_pendulum_interpolation_is_exact_on_nodes_and_periodic():
+    po = _load_script("pendulum_optimum")
+    n = 9
+    interp = po.make_interp(n, n, 8.0)
+    thetas = -np.pi + 2 * np.pi * np.arange(n) / n
+    dots = np.linspace(-8.0, 8.0, n)
+    v = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
+    th, dot = np.meshgrid(thetas, dots, indexing="ij")
+    np.testing.assert_allclose(interp(v, jnp.asarray(th), jnp.asarray(dot)), v, atol=1e-5)
+    # theta wraps: theta + 2*pi lands on the same node
+    np.testing.assert_allclose(interp(v, jnp.asarray(th + 2 * np.pi), jnp.asarray(dot)), v, atol=1e-4)
+    # half-way between two theta nodes is the average
+    mid = interp(v, jnp.float32(thetas[2] + np.pi / n), jnp.float32(dots[3]))
+    assert float(mid) == pytest.approx(float(v[2, 3] + v[3, 3]) / 2, abs=1e-5)
