@@ -8,6 +8,7 @@ runs' config.yaml files. `jaxppo plot` and every run folder's curve.png use it.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -142,8 +143,12 @@ def make_figure(run_dirs, labels=None, title: str | None = None):
         if not rows:
             continue
         steps, wall, curves = return_curve(rows)
-        mean = np.nanmean(curves, axis=0) if curves.shape[0] > 1 else curves[0]
-        std = np.nanstd(curves, axis=0) if curves.shape[0] > 1 else np.zeros_like(mean)
+        with warnings.catch_warnings():
+            # Iterations where no seed finished an episode are all-NaN columns: a gap in the
+            # curve, not a problem worth a warning.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(curves, axis=0) if curves.shape[0] > 1 else curves[0]
+            std = np.nanstd(curves, axis=0) if curves.shape[0] > 1 else np.zeros_like(mean)
         label = labels[i]
         if curves.shape[0] > 1:
             label += f" ({curves.shape[0]} seeds)"
