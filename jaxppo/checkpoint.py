@@ -308,6 +308,47 @@ def check_resumable(saved: dict, config, run_dir: str | Path, saved_devices: int
         )
 
 
+def begin_resume(caller: str, config, run_dir, resume):
+    """(config, run_dir, store, step, meta) for `caller(config, run_dir=, resume=)`.
+
+    Without resume: the config (required) and run_dir as given, no store. With resume: the
+    run continues in resume's folder; store and step are its newest checkpoint (the caller
+    closes the store) and config, when not given, is the run's own. ConfigError or
+    CheckpointError otherwise, with the store closed."""
+    from jaxppo.config import ConfigError
+
+    if resume is None:
+        if config is None:
+            raise ConfigError(f"{caller}(config): a PPOConfig is needed unless resume=RUN_DIR "
+                              "is given")
+        return config, run_dir, None, None, None
+    if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+        raise ConfigError(f"{caller}(run_dir={str(run_dir)!r}, resume={str(resume)!r}): a "
+                          "resumed run continues in its own folder; pass only resume=")
+    run_dir = Path(resume)
+    store, step = find_latest(run_dir)
+    try:
+        meta = store.read_meta(step)
+        if config is None:
+            config = load_run_config(run_dir, meta)
+    except BaseException:
+        store.close()
+        raise
+    return config, run_dir, store, step, meta
+
+
+def refuse_checkpointed_run_dir(run_dir, resume_command: str) -> None:
+    """ConfigError when a fresh run would start in a folder that already holds checkpoints."""
+    from jaxppo.config import ConfigError
+
+    if run_dir is not None and checkpoint_dir(run_dir).is_dir() and any(
+            checkpoint_dir(run_dir).iterdir()):
+        raise ConfigError(
+            f"run folder {run_dir} already holds checkpoints; continue it with "
+            f"resume={str(run_dir)!r} (`{resume_command} --resume {run_dir}`) or choose a new "
+            "folder")
+
+
 def restore_for_resume(store: CheckpointStore, step: int, abstract, config, run_dir):
     """(restored state, iteration it was saved at, wall_time offset) of a checkpoint to
     continue; a checkpoint past the config's last iteration is a ConfigError."""

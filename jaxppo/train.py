@@ -167,19 +167,9 @@ def train(
     """
     from jaxppo import checkpoint as ckpt
 
-    resume_store, resume_step = None, None
-    if resume is not None:
-        if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
-            raise ConfigError(f"train(run_dir={str(run_dir)!r}, resume={str(resume)!r}): a resumed "
-                              "run continues in its own folder; pass only resume=")
-        run_dir = Path(resume)
-        resume_store, resume_step = ckpt.find_latest(run_dir)
+    config, run_dir, resume_store, resume_step, resume_meta = ckpt.begin_resume(
+        "train", config, run_dir, resume)
     try:
-        resume_meta = resume_store.read_meta(resume_step) if resume_store is not None else None
-        if config is None:
-            if resume is None:
-                raise ConfigError("train(config): a PPOConfig is needed unless resume=RUN_DIR is given")
-            config = ckpt.load_run_config(run_dir, resume_meta)
         config = config.validate()
         if stop_after_iterations is not None and (
                 not isinstance(stop_after_iterations, int) or stop_after_iterations < 1):
@@ -191,12 +181,8 @@ def train(
         if resume_meta is not None:
             ckpt.check_resumable(resume_meta.get("config") or {}, config, run_dir,
                                  resume_meta.get("num_devices"), num_devices)
-        elif run_dir is not None and ckpt.checkpoint_dir(run_dir).is_dir() and any(
-                ckpt.checkpoint_dir(run_dir).iterdir()):
-            raise ConfigError(
-                f"run folder {run_dir} already holds checkpoints; continue it with "
-                f"resume={str(run_dir)!r} (`jaxppo train --resume {run_dir}`) or choose a new folder"
-            )
+        else:
+            ckpt.refuse_checkpointed_run_dir(run_dir, "jaxppo train")
         if config.eval_every:
             from jaxppo.evaluation import eval_max_steps
 

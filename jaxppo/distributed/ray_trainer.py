@@ -981,22 +981,11 @@ def train_distributed(
     """
     from jaxppo import checkpoint as ckpt
 
-    resume_store, resume_step, restored = None, None, None
+    restored = None
     start_iter, wall_offset = 0, 0.0
-    if resume is not None:
-        if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
-            raise ConfigError(f"train_distributed(run_dir={str(run_dir)!r}, resume="
-                              f"{str(resume)!r}): a resumed run continues in its own folder; "
-                              "pass only resume=")
-        run_dir = Path(resume)
-        resume_store, resume_step = ckpt.find_latest(run_dir)
+    config, run_dir, resume_store, resume_step, meta = ckpt.begin_resume(
+        "train_distributed", config, run_dir, resume)
     try:
-        meta = resume_store.read_meta(resume_step) if resume_store is not None else None
-        if config is None:
-            if resume is None:
-                raise ConfigError("train_distributed(config): a PPOConfig is needed unless "
-                                  "resume=RUN_DIR is given")
-            config = ckpt.load_run_config(run_dir, meta)
         config = config.validate()
         check_hosts(config, hosts)
         if stop_after_iterations is not None and (
@@ -1017,12 +1006,8 @@ def train_distributed(
             abstract = jax.eval_shape(single.init, jax.random.PRNGKey(config.seed), hp)
             restored, start_iter, wall_offset = ckpt.restore_for_resume(
                 resume_store, resume_step, abstract, config, run_dir)
-        elif run_dir is not None and ckpt.checkpoint_dir(run_dir).is_dir() and any(
-                ckpt.checkpoint_dir(run_dir).iterdir()):
-            raise ConfigError(
-                f"run folder {run_dir} already holds checkpoints; continue it with "
-                f"resume={str(run_dir)!r} (`python -m jaxppo.distributed --resume {run_dir}`) "
-                "or choose a new folder")
+        else:
+            ckpt.refuse_checkpointed_run_dir(run_dir, "python -m jaxppo.distributed")
     finally:
         if resume_store is not None:
             resume_store.close()
