@@ -21,7 +21,7 @@ from jaxppo.config import PPOConfig
 from jaxppo.envs import EnvSpec, env_action, flatten_obs, make_env
 from jaxppo.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS, eval_max_steps, run_episodes
 from jaxppo.gae import compute_gae
-from jaxppo.losses import Minibatch, ppo_loss_terms, update_kl_coeff
+from jaxppo.losses import Minibatch, map_samples, ppo_loss_terms, update_kl_coeff
 from jaxppo.networks import DistParams
 from jaxppo.running_stats import RunningStats, normalize
 
@@ -388,9 +388,10 @@ class Algorithm:
         return both[:T], both[T:]
 
     def make_batch(self, obs_stats, traj: Transition, values, advantages, targets) -> Minibatch:
-        """The iteration's batch, time-major [T, E, ...] (old log_std kept unbatched)."""
+        """The iteration's batch, time-major [T, E, ...]; a state-independent old log_std
+        is kept as one vector [D]."""
         log_std = traj.dist.log_std
-        if log_std.ndim == 2:  # stacked over T by the scan; identical rows
+        if log_std.ndim == traj.dist.loc.ndim - 1:  # [T, D] stacked by the scan: equal rows
             log_std = log_std[0]
         return Minibatch(
             obs=self._obs_in(obs_stats, traj.obs), actions=traj.action,
@@ -430,10 +431,7 @@ class Algorithm:
     def gather_minibatch(self, batch: Minibatch, idx: jax.Array) -> Minibatch:
         """Minibatch [T/M * E, ...] from a time-major batch and indices idx [T/M, E]."""
         cols = jnp.arange(idx.shape[1])[None, :]
-        old_log_std = batch.old_dist.log_std
-        per_sample = batch._replace(old_dist=batch.old_dist._replace(log_std=None))
-        mb = jax.tree.map(lambda x: x[idx, cols].reshape((-1,) + x.shape[2:]), per_sample)
-        return mb._replace(old_dist=mb.old_dist._replace(log_std=old_log_std))
+        return map_samples(lambda x: x[idx, cols].reshape((-1,) + x.shape[2:]), batch)
 
     def loss_and_grads(self, params, mb: Minibatch, hp: HyperParams, ent_coeff, kl_coeff):
         """(grads, LossTerms) of the PPO loss on one (local) minibatch."""

@@ -41,6 +41,10 @@ class NetworkConfig:
     conv_channels: tuple[int, ...] = (16,)  # cnn torso: channels of each 3x3 conv layer
     conv_kernel: int = 3
     recurrent_size: int = 0  # 0 = feed-forward; > 0 = a GRU core of this size (jaxppo.recurrent)
+    # continuous actions: the Gaussian's initial log std, and whether the std is a learned
+    # vector shared by all states (False) or a head on the actor's features (True)
+    log_std_init: float = 0.0
+    state_dependent_std: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
@@ -216,10 +220,8 @@ class PPOConfig:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name == "network":
-                v = {"hidden_sizes": list(v.hidden_sizes), "activation": v.activation,
-                     "shared_trunk": v.shared_trunk, "torso": v.torso,
-                     "conv_channels": list(v.conv_channels), "conv_kernel": v.conv_kernel,
-                     "recurrent_size": v.recurrent_size}
+                v = {n.name: list(x) if isinstance(x, tuple) else x
+                     for n in dataclasses.fields(v) for x in [getattr(v, n.name)]}
             elif f.name == "transforms":
                 from jaxppo.transforms import transforms_to_list
 
@@ -332,6 +334,7 @@ class PPOConfig:
                 f"network.conv_channels={list(net.conv_channels)} / conv_kernel={net.conv_kernel} "
                 "must be positive, e.g. conv_channels=[16], conv_kernel=3"
             )
+        _check_std_options(net)
         if not isinstance(self.transforms, (list, tuple)):
             raise ConfigError(
                 f"transforms={self.transforms!r} must be a list, e.g. "
@@ -427,6 +430,26 @@ def _is_recurrent(net) -> bool:
             "e.g. 64 for a GRU of 64 units)"
         )
     return v > 0
+
+
+def _check_std_options(net) -> None:
+    from jaxppo.networks import LOG_STD_MAX, LOG_STD_MIN
+
+    if not isinstance(net.state_dependent_std, bool):
+        raise ConfigError(
+            f"network.state_dependent_std={net.state_dependent_std!r} must be true or false"
+        )
+    v = net.log_std_init
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if ok and net.state_dependent_std:
+        ok = LOG_STD_MIN < v < LOG_STD_MAX
+    if not ok:
+        bounds = (f" strictly between {LOG_STD_MIN} and {LOG_STD_MAX} (the clip of a "
+                  "state-dependent log std)" if net.state_dependent_std else "")
+        raise ConfigError(
+            f"network.log_std_init={v!r} must be a finite number{bounds}, e.g. -0.5 "
+            "(initial std exp(-0.5) = 0.61)"
+        )
 
 
 def _divisors(n: int) -> list[int]:

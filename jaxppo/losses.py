@@ -23,6 +23,22 @@ class Minibatch(NamedTuple):
     value_targets: jax.Array  # [B]
 
 
+def shares_log_std(dist: DistParams) -> bool:
+    """True when `log_std` is one vector for every sample (state-independent std), so
+    batching code must pass it through unsliced; False when it is per sample like `loc`."""
+    return dist.log_std.ndim < dist.loc.ndim
+
+
+def map_samples(fn, batch):
+    """Apply fn to every per-sample array of a Minibatch (or any NamedTuple with an
+    `old_dist`), passing a shared old log_std through unchanged."""
+    log_std = batch.old_dist.log_std
+    if not shares_log_std(batch.old_dist):
+        return jax.tree.map(fn, batch)
+    out = jax.tree.map(fn, batch._replace(old_dist=batch.old_dist._replace(log_std=None)))
+    return out._replace(old_dist=out.old_dist._replace(log_std=log_std))
+
+
 class LossTerms(NamedTuple):
     total: jax.Array
     policy_loss: jax.Array

@@ -28,7 +28,8 @@ class DistParams(NamedTuple):
     """Parameters of the policy's action distribution.
 
     Discrete: `loc` are logits [..., A] and `log_std` is unused (zeros [A]).
-    Continuous: `loc` is the Gaussian mean [..., D], `log_std` is [D] (state-independent).
+    Continuous: `loc` is the Gaussian mean [..., D]; `log_std` is [D], one learned vector
+    shared by every state, or [..., D] like `loc` with `network.state_dependent_std`.
     """
 
     loc: jax.Array
@@ -166,6 +167,36 @@ def make_torso(net) -> nn.Module:
     return MLP(net.hidden_sizes, net.activation)
 
 
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
+
+
+def setup_policy_heads(m) -> None:
+    """Create the action-distribution heads on module `m` (called from its setup).
+
+    `m.policy_head` gives logits / the Gaussian mean. Continuous actions add either a free
+    `log_std` vector (initialised to `m.log_std_init`) or, with `m.state_dependent_std`, a
+    `log_std_head` Dense layer on the same features.
+    """
+    m.policy_head = _dense(m.action_dim, 0.01)
+    if m.discrete:
+        return
+    if m.state_dependent_std:
+        m.log_std_head = _dense(m.action_dim, 0.01)
+    else:
+        m.log_std = m.param("log_std", nn.initializers.constant(m.log_std_init), (m.action_dim,))
+
+
+def policy_dist(m, h: jax.Array) -> DistParams:
+    """DistParams from features h [..., F] through the heads made by setup_policy_heads."""
+    loc = m.policy_head(h)
+    if m.discrete:
+        return DistParams(loc, jnp.zeros((m.action_dim,), loc.dtype))
+    if m.state_dependent_std:
+        log_std = jnp.clip(m.log_std_init + m.log_std_head(h), LOG_STD_MIN, LOG_STD_MAX)
+        return DistParams(loc, log_std)
+    return DistParams(loc, m.log_std)
+
+
 class ActorCritic(nn.Module):
     """Policy head and value head over flat observations [..., obs_dim].
 
@@ -183,6 +214,8 @@ class ActorCritic(nn.Module):
     obs_shape: Sequence[int] = ()
     conv_channels: Sequence[int] = (16,)
     conv_kernel: int = 3
+    log_std_init: float = 0.0
+    state_dependent_std: bool = False
 
     def _make_torso(self):
         return make_torso(self)
@@ -191,15 +224,11 @@ class ActorCritic(nn.Module):
         self.actor_torso = self._make_torso()
         if not self.shared_trunk:
             self.critic_torso = self._make_torso()
-        self.policy_head = _dense(self.action_dim, 0.01)
+        setup_policy_heads(self)
         self.value_head = _dense(1, 1.0)
-        if not self.discrete:
-            self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
 
     def policy(self, obs) -> DistParams:
-        loc = self.policy_head(self.actor_torso(obs))
-        log_std = self.log_std if not self.discrete else jnp.zeros((self.action_dim,), loc.dtype)
-        return DistParams(loc, log_std)
+        return policy_dist(self, self.actor_torso(obs))
 
     def value(self, obs) -> jax.Array:
         torso = self.actor_torso if self.shared_trunk else self.critic_torso
@@ -208,9 +237,7 @@ class ActorCritic(nn.Module):
     def __call__(self, obs):
         if self.shared_trunk:
             h = self.actor_torso(obs)
-            loc = self.policy_head(h)
-            log_std = self.log_std if not self.discrete else jnp.zeros((self.action_dim,), loc.dtype)
-            return DistParams(loc, log_std), self.value_head(h)[..., 0]
+            return policy_dist(self, h), self.value_head(h)[..., 0]
         return self.policy(obs), self.value(obs)
 
 
@@ -241,4 +268,6 @@ def make_network(config, spec) -> ActorCritic:
         obs_shape=tuple(spec.obs_shape),
         conv_channels=tuple(net.conv_channels),
         conv_kernel=net.conv_kernel,
+        log_std_init=float(net.log_std_init),
+        state_dependent_std=bool(net.state_dependent_std),
     )

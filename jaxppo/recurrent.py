@@ -34,7 +34,7 @@ from jaxppo.algorithm import Algorithm, HyperParams, TrainState
 from jaxppo.config import ConfigError
 from jaxppo.envs import env_action
 from jaxppo.evaluation import EpisodeStats, eval_max_steps, run_episodes
-from jaxppo.losses import Minibatch, ppo_loss_terms
+from jaxppo.losses import Minibatch, map_samples, ppo_loss_terms, shares_log_std
 from jaxppo.networks import DistParams, _dense, orthogonal
 
 
@@ -56,15 +56,15 @@ class RecurrentActorCritic(nn.Module):
     obs_shape: Sequence[int] = ()
     conv_channels: Sequence[int] = (16,)
     conv_kernel: int = 3
+    log_std_init: float = 0.0
+    state_dependent_std: bool = False
 
     def setup(self):
         self.encoder = networks.make_torso(self)
         # flax's default recurrent init, made safe to vmap over seeds (see networks.orthogonal).
         self.core = nn.GRUCell(features=self.recurrent_size, recurrent_kernel_init=orthogonal(1.0))
-        self.policy_head = _dense(self.action_dim, 0.01)
+        networks.setup_policy_heads(self)
         self.value_head = _dense(1, 1.0)
-        if not self.discrete:
-            self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
 
     def __call__(self, obs, hidden=None, reset=None):
         if hidden is None:
@@ -72,9 +72,7 @@ class RecurrentActorCritic(nn.Module):
         if reset is not None:
             hidden = hidden * (1.0 - reset.astype(hidden.dtype))[..., None]
         hidden, y = self.core(hidden, self.encoder(obs))
-        loc = self.policy_head(y)
-        log_std = self.log_std if not self.discrete else jnp.zeros((self.action_dim,), loc.dtype)
-        return DistParams(loc, log_std), self.value_head(y)[..., 0], hidden
+        return networks.policy_dist(self, y), self.value_head(y)[..., 0], hidden
 
 
 def make_recurrent_network(config, spec) -> RecurrentActorCritic:
@@ -89,6 +87,8 @@ def make_recurrent_network(config, spec) -> RecurrentActorCritic:
         obs_shape=tuple(spec.obs_shape),
         conv_channels=tuple(net.conv_channels),
         conv_kernel=net.conv_kernel,
+        log_std_init=float(net.log_std_init),
+        state_dependent_std=bool(net.state_dependent_std),
     )
 
 
@@ -183,8 +183,8 @@ class RecurrentAlgorithm(Algorithm):
 
     def unroll(self, params, hidden0, obs_in, reset):
         """Replay the GRU over sequences: obs_in [T, B, obs_dim] (normalised), reset [T, B],
-        hidden0 [B, H]. Returns (DistParams loc [T, B, A] / log_std unbatched, values [T, B],
-        hiddens [T, B, H] after each step)."""
+        hidden0 [B, H]. Returns (DistParams loc [T, B, A] with log_std [T, B, D] when
+        state-dependent, else one vector; values [T, B]; hiddens [T, B, H] after each step)."""
 
         def step(h, xs):
             obs, r = xs
@@ -192,7 +192,9 @@ class RecurrentAlgorithm(Algorithm):
             return h, (dist, value, h)
 
         _, (dist, values, hiddens) = jax.lax.scan(step, hidden0, (obs_in, reset))
-        return DistParams(dist.loc, dist.log_std[0]), values, hiddens  # log_std rows are equal
+        if dist.log_std.ndim == dist.loc.ndim - 1:  # [T, D] stacked by the scan: equal rows
+            dist = DistParams(dist.loc, dist.log_std[0])
+        return dist, values, hiddens
 
     # ------------------------------------------------------------------ rollout
     def rollout(self, state: TrainState, hp: HyperParams):
@@ -239,11 +241,7 @@ class RecurrentAlgorithm(Algorithm):
 
     def gather_minibatch(self, batch: RecurrentBatch, idx: jax.Array) -> RecurrentBatch:
         """The sequences of env columns idx [E/M]: every field [T, E/M, ...]."""
-        mb = batch.minibatch
-        old_log_std = mb.old_dist.log_std
-        per_env = mb._replace(old_dist=mb.old_dist._replace(log_std=None))
-        sub = jax.tree.map(lambda x: x[:, idx], per_env)
-        sub = sub._replace(old_dist=sub.old_dist._replace(log_std=old_log_std))
+        sub = map_samples(lambda x: x[:, idx], batch.minibatch)
         return RecurrentBatch(sub, batch.reset[:, idx], batch.hidden0[idx])
 
     def loss_and_grads(self, params, batch: RecurrentBatch, hp: HyperParams, ent_coeff, kl_coeff):
@@ -251,14 +249,13 @@ class RecurrentAlgorithm(Algorithm):
         sequences from their stored initial carries and resets."""
         cfg = self.config
         mb = batch.minibatch
-        old_log_std = mb.old_dist.log_std
-        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]),
-                            mb._replace(old_dist=mb.old_dist._replace(log_std=None)))
-        flat = flat._replace(old_dist=flat.old_dist._replace(log_std=old_log_std))
+        flat = map_samples(lambda x: x.reshape((-1,) + x.shape[2:]), mb)
 
         def loss_fn(p):
             dist, values, _ = self.unroll(p, batch.hidden0, mb.obs, batch.reset)
-            dist = DistParams(dist.loc.reshape((-1,) + dist.loc.shape[2:]), dist.log_std)
+            flat_dist = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+            dist = DistParams(flat_dist(dist.loc),
+                              dist.log_std if shares_log_std(dist) else flat_dist(dist.log_std))
             terms = ppo_loss_terms(
                 self.discrete, dist, values.reshape(-1), flat,
                 clip_param=hp.clip_param, vf_clip_param=hp.vf_clip_param, vf_coeff=hp.vf_coeff,

@@ -164,6 +164,24 @@ def test_activation_suggests_nearest():
     assert "did you mean 'tanh'" in msg
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "-1", True])
+def test_log_std_init_must_be_a_finite_number(value):
+    msg = bad(r"^network\.log_std_init=.* must be a finite number", network=NetworkConfig(log_std_init=value))
+    assert "e.g. -0.5" in msg
+
+
+@pytest.mark.parametrize("value", [-5.0, 2.0, 3.5])
+def test_state_dependent_log_std_init_must_lie_inside_the_clip(value):
+    BASE.replace(network=NetworkConfig(log_std_init=value)).validate()  # free vector: any number
+    bad(r"^network\.log_std_init=.* strictly between -5.0 and 2.0",
+        network=NetworkConfig(log_std_init=value, state_dependent_std=True))
+
+
+def test_state_dependent_std_must_be_a_bool():
+    bad(r"^network\.state_dependent_std='yes' must be true or false",
+        network=NetworkConfig(state_dependent_std="yes"))
+
+
 def test_network_must_be_network_config():
     bad(r"^network=.* must be a NetworkConfig", network={"hidden_sizes": [8]})
 
@@ -261,7 +279,8 @@ NON_DEFAULT = PPOConfig(
     clip_param=0.3, vf_clip_param=5.0, vf_coeff=0.25, entropy_coeff=0.0,
     entropy_schedule="linear", use_kl_loss=True, kl_coeff=0.5, kl_target=0.02,
     normalize_advantages=False, normalize_observations=True, normalize_rewards=True,
-    network=NetworkConfig(hidden_sizes=(32, 16), activation="relu", shared_trunk=True),
+    network=NetworkConfig(hidden_sizes=(32, 16), activation="relu", shared_trunk=True,
+                          log_std_init=-0.5, state_dependent_std=True),
     num_devices=2, seed=7, num_seeds=3, log_every=5, compilation_cache_dir=None,
 )
 
