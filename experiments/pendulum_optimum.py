@@ -10,6 +10,12 @@ from gymnax's reset distribution. Its mean return is achievable, so it bounds th
 from below; the grid value averaged over reset states is the approximate optimum.
 It also shows how far a 164-episode mean (gymnax-blines' evaluation) scatters with a fixed,
 near-optimal policy. Writes experiments/results/pendulum-optimum.json.
+
+    .venv/bin/python experiments/pendulum_optimum.py --policy runs/<run>   # compare a run
+
+With --policy, a trained jaxppo policy (deterministic, each seed of the run) plays the same
+reset states as the greedy policy, and the return gap is broken down by the starting angle:
+this shows where a policy loses against the optimum.
 """
 
 from __future__ import annotations
@@ -64,21 +70,12 @@ def make_interp(n_theta: int, n_dot: int, max_speed: float):
     return interp
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grid", type=int, default=401, help="nodes per state axis")
-    parser.add_argument("--torques", type=int, default=41, help="torques in [-2, 2]")
-    parser.add_argument("--episodes", type=int, default=2000)
-    args = parser.parse_args()
-
-    gymnax = import_gymnax()
-    env, p = gymnax.make("Pendulum-v1")
-    assert int(p.max_steps_in_episode) == HORIZON
-    t0 = time.perf_counter()
-    n = args.grid
+def solve(p, n: int, n_torques: int):
+    """Value iteration: (values [HORIZON + 1, n, n] with values[k] = value with k steps to go,
+    interp, torques)."""
     thetas = jnp.asarray(-np.pi + 2 * np.pi * np.arange(n) / n, jnp.float32)
     dots = jnp.linspace(-p.max_speed, p.max_speed, n, dtype=jnp.float32)
-    torques = jnp.linspace(-p.max_torque, p.max_torque, args.torques)
+    torques = jnp.linspace(-p.max_torque, p.max_torque, n_torques)
     th, dot = jnp.meshgrid(thetas, dots, indexing="ij")
     reward, next_th, next_dot = transition(p, th[..., None], dot[..., None], torques)
     interp = make_interp(n, n, float(p.max_speed))
@@ -91,32 +88,92 @@ def main() -> int:
 
         v0 = jnp.zeros((n, n), jnp.float32)
         _, vs = jax.lax.scan(backup, v0, None, length=HORIZON)
-        return jnp.concatenate([v0[None], vs])  # vs[k]: value with k steps to go
+        return jnp.concatenate([v0[None], vs])
 
-    values = value_iteration().block_until_ready()
-    vi_seconds = time.perf_counter() - t0
+    return value_iteration().block_until_ready(), interp, torques
 
-    def act(state, t):
-        r, nth, ndot = transition(p, state.theta, state.theta_dot, torques)
-        return torques[jnp.argmax(r + interp(values[HORIZON - t - 1], nth, ndot))]
+
+def make_player(env, p, act):
+    """jit(vmap) of one episode per key with act(obs, state, t) -> torque [1]; returns
+    (returns, starting theta)."""
 
     def episode(key):
         k_reset, k_step = jax.random.split(key)
-        _, state = env.reset(k_reset, p)
+        obs, state = env.reset(k_reset, p)
+        theta0 = state.theta
 
         def step(carry, t):
-            state, ret = carry
-            _, state, r, _, _ = env.step_env(k_step, state, jnp.array([act(state, t)]), p)
-            return (state, ret + r), None
+            obs, state, ret = carry
+            obs, state, r, _, _ = env.step_env(k_step, state, act(obs, state, t), p)
+            return (obs, state, ret + r), None
 
-        (_, ret), _ = jax.lax.scan(step, (state, jnp.float32(0.0)), jnp.arange(HORIZON))
-        return ret
+        (_, _, ret), _ = jax.lax.scan(step, (obs, state, jnp.float32(0.0)), jnp.arange(HORIZON))
+        return ret, theta0
 
-    play = jax.jit(jax.vmap(episode))
-    returns = np.asarray(play(jax.random.split(jax.random.key(12345), args.episodes)), np.float64)
+    return jax.jit(jax.vmap(episode))
+
+
+ANGLE_BINS = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, float(np.pi)]
+
+
+def compare_policy(run_dir: str, env, p, play_greedy, keys) -> dict:
+    """Each seed's deterministic policy against the greedy optimum on the same resets."""
+    from jaxppo import load_policy
+
+    greedy, theta0 = (np.asarray(x, np.float64) for x in play_greedy(keys))
+    angle = np.abs(np.asarray(theta0))
+    num_seeds = load_policy(run_dir).config.num_seeds
+    seeds = []
+    for i in range(num_seeds):
+        policy = load_policy(run_dir, seed_index=i)
+        play = make_player(env, p, lambda obs, state, t: policy(obs[None])[0])
+        ours = np.asarray(play(keys)[0], np.float64)
+        gap = greedy - ours
+        worst = np.sort(gap)[::-1]
+        seeds.append({
+            "return_mean": float(ours.mean()),
+            "gap_mean": float(gap.mean()),
+            "gap_by_start_angle": [
+                {"abs_theta0": [lo, round(hi, 3)], "episodes": int(m.sum()),
+                 "greedy": float(greedy[m].mean()), "policy": float(ours[m].mean()),
+                 "gap": float(gap[m].mean())}
+                for lo, hi in zip(ANGLE_BINS[:-1], ANGLE_BINS[1:])
+                for m in [(angle >= lo) & (angle < hi)] if m.any()
+            ],
+            "share_of_gap_in_worst_10pct_episodes": float(
+                worst[: len(worst) // 10].sum() / max(gap.sum(), 1e-9)),
+        })
+    return {"run_dir": str(run_dir), "episodes": len(greedy),
+            "greedy_return_mean": float(greedy.mean()), "seeds": seeds}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", type=int, default=401, help="nodes per state axis")
+    parser.add_argument("--torques", type=int, default=41, help="torques in [-2, 2]")
+    parser.add_argument("--episodes", type=int, default=2000)
+    parser.add_argument("--policy", metavar="RUN_DIR",
+                        help="also compare this Pendulum-v1 run's policies against the optimum")
+    args = parser.parse_args()
+
+    gymnax = import_gymnax()
+    env, p = gymnax.make("Pendulum-v1")
+    assert int(p.max_steps_in_episode) == HORIZON
+    t0 = time.perf_counter()
+    n = args.grid
+    values, interp, torques = solve(p, n, args.torques)
+    vi_seconds = time.perf_counter() - t0
+
+    def greedy(obs, state, t):
+        r, nth, ndot = transition(p, state.theta, state.theta_dot, torques)
+        return jnp.array([torques[jnp.argmax(r + interp(values[HORIZON - t - 1], nth, ndot))]])
+
+    play = make_player(env, p, greedy)
+    returns = np.asarray(play(jax.random.split(jax.random.key(12345), args.episodes))[0],
+                         np.float64)
     resets = jax.vmap(lambda k: env.reset(k, p)[1])(jax.random.split(jax.random.key(7), 200_000))
     grid_value = np.asarray(interp(values[HORIZON], resets.theta, resets.theta_dot), np.float64)
-    means_164 = [float(np.mean(np.asarray(play(jax.random.split(jax.random.key(s), 164)))))
+    means_164 = [float(np.mean(np.asarray(play(jax.random.split(jax.random.key(s), 164))[0])))
                  for s in range(10)]
 
     out = {
@@ -132,9 +189,13 @@ def main() -> int:
         "grid_value_resets": len(grid_value),
         "means_of_164_episodes_seeds_0_to_9": [round(m, 2) for m in means_164],
         "value_iteration_seconds": round(vi_seconds, 1),
-        "seconds": round(time.perf_counter() - t0, 1),
     }
     path = ROOT / "experiments" / "results" / "pendulum-optimum.json"
+    if args.policy:
+        keys = jax.random.split(jax.random.key(1), args.episodes)
+        out["policy_comparison"] = compare_policy(args.policy, env, p, play, keys)
+        path = path.with_name("pendulum-policy-gap.json")
+    out["seconds"] = round(time.perf_counter() - t0, 1)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
     return 0

@@ -78,3 +78,45 @@ def test_pendulum_interpolation_is_exact_on_nodes_and_periodic():
     # half-way between two theta nodes is the average
     mid = interp(v, jnp.float32(thetas[2] + np.pi / n), jnp.float32(dots[3]))
     assert float(mid) == pytest.approx(float(v[2, 3] + v[3, 3]) / 2, abs=1e-5)
+
+
+def test_pendulum_policy_comparison_plays_the_run_on_the_greedy_resets(tmp_path):
+    """--policy: each seed's deterministic policy on the same resets as the greedy one; the
+    script's return equals a plain Python loop over gymnax, and the angle bins partition it."""
+    import jaxppo
+
+    po = _load_script("pendulum_optimum")
+    cfg = PPOConfig(env="Pendulum-v1", num_envs=4, num_steps=16, num_minibatches=2,
+                    num_epochs=1, total_timesteps=128, num_seeds=2, compilation_cache_dir=None)
+    jaxppo.train(cfg, run_dir=tmp_path / "run", progress=False)
+    spec = make_env(cfg)
+    env, p = spec.env, spec.env_params
+    values, interp, torques = po.solve(p, 21, 5)
+    assert values.shape == (po.HORIZON + 1, 21, 21)
+
+    def greedy(obs, state, t):
+        r, nth, ndot = po.transition(p, state.theta, state.theta_dot, torques)
+        return jnp.array([torques[jnp.argmax(r + interp(values[po.HORIZON - t - 1], nth, ndot))]])
+
+    keys = jax.random.split(jax.random.key(3), 6)
+    out = po.compare_policy(str(tmp_path / "run"), env, p, po.make_player(env, p, greedy), keys)
+    assert len(out["seeds"]) == 2 and out["episodes"] == 6
+
+    policy = jaxppo.load_policy(tmp_path / "run", seed_index=1)
+    returns = []
+    for key in keys[:2]:
+        k_reset, k_step = jax.random.split(key)
+        obs, state = env.reset(k_reset, p)
+        total = 0.0
+        for _ in range(po.HORIZON):
+            obs, state, r, _, _ = env.step_env(k_step, state, policy(obs[None])[0], p)
+            total += float(r)
+        returns.append(total)
+    seed = out["seeds"][1]
+    ours = po.make_player(env, p, lambda o, s, t: policy(o[None])[0])(keys)[0]
+    np.testing.assert_allclose(np.asarray(ours)[:2], returns, rtol=1e-4)
+    assert seed["return_mean"] == pytest.approx(float(np.mean(ours)), rel=1e-5)
+    bins = seed["gap_by_start_angle"]
+    assert sum(b["episodes"] for b in bins) == 6
+    assert sum(b["gap"] * b["episodes"] for b in bins) / 6 == pytest.approx(seed["gap_mean"], abs=1e-3)
+    assert seed["gap_mean"] == pytest.approx(out["greedy_return_mean"] - seed["return_mean"], abs=1e-3)
