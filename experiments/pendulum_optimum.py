@@ -126,7 +126,8 @@ def compare_policy(run_dir: str, env, p, play_greedy, keys) -> dict:
     seeds = []
     for i in range(num_seeds):
         policy = load_policy(run_dir, seed_index=i)
-        play = make_player(env, p, lambda obs, state, t: policy(obs[None])[0])
+        # The run's env: a discretize_actions run maps its action index to a torque there.
+        play = make_player(policy.spec.env, p, lambda obs, state, t: policy(obs[None])[0])
         ours = np.asarray(play(keys)[0], np.float64)
         gap = greedy - ours
         worst = np.sort(gap)[::-1]

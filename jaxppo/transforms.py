@@ -8,9 +8,10 @@ Each entry is a registered name ("frame_stack"), a one-key mapping {name: kwargs
 (name, kwargs), or a transform object (an `ObsTransform`, a `RewardHook`, or a plain function
 `hook(hook_state, traj) -> (hook_state, rewards)` with empty state).
 
-* Observation transforms wrap the gymnax env in `make_env` (the first entry innermost), so
-  the rollout, evaluation and `load_policy` all see the transformed observations. A wrapper
-  keeps whatever it needs (e.g. the last k frames) in the env state.
+* Env wrappers (`ObsTransform`: frame stacking, action discretisation) wrap the gymnax env in
+  `make_env` (the first entry innermost), so the rollout, evaluation and `load_policy` all
+  see the transformed observations and action space. A wrapper keeps whatever it needs
+  (e.g. the last k frames) in the env state.
 * Reward hooks see the whole rollout batch (`traj`, leading axes [T, E]) before GAE and
   return new rewards [T, E]; each hook's state lives in `TrainState.hook_state` (a tuple, one
   entry per hook) and is carried from iteration to iteration. Hooks run in order, each seeing
@@ -36,8 +37,8 @@ from jaxppo.config import ConfigError
 
 # ---------------------------------------------------------------------- base classes
 class ObsTransform:
-    """An observation transform: `wrap(env)` returns a gymnax-API env (reset, step,
-    observation_space, action_space) whose observations are transformed."""
+    """An env wrapper: `wrap(env)` returns a gymnax-API env (reset, step, observation_space,
+    action_space) whose observations (or action space) are transformed."""
 
     name = "obs_transform"
 
@@ -174,6 +175,92 @@ class FrameStackEnv:
         return f"FrameStackEnv({self._env!r}, k={self.k})"
 
 
+# ---------------------------------------------------------------------- discretised actions
+@dataclass(frozen=True)
+class DiscretizeActions(ObsTransform):
+    """Turn a continuous (Box) action space into a discrete one of `bins` evenly spaced
+    values per dimension, from low to high inclusive; the policy becomes a categorical over
+    the bins**D joint actions. A categorical can put its mass on two separate torques where a
+    Gaussian can only average them, which matters where the best action switches sharply
+    (e.g. which way to swing a pendulum hanging at rest).
+    """
+
+    bins: int = 11
+    name = "discretize_actions"
+    MAX_JOINT_ACTIONS = 4096
+
+    def __post_init__(self):
+        if not isinstance(self.bins, int) or isinstance(self.bins, bool) or self.bins < 2:
+            raise ConfigError(f"discretize_actions bins={self.bins!r} must be an integer >= 2, "
+                              "e.g. bins=11")
+
+    def wrap(self, env):
+        return DiscreteActionEnv(env, self.bins)
+
+
+class DiscreteActionEnv:
+    """A gymnax env with a Box action space seen through Discrete(bins**D) actions: action
+    index i has base-`bins` digits (first dimension most significant), digit j of dimension d
+    meaning low[d] + j * (high[d] - low[d]) / (bins - 1)."""
+
+    def __init__(self, env, bins: int):
+        self._env = env
+        self.bins = bins
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def _box(self, params):
+        space = self._env.action_space(params)
+        if hasattr(space, "n") or not hasattr(space, "low"):
+            raise ConfigError(
+                f"discretize_actions needs a continuous (Box) action space, but the env has "
+                f"{space!r}; remove the transform for discrete-action envs")
+        shape = tuple(space.shape)
+        dim = int(np.prod(shape)) if shape else 1
+        if self.bins ** dim > DiscretizeActions.MAX_JOINT_ACTIONS:
+            raise ConfigError(
+                f"discretize_actions bins={self.bins} over {dim} action dimensions makes "
+                f"{self.bins}**{dim} = {self.bins ** dim} joint actions (at most "
+                f"{DiscretizeActions.MAX_JOINT_ACTIONS}); use fewer bins or the Gaussian policy")
+        low = np.broadcast_to(np.asarray(space.low, np.float32), (dim,))
+        high = np.broadcast_to(np.asarray(space.high, np.float32), (dim,))
+        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+            raise ConfigError("discretize_actions needs finite action bounds, but the env's are "
+                              f"low={low.tolist()} high={high.tolist()}")
+        return shape, dim, low, high
+
+    def continuous_action(self, index: jax.Array, params=None) -> jax.Array:
+        """The Box action (the env's action shape) for a discrete action index."""
+        shape, dim, low, high = self._box(params)
+        powers = self.bins ** np.arange(dim - 1, -1, -1)
+        digits = (index // jnp.asarray(powers)) % self.bins
+        values = jnp.asarray(low) + digits * jnp.asarray((high - low) / (self.bins - 1))
+        return values.reshape(shape).astype(jnp.float32)
+
+    def reset(self, key, params=None):
+        return self._env.reset(key, params)
+
+    def step(self, key, state, action, params=None):
+        return self._env.step(key, state, self.continuous_action(action, params), params)
+
+    def step_env(self, key, state, action, params=None):
+        """The wrapped env's step without auto-reset, for a discrete action."""
+        return self._env.step_env(key, state, self.continuous_action(action, params), params)
+
+    def observation_space(self, params):
+        return self._env.observation_space(params)
+
+    def action_space(self, params=None):
+        from gymnax.environments import spaces
+
+        _, dim, _, _ = self._box(params)
+        return spaces.Discrete(self.bins ** dim)
+
+    def __repr__(self):
+        return f"DiscreteActionEnv({self._env!r}, bins={self.bins})"
+
+
 # ---------------------------------------------------------------------- count bonus
 @dataclass(frozen=True)
 class CountBonus(RewardHook):
@@ -240,7 +327,8 @@ def hash_rows(x: jax.Array) -> jax.Array:
 
 
 # ---------------------------------------------------------------------- registry
-TRANSFORMS: dict[str, type] = {"frame_stack": FrameStack, "count_bonus": CountBonus}
+TRANSFORMS: dict[str, type] = {"frame_stack": FrameStack, "discretize_actions": DiscretizeActions,
+                               "count_bonus": CountBonus}
 
 
 def register_transform(name: str, cls: type) -> None:

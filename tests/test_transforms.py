@@ -11,8 +11,9 @@ from gymnax.environments import environment, spaces
 
 import jaxppo
 from jaxppo.envs import make_env
-from jaxppo.transforms import (CountBonus, FrameStack, FrameStackEnv, apply_reward_hooks,
-                               init_reward_hooks, resolve_transforms, transforms_to_list)
+from jaxppo.transforms import (CountBonus, DiscreteActionEnv, DiscretizeActions, FrameStack,
+                               FrameStackEnv, apply_reward_hooks, init_reward_hooks,
+                               resolve_transforms, transforms_to_list)
 
 
 # ---------------------------------------------------------------------- a clock env
@@ -180,3 +181,65 @@ def test_training_with_the_bonus_and_frame_stack_runs():
     counts = np.asarray(result.state.hook_state[0])
     assert int(counts.sum()) == cfg.num_iterations * cfg.batch_size  # every transition counted
     assert np.all(np.isfinite(result.metrics["policy_loss"]))
+
+
+# ---------------------------------------------------------------------- discretised actions
+class _Box2(Clock):
+    """The clock with a 2-D Box action space of unequal bounds."""
+
+    def action_space(self, params=None):
+        return spaces.Box(jnp.array([-1.0, 0.0]), jnp.array([1.0, 4.0]), (2,), jnp.float32)
+
+
+def test_discretize_actions_maps_indices_to_an_even_grid_first_dimension_major():
+    env = DiscreteActionEnv(_Box2(), bins=3)
+    assert env.action_space(None).n == 9
+    got = np.stack([np.asarray(env.continuous_action(jnp.int32(i))) for i in range(9)])
+    want = np.array([[a, b] for a in (-1.0, 0.0, 1.0) for b in (0.0, 2.0, 4.0)], np.float32)
+    np.testing.assert_array_equal(got, want)
+    # Pendulum: a scalar-shaped torque action space [1]; bins=5 -> -2, -1, 0, 1, 2.
+    spec = make_env(jaxppo.PPOConfig(env="Pendulum-v1",
+                                     transforms=[{"discretize_actions": {"bins": 5}}]))
+    assert spec.discrete and spec.action_dim == 5
+    torques = [float(spec.env.continuous_action(jnp.int32(i), spec.env_params)[0]) for i in range(5)]
+    assert torques == [-2.0, -1.0, 0.0, 1.0, 2.0]
+
+
+def test_discretize_actions_steps_the_env_with_the_mapped_action():
+    spec = make_env(jaxppo.PPOConfig(env="Pendulum-v1",
+                                     transforms=[{"discretize_actions": {"bins": 5}}]))
+    raw = make_env(jaxppo.PPOConfig(env="Pendulum-v1"))
+    key = jax.random.PRNGKey(0)
+    _, state = raw.env.reset(key, raw.env_params)
+    for i, torque in [(0, -2.0), (3, 1.0)]:
+        ours = spec.env.step(key, state, jnp.int32(i), spec.env_params)
+        ref = raw.env.step(key, state, jnp.array([torque]), raw.env_params)
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        ours = spec.env.step_env(key, state, jnp.int32(i), spec.env_params)
+        ref = raw.env.step_env(key, state, jnp.array([torque]), raw.env_params)
+        np.testing.assert_array_equal(np.asarray(ours[2]), np.asarray(ref[2]))
+
+
+def test_discretize_actions_errors_name_the_fix():
+    with pytest.raises(jaxppo.ConfigError, match="bins=1 must be an integer >= 2"):
+        jaxppo.PPOConfig(transforms=[{"discretize_actions": {"bins": 1}}]).validate()
+    with pytest.raises(jaxppo.ConfigError, match="needs a continuous .Box. action space"):
+        make_env(jaxppo.PPOConfig(env="CartPole-v1", transforms=["discretize_actions"]))
+    with pytest.raises(jaxppo.ConfigError, match="65\\*\\*2 = 4225 joint actions .at most 4096.; use fewer bins"):
+        DiscreteActionEnv(_Box2(), bins=65).action_space(None)
+    assert transforms_to_list([DiscretizeActions(bins=7)]) == [{"discretize_actions": {"bins": 7}}]
+
+
+def test_training_with_discretized_actions_saves_a_policy_of_discrete_actions(tmp_path):
+    cfg = jaxppo.PPOConfig(env="Pendulum-v1", num_envs=4, num_steps=16, num_minibatches=2,
+                           num_epochs=1, total_timesteps=128, network=jaxppo.NetworkConfig((16,)),
+                           transforms=[{"discretize_actions": {"bins": 5}}], compilation_cache_dir=None)
+    result = jaxppo.train(cfg, run_dir=tmp_path / "run", progress=False)
+    assert result.state.params["params"]["policy_head"]["kernel"].shape == (16, 5)
+    policy = jaxppo.load_policy(tmp_path / "run")
+    obs, _ = policy.spec.env.reset(jax.random.PRNGKey(0), policy.spec.env_params)
+    action = policy(obs[None])
+    assert action.dtype == jnp.int32 and 0 <= int(action[0]) < 5
+    stats = policy.evaluate(episodes=2)
+    assert -2000 < stats["return_mean"] < 0
