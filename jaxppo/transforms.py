@@ -158,6 +158,12 @@ class FrameStackEnv:
         info = {**info, "final_observation": self._layout(final_frames)}
         return self._layout(frames), FrameStackState(env_state, frames), reward, terminated, truncated, info
 
+    def step_env(self, key, state: FrameStackState, action, params=None):
+        """The wrapped env's step without auto-reset: the new frame joins the stack."""
+        obs, env_state, reward, done, info = self._env.step_env(key, state.env_state, action, params)
+        frames = jnp.concatenate([state.frames[1:], obs[None]])
+        return self._layout(frames), FrameStackState(env_state, frames), reward, done, info
+
     def observation_space(self, params):
         from gymnax.environments import spaces
 

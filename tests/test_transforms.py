@@ -73,6 +73,12 @@ def test_frame_stack_shapes_reset_and_final_observation():
     assert times[2] == ([0, 0, 0], [1, 2, 3], True)
     assert times[3] == ([0, 0, 1], [0, 0, 1], False)
     np.testing.assert_array_equal(np.asarray(obs[1]), [10, 10, 11])
+    # step_env (no auto-reset) stacks too, and keeps the frames when the episode ends.
+    obs, state = env.reset(jax.random.PRNGKey(0), params)
+    for i in range(3):
+        obs, state, _, done, _ = env.step_env(jax.random.PRNGKey(i), state, 0, params)
+    np.testing.assert_array_equal(np.asarray(obs[0]), [1, 2, 3])
+    assert bool(done)
 
 
 def test_frame_stack_of_images_concatenates_channels():
