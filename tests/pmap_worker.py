@@ -18,12 +18,18 @@ from jaxppo.envs import make_env  # noqa: E402
 from jaxppo.train import build_program  # noqa: E402
 
 
-def one_iteration_equivalence():
-    cfg = jaxppo.PPOConfig(
-        num_envs=8, num_steps=16, total_timesteps=8 * 16, num_minibatches=4,
-        network=jaxppo.NetworkConfig((16, 16)), normalize_observations=True,
-        normalize_rewards=True, compilation_cache_dir=None,
-    )
+EQUIVALENCE = jaxppo.PPOConfig(
+    num_envs=8, num_steps=16, total_timesteps=8 * 16, num_minibatches=4,
+    network=jaxppo.NetworkConfig((16, 16)), normalize_observations=True,
+    normalize_rewards=True, compilation_cache_dir=None,
+)
+# Continuous actions with a per-sample std: the old log std is batched with its samples.
+EQUIVALENCE_STATE_STD = EQUIVALENCE.replace(
+    env="Pendulum-v1", env_kwargs={"max_steps_in_episode": 10},  # episodes end in the batch
+    network=jaxppo.NetworkConfig((16, 16), state_dependent_std=True, log_std_init=-0.5))
+
+
+def one_iteration_equivalence(cfg=EQUIVALENCE):
     spec = make_env(cfg)
     hp = HyperParams.from_config(cfg)
     out = {}
@@ -69,5 +75,7 @@ def learns_on_two_devices():
 
 if __name__ == "__main__":
     which = sys.argv[1]
-    fn = {"equivalence": one_iteration_equivalence, "learn": learns_on_two_devices}[which]
+    fn = {"equivalence": one_iteration_equivalence,
+          "equivalence-state-std": lambda: one_iteration_equivalence(EQUIVALENCE_STATE_STD),
+          "learn": learns_on_two_devices}[which]
     print("RESULT " + json.dumps(fn()))

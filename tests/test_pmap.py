@@ -18,8 +18,9 @@ def _run(which: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def test_one_iteration_on_four_devices_equals_one_device():
-    r = _run("equivalence")
+@pytest.mark.parametrize("which", ["equivalence", "equivalence-state-std"])
+def test_one_iteration_on_four_devices_equals_one_device(which):
+    r = _run(which)
     assert r["replicated_after_iteration"]
     assert r["max_param_diff"] < 1e-5, r["max_param_diff"]
     assert r["max_obs_mean_diff"] < 1e-5 and r["max_obs_var_diff"] < 1e-5
