@@ -21,7 +21,8 @@ from jaxppo.config import PPOConfig
 from jaxppo.envs import EnvSpec, env_action, flatten_obs, make_env
 from jaxppo.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS, eval_max_steps, run_episodes
 from jaxppo.gae import compute_gae
-from jaxppo.losses import Minibatch, map_samples, ppo_loss_terms, update_kl_coeff
+from jaxppo.losses import (Minibatch, map_samples, ppo_loss_terms, unstack_shared_log_std,
+                           update_kl_coeff)
 from jaxppo.networks import DistParams
 from jaxppo.running_stats import RunningStats, normalize
 
@@ -390,12 +391,9 @@ class Algorithm:
     def make_batch(self, obs_stats, traj: Transition, values, advantages, targets) -> Minibatch:
         """The iteration's batch, time-major [T, E, ...]; a state-independent old log_std
         is kept as one vector [D]."""
-        log_std = traj.dist.log_std
-        if log_std.ndim == traj.dist.loc.ndim - 1:  # [T, D] stacked by the scan: equal rows
-            log_std = log_std[0]
         return Minibatch(
             obs=self._obs_in(obs_stats, traj.obs), actions=traj.action,
-            old_log_probs=traj.log_prob, old_dist=DistParams(traj.dist.loc, log_std),
+            old_log_probs=traj.log_prob, old_dist=unstack_shared_log_std(traj.dist),
             old_values=values, advantages=advantages, value_targets=targets,
         )
 

@@ -113,9 +113,14 @@ def make_env(config) -> EnvSpec:
     if len(shape) != 1:
         raise ConfigError(f"{config.env_name}: Box actions must be a vector, got shape {shape}")
     dim = int(shape[0])
-    low = np.broadcast_to(np.asarray(act_space.low, np.float32), (dim,)).copy()
-    high = np.broadcast_to(np.asarray(act_space.high, np.float32), (dim,)).copy()
+    low, high = box_bounds(act_space, dim)
     return EnvSpec(env, env_params, obs_shape, False, dim, low, high)
+
+
+def box_bounds(space, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """A Box space's low and high as float32 vectors [dim] (scalar bounds broadcast)."""
+    return tuple(np.broadcast_to(np.asarray(b, np.float32), (dim,)).copy()
+                 for b in (space.low, space.high))
 
 
 def _param_fields(params) -> set[str]:

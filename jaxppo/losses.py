@@ -29,12 +29,24 @@ def shares_log_std(dist: DistParams) -> bool:
     return dist.log_std.ndim < dist.loc.ndim
 
 
+def map_dist(fn, dist: DistParams) -> DistParams:
+    """fn applied to `loc`, and to `log_std` only when it is per sample."""
+    return DistParams(fn(dist.loc), dist.log_std if shares_log_std(dist) else fn(dist.log_std))
+
+
+def unstack_shared_log_std(dist: DistParams) -> DistParams:
+    """A scan over time stacks a shared log_std [D] into equal rows [T, D]: keep one."""
+    if dist.log_std.ndim == dist.loc.ndim - 1:
+        return dist._replace(log_std=dist.log_std[0])
+    return dist
+
+
 def map_samples(fn, batch):
     """Apply fn to every per-sample array of a Minibatch (or any NamedTuple with an
     `old_dist`), passing a shared old log_std through unchanged."""
-    log_std = batch.old_dist.log_std
     if not shares_log_std(batch.old_dist):
         return jax.tree.map(fn, batch)
+    log_std = batch.old_dist.log_std
     out = jax.tree.map(fn, batch._replace(old_dist=batch.old_dist._replace(log_std=None)))
     return out._replace(old_dist=out.old_dist._replace(log_std=log_std))
 

@@ -34,7 +34,7 @@ from jaxppo.algorithm import Algorithm, HyperParams, TrainState
 from jaxppo.config import ConfigError
 from jaxppo.envs import env_action
 from jaxppo.evaluation import EpisodeStats, eval_max_steps, run_episodes
-from jaxppo.losses import Minibatch, map_samples, ppo_loss_terms, shares_log_std
+from jaxppo.losses import Minibatch, map_dist, map_samples, ppo_loss_terms, unstack_shared_log_std
 from jaxppo.networks import DistParams, _dense, orthogonal
 
 
@@ -192,9 +192,7 @@ class RecurrentAlgorithm(Algorithm):
             return h, (dist, value, h)
 
         _, (dist, values, hiddens) = jax.lax.scan(step, hidden0, (obs_in, reset))
-        if dist.log_std.ndim == dist.loc.ndim - 1:  # [T, D] stacked by the scan: equal rows
-            dist = DistParams(dist.loc, dist.log_std[0])
-        return dist, values, hiddens
+        return unstack_shared_log_std(dist), values, hiddens
 
     # ------------------------------------------------------------------ rollout
     def rollout(self, state: TrainState, hp: HyperParams):
@@ -249,13 +247,12 @@ class RecurrentAlgorithm(Algorithm):
         sequences from their stored initial carries and resets."""
         cfg = self.config
         mb = batch.minibatch
-        flat = map_samples(lambda x: x.reshape((-1,) + x.shape[2:]), mb)
+        merge_tb = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+        flat = map_samples(merge_tb, mb)
 
         def loss_fn(p):
             dist, values, _ = self.unroll(p, batch.hidden0, mb.obs, batch.reset)
-            flat_dist = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-            dist = DistParams(flat_dist(dist.loc),
-                              dist.log_std if shares_log_std(dist) else flat_dist(dist.log_std))
+            dist = map_dist(merge_tb, dist)
             terms = ppo_loss_terms(
                 self.discrete, dist, values.reshape(-1), flat,
                 clip_param=hp.clip_param, vf_clip_param=hp.vf_clip_param, vf_coeff=hp.vf_coeff,

@@ -229,8 +229,9 @@ class DiscreteActionEnv:
                 f"discretize_actions bins={self.bins} over {dim} action dimensions makes "
                 f"{self.bins}**{dim} = {self.bins ** dim} joint actions (at most "
                 f"{DiscretizeActions.MAX_JOINT_ACTIONS}); use fewer bins or the Gaussian policy")
-        low = np.broadcast_to(np.asarray(space.low, np.float32), (dim,))
-        high = np.broadcast_to(np.asarray(space.high, np.float32), (dim,))
+        from jaxppo.envs import box_bounds
+
+        low, high = box_bounds(space, dim)
         if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
             raise ConfigError("discretize_actions needs finite action bounds, but the env's are "
                               f"low={low.tolist()} high={high.tolist()}")
