@@ -1,8 +1,11 @@
 """One PPO iteration as a pure, jit-able function: rollout -> GAE -> epochs x minibatches.
 
-Nothing here touches files, Ray or the CLI. `axis_name` names a pmap/shard_map axis when the
-iteration runs on several devices: gradients and every batch statistic are averaged over it
-(`_pmean`), so the same global batch gives the same update on 1 or N devices.
+Nothing here touches files, Ray or the CLI. `axis_name` names a pmap axis when the iteration
+runs on several devices (of one host or of many): gradients and every batch statistic are
+reduced over it, so the same global batch gives the same update on 1 device, N devices or H
+hosts. Each collective costs a network latency across hosts, so an iteration makes few and
+fuses what it sends: one all-gather of the rollout's statistics, one of the GAE statistics,
+and one all-reduce per minibatch carrying the flat gradient and the loss terms together.
 """
 
 from __future__ import annotations
@@ -150,16 +153,17 @@ def _pmean(x, axis_name):
     return x if axis_name is None else jax.lax.pmean(x, axis_name)
 
 
-def _psum(x, axis_name):
-    return x if axis_name is None else jax.lax.psum(x, axis_name)
+def local_moments(x: jax.Array, axis=None):
+    """(mean, variance) of one shard's samples, over `axis` (default: all elements)."""
+    mean = jnp.mean(x, axis=axis)
+    return mean, jnp.mean(jnp.square(x - mean), axis=axis)
 
 
-def _pmax(x, axis_name):
-    return x if axis_name is None else jax.lax.pmax(x, axis_name)
-
-
-def _pmin(x, axis_name):
-    return x if axis_name is None else jax.lax.pmin(x, axis_name)
+def combine_moments(means: jax.Array, variances: jax.Array):
+    """Global (mean, variance) from per-shard moments [S, ...] of equal-size shards (Chan's
+    merge). With one shard it returns that shard's moments unchanged, bit for bit."""
+    mean = jnp.mean(means, axis=0)
+    return mean, jnp.mean(variances + jnp.square(means - mean), axis=0)
 
 
 class Algorithm:
@@ -223,11 +227,21 @@ class Algorithm:
         )
 
     def _merge_stats(self, stats: RunningStats, x: jax.Array) -> RunningStats:
-        """Merge a batch [N, ...] into stats, with moments averaged over devices."""
-        n = x.shape[0]
-        mean = _pmean(jnp.mean(x, axis=0), self.axis_name)
-        var = _pmean(jnp.mean(jnp.square(x - mean), axis=0), self.axis_name)
-        return stats.merge(mean, var, n * self.num_devices)
+        """Merge a batch [N, ...] (this shard's part) into stats, with the moments of all shards."""
+        gathered = self.all_gather(local_moments(x, axis=0))
+        return self._merge_gathered(stats, gathered, x.shape[0])
+
+    def _merge_gathered(self, stats: RunningStats, gathered, n_local: int) -> RunningStats:
+        """Merge the all-gathered shard moments ([S, ...] mean and variance) into stats."""
+        return stats.merge(*combine_moments(*gathered), n_local * self.num_devices)
+
+    def all_gather(self, tree):
+        """Every shard's value of `tree`, with a leading [num_devices] axis, in one collective:
+        the leaves travel together as one flat vector. Without an axis: [1, ...]."""
+        if self.axis_name is None:
+            return jax.tree.map(lambda x: jnp.asarray(x)[None], tree)
+        flat, unravel = ravel_pytree(tree)
+        return jax.vmap(unravel)(jax.lax.all_gather(flat, self.axis_name))
 
     # ------------------------------------------------------------------ acting
     def _obs_in(self, stats: RunningStats, raw_obs: jax.Array) -> jax.Array:
@@ -310,18 +324,33 @@ class Algorithm:
 
         state, traj = self.rollout(state, hp)
         values, next_values = self.values(state.params, obs_stats_acting, traj)
+        # One collective for everything the rollout alone determines.
+        flat_obs = flatten_obs(traj.obs, self.spec.obs_shape).reshape((-1, self.spec.obs_dim))
+        local = {"episodes": self._local_episode_stats(traj)}
+        if cfg.normalize_observations:
+            local["obs"] = local_moments(flat_obs, axis=0)
+        if cfg.normalize_rewards:
+            local["returns"] = local_moments(traj.discounted_return)
+        rollout_stats = self.all_gather(local)
 
         rewards = traj.reward
         rewards, state = self.apply_reward_hooks(state, traj, rewards)
         return_stats = state.return_stats
         if cfg.normalize_rewards:
-            return_stats = self._merge_stats(return_stats, traj.discounted_return.reshape(-1))
+            return_stats = self._merge_gathered(return_stats, rollout_stats["returns"],
+                                                traj.discounted_return.size)
             rewards = rewards / jnp.sqrt(return_stats.var + 1e-8)
         advantages, targets = compute_gae(
             rewards, values, next_values, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda
         )
+        # And one for the GAE statistics.
+        local = {"targets": local_moments(targets), "residuals": local_moments(targets - values)}
         if cfg.normalize_advantages:
-            adv_mean, adv_var = self._global_moments(advantages)
+            local["advantages"] = local_moments(advantages)
+        gae_stats = jax.tree.map(lambda x: combine_moments(*x), self.all_gather(local),
+                                 is_leaf=lambda x: isinstance(x, tuple))
+        if cfg.normalize_advantages:
+            adv_mean, adv_var = gae_stats["advantages"]
             advantages = (advantages - adv_mean) / (jnp.sqrt(adv_var) + 1e-8)
         batch = self.make_batch(obs_stats_acting, traj, values, advantages, targets)
 
@@ -334,13 +363,12 @@ class Algorithm:
         kl_coeff = update_kl_coeff(state.kl_coeff, mean_kl, hp.kl_target) if cfg.use_kl_loss else state.kl_coeff
         obs_stats = state.obs_stats
         if cfg.normalize_observations:
-            flat_obs = flatten_obs(traj.obs, self.spec.obs_shape)
-            obs_stats = self._merge_stats(obs_stats, flat_obs.reshape((-1, flat_obs.shape[-1])))
+            obs_stats = self._merge_gathered(obs_stats, rollout_stats["obs"], flat_obs.shape[0])
 
         env_steps = start_steps + cfg.num_steps * cfg.num_envs
-        metrics = self.episode_metrics(traj)
-        target_mean, target_var = self._global_moments(targets)
-        _, resid_var = self._global_moments(targets - values)
+        metrics = self._episode_metrics(rollout_stats["episodes"])
+        _, target_var = gae_stats["targets"]
+        _, resid_var = gae_stats["residuals"]
         metrics.update({
             "policy_loss": jnp.mean(learn.policy_loss),
             "value_loss": jnp.mean(learn.value_loss),
@@ -374,12 +402,6 @@ class Algorithm:
         return rewards, state.replace(hook_state=hook_state)
 
     # ------------------------------------------------------------------ pieces of an iteration
-    def _global_moments(self, x: jax.Array):
-        """Mean and variance of x over all its elements on all devices (equal shard sizes)."""
-        mean = _pmean(jnp.mean(x), self.axis_name)
-        var = _pmean(jnp.mean(jnp.square(x - mean)), self.axis_name)
-        return mean, var
-
     def values(self, params, obs_stats: RunningStats, traj: Transition):
         """V(s_t) and V(s'_t) [T, E] for every step, in one batched critic pass."""
         T = traj.reward.shape[0]
@@ -397,23 +419,35 @@ class Algorithm:
             old_values=values, advantages=advantages, value_targets=targets,
         )
 
+    def _local_episode_stats(self, traj: Transition) -> jax.Array:
+        """[5] float32: episodes that ended in this shard's rollout, the sums of their returns
+        and lengths, and their min and max return (+inf/-inf when none ended)."""
+        done = jnp.logical_or(traj.terminated, traj.truncated)
+        return jnp.stack([
+            jnp.sum(done).astype(jnp.float32),
+            jnp.sum(jnp.where(done, traj.episode_return, 0.0)),
+            jnp.sum(jnp.where(done, traj.episode_length, 0)).astype(jnp.float32),
+            jnp.min(jnp.where(done, traj.episode_return, jnp.inf)),
+            jnp.max(jnp.where(done, traj.episode_return, -jnp.inf)),
+        ])
+
     def episode_metrics(self, traj: Transition) -> dict:
         """Return/length statistics of the episodes that ended in this rollout (all devices)."""
-        ax = self.axis_name
-        done = jnp.logical_or(traj.terminated, traj.truncated)
-        n_done = _psum(jnp.sum(done), ax)
+        return self._episode_metrics(self.all_gather(self._local_episode_stats(traj)))
+
+    @staticmethod
+    def _episode_metrics(gathered: jax.Array) -> dict:
+        """Metrics from every shard's `_local_episode_stats` ([S, 5])."""
+        n_done = jnp.sum(gathered[:, 0])
         has = n_done > 0
-        ret_sum = _psum(jnp.sum(jnp.where(done, traj.episode_return, 0.0)), ax)
-        len_sum = _psum(jnp.sum(jnp.where(done, traj.episode_length, 0)), ax)
-        ret_min = _pmin(jnp.min(jnp.where(done, traj.episode_return, jnp.inf)), ax)
-        ret_max = _pmax(jnp.max(jnp.where(done, traj.episode_return, -jnp.inf)), ax)
+        denom = jnp.maximum(n_done, 1.0)
         nan = jnp.float32(jnp.nan)
         return {
-            "episode_return_mean": jnp.where(has, ret_sum / jnp.maximum(n_done, 1), nan),
-            "episode_return_min": jnp.where(has, ret_min, nan),
-            "episode_return_max": jnp.where(has, ret_max, nan),
-            "episode_length_mean": jnp.where(has, len_sum / jnp.maximum(n_done, 1), nan),
-            "episodes": n_done,
+            "episode_return_mean": jnp.where(has, jnp.sum(gathered[:, 1]) / denom, nan),
+            "episode_return_min": jnp.where(has, jnp.min(gathered[:, 3]), nan),
+            "episode_return_max": jnp.where(has, jnp.max(gathered[:, 4]), nan),
+            "episode_length_mean": jnp.where(has, jnp.sum(gathered[:, 2]) / denom, nan),
+            "episodes": n_done.astype(jnp.int32),
         }
 
     def minibatch_indices(self, key: jax.Array, env_ids: jax.Array) -> jax.Array:
@@ -448,14 +482,13 @@ class Algorithm:
         grads, terms = jax.grad(loss_fn, has_aux=True)(params)
         return grads, terms
 
-    def apply_grads(self, params, opt_state, grads, hp: HyperParams, lr):
+    def apply_grads(self, params, opt_state, flat_grads, hp: HyperParams, lr):
         """Clip by global norm, Adam, step by -lr. Returns (params, opt_state, grad_norm).
 
         The optimiser works on one flat vector (its state too): one fused update instead of
         one per parameter array, which compiles and runs faster for small networks.
         """
         flat_params, unravel = ravel_pytree(params)
-        flat_grads = ravel_pytree(grads)[0]
         grad_norm = optax.tree.norm(flat_grads)
         updates, opt_state = self._optimizer(hp).update(flat_grads, opt_state, flat_params)
         return unravel(flat_params - lr * updates), opt_state, grad_norm
@@ -468,9 +501,12 @@ class Algorithm:
             params, opt_state = carry
             grads, terms = self.loss_and_grads(params, self.gather_minibatch(batch, idx), hp,
                                                ent_coeff, kl_coeff)
-            grads = _pmean(grads, ax)
-            terms = _pmean(terms, ax)
-            params, opt_state, grad_norm = self.apply_grads(params, opt_state, grads, hp, lr)
+            # One all-reduce per minibatch: the flat gradient and the loss terms together.
+            flat_grads = ravel_pytree(grads)[0]
+            n = flat_grads.shape[0]
+            fused = _pmean(jnp.concatenate([flat_grads, jnp.stack(terms).astype(flat_grads.dtype)]), ax)
+            terms = type(terms)(*fused[n:])
+            params, opt_state, grad_norm = self.apply_grads(params, opt_state, fused[:n], hp, lr)
             return (params, opt_state), _LearnStats(
                 policy_loss=terms.policy_loss, value_loss=terms.value_loss, entropy=terms.entropy,
                 kl=terms.kl, approx_kl=terms.approx_kl, clip_fraction=terms.clip_fraction,
