@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import jaxppo
 from jaxppo.algorithm import Algorithm, HyperParams
 from jaxppo.envs import make_env
-from jaxppo.train import build_program
+from jaxppo.layouts import Layout, build_program
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -55,7 +55,7 @@ def train_sps(env: str, num_envs: int, num_steps: int, iters: int, num_devices: 
     cfg.validate()
     spec = make_env(cfg)
     hp = HyperParams.from_config(cfg)
-    prog = build_program(cfg, spec, hp, num_devices, iters)
+    prog = build_program(cfg, spec, hp, Layout(num_devices), iters)
     t0 = time.perf_counter()
     state = prog.init(jax.random.PRNGKey(0), hp)
     z, n = jnp.asarray(0, jnp.int32), jnp.asarray(cfg.num_iterations, jnp.int32)

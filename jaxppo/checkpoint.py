@@ -2,9 +2,10 @@
 
 A checkpoint is RUN_DIR/checkpoints/<iteration>/ written by orbax's CheckpointManager: the
 TrainState pytree (params, optimizer state, kl_coeff, normalisation statistics, rng,
-counters, env state and episode trackers, as numpy arrays with their [devices?, seeds?]
-leading axes) plus a JSON record (iteration, env steps, devices, seeds, the run's config and
-a digest of every array). Orbax writes each step into a temporary folder and renames it when
+counters, env state and episode trackers, as numpy arrays in the unsharded layout of
+jaxppo.layouts: every env in global order, with a leading [seeds] axis when num_seeds > 1)
+plus a JSON record (iteration, env steps, devices, hosts, seeds, the run's config and a
+digest of every array). A run saved on any number of devices or hosts resumes on any other. Orbax writes each step into a temporary folder and renames it when
 complete, so a crash while saving leaves the earlier checkpoints as they were; only the
 newest `keep_checkpoints` are kept.
 
@@ -279,10 +280,10 @@ def load_run_config(run_dir: str | Path, meta: dict | None = None):
     return PPOConfig.from_dict(data)
 
 
-def check_resumable(saved: dict, config, run_dir: str | Path, saved_devices: int | None = None,
-                    devices: int | None = None) -> None:
+def check_resumable(saved: dict, config, run_dir: str | Path) -> None:
     """ConfigError naming the field, the saved and the new value when `config` changes a
-    field the saved state depends on."""
+    field the saved state depends on. (The number of devices or hosts may change: the state
+    is saved unsharded, see jaxppo.layouts.)"""
     from jaxppo.config import ConfigError
 
     new = config.to_dict()
@@ -301,11 +302,14 @@ def check_resumable(saved: dict, config, run_dir: str | Path, saved_devices: int
                 f"Resume with {name}={old_v!r} (only fields such as total_timesteps, lr or "
                 "eval_every may change), or start a new run. Nothing was changed."
             )
-    if saved_devices is not None and devices is not None and saved_devices != devices:
-        raise ConfigError(
-            f"cannot resume {run_dir} on {devices} device(s): it was trained on {saved_devices} "
-            f"(its state is split over them); set num_devices={saved_devices}. Nothing was changed."
-        )
+
+
+def saved_shards(meta: dict) -> int:
+    """The leading device axis of a saved state: 1 for unsharded states (what every run saves
+    now), num_devices for checkpoints written in the device layout by earlier versions."""
+    if meta.get("state_layout") == "unsharded":
+        return 1
+    return int(meta.get("num_devices") or 1)
 
 
 def begin_resume(caller: str, config, run_dir, resume):

@@ -190,24 +190,11 @@ def config_for(args):
     return config, source, None
 
 
-def fresh_run_dir(runs_dir: str, name: str) -> Path:
-    """runs_dir/name for a new run; a non-empty existing folder is a ConfigError."""
-    from jaxppo.config import ConfigError
-
-    run_dir = Path(runs_dir) / name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"run folder {run_dir} already exists and is not empty; "
-                          "choose another --run-name (or continue it with --resume)")
-    return run_dir
-
-
 def _train_on_hosts(args) -> int:
     """`train --hosts H`: hand over to the Ray driver (imported only here)."""
-    if args.seeds is not None:
-        print("error: --seeds cannot be combined with --hosts: a multi-host run trains one "
-              "seed (submit one run per seed)", file=sys.stderr)
-        return 2
     argv = ["--hosts", str(args.hosts), "--runs-dir", args.runs_dir]
+    if args.seeds is not None:
+        argv += ["--seeds", str(args.seeds)]
     if args.resume:
         argv += ["--resume", args.resume]
     if args.stop_after is not None:
@@ -238,6 +225,8 @@ def _train(args) -> int:
     if args.stop_after is not None and args.stop_after < 1:
         print(f"error: --stop-after {args.stop_after} must be >= 1", file=sys.stderr)
         return 2
+    from jaxppo.rundir import fresh_run_dir
+
     try:
         config, source, run_dir = config_for(args)
         if not args.resume:
@@ -247,13 +236,8 @@ def _train(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    import yaml
-
     from jaxppo.train import TrainingDivergedError, train
 
-    if not args.resume:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     print(f"config: {source}; run folder: {run_dir}", file=sys.stderr)
     print("compiling the training program (a few seconds; cached for the next run) ...",
           file=sys.stderr, flush=True)
@@ -261,84 +245,38 @@ def _train(args) -> int:
         result = train(config, run_dir=None if args.resume else run_dir,
                        resume=run_dir if args.resume else None,
                        progress=False if args.no_progress else None,
-                       stop_after_iterations=args.stop_after)
+                       stop_after_iterations=args.stop_after, plot=not args.no_plot)
     except TrainingDivergedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return report(result, resume_command=f"jaxppo train --resume {run_dir}")
 
-    from jaxppo.checkpoint import save_params
 
-    save_params(run_dir / "params.msgpack", result)
-    summary = _summary(result)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    if not args.no_plot:
-        from jaxppo.plotting import plot_runs
-
-        plot_runs([run_dir], run_dir / "curve.png", labels=[config.env_name],
-                  title=f"{config.env_name}: return vs env steps")
+def report(result, resume_command: str) -> int:
+    """The last lines of a run: stopped early, nothing to do, or done with its summary."""
+    config, run_dir, summary = result.config, result.run_dir, result.summary
     if not result.completed:
-        print(
-            f"stopped after iteration {result.iterations_done} of {config.num_iterations} "
-            f"(checkpoint written); continue with: jaxppo train --resume {run_dir}",
-            file=sys.stderr,
-        )
+        print(f"stopped after iteration {result.iterations_done} of {config.num_iterations} "
+              f"(checkpoint written); continue with: {resume_command}", file=sys.stderr)
         return 0
     if result.resumed_from is not None and result.resumed_from == result.iterations_done:
         print(f"nothing to do: {run_dir} is already complete at iteration {result.iterations_done}; "
               "extend it with --set total_timesteps=N", file=sys.stderr)
         return 0
     ev = summary.get("final_eval_return_mean")
+    where = f" on {result.hosts} hosts" if result.hosts > 1 else ""
+    failures = (f"; host failures: {len(result.host_failures)}" if result.hosts > 1
+                or result.host_failures else "")
     print(
         f"done: final return {summary['final_return_mean']:.1f} ± {summary['final_return_std']:.1f} "
         f"(last 10 iterations, {config.num_seeds} seed(s)); "
         + (f"final eval return {ev:.1f}; " if ev is not None else "")
         + f"{summary['env_steps']:,} env steps in "
         f"{summary['train_seconds']:.1f}s ({summary['sps']:,.0f} steps/s) + "
-        f"{summary['compile_seconds']:.1f}s compile; run folder {run_dir}",
+        f"{summary['compile_seconds']:.1f}s compile{where}{failures}; run folder {run_dir}",
         file=sys.stderr,
     )
     return 0
-
-
-def _summary(result) -> dict:
-    import numpy as np
-
-    from jaxppo.train import process_uptime
-
-    r = np.atleast_2d(result.metrics["episode_return_mean"])
-    tail = []
-    for seed_curve in r:
-        vals = seed_curve[-10:]
-        vals = vals[np.isfinite(vals)]
-        tail.append(float(vals.mean()) if len(vals) else float("nan"))
-    cfg = result.config
-    steps = int(result.iterations_done * cfg.batch_size)
-    steps_now = int((result.iterations_done - (result.resumed_from or 0)) * cfg.batch_size)
-    out = {
-        "env": cfg.env_name,
-        "num_seeds": cfg.num_seeds,
-        "env_steps": steps,
-        "iterations": int(result.iterations_done),
-        "completed": bool(result.completed),
-        "final_return_mean": float(np.mean(tail)),
-        "final_return_std": float(np.std(tail)),
-        "final_return_per_seed": tail,
-        "compile_seconds": result.compile_seconds,
-        "train_seconds": result.train_seconds,
-        "sps": steps_now * cfg.num_seeds / max(result.train_seconds, 1e-9),
-        "process_seconds": process_uptime(),
-    }
-    if "eval_return_mean" in result.metrics:
-        ev = np.atleast_2d(result.metrics["eval_return_mean"])
-        done = np.isfinite(ev[0])
-        if done.any():
-            idx = np.flatnonzero(done)[-1]
-            per_seed = [float(v) for v in ev[:, idx]]
-            out["final_eval_return_mean"] = float(np.mean(per_seed))
-            out["final_eval_return_std"] = float(np.std(per_seed))
-            out["final_eval_return_per_seed"] = per_seed
-            out["final_eval_iteration"] = int(np.atleast_2d(result.metrics["iteration"])[0, idx])
-    return out

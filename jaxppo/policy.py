@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.checkpoint import (CHECKPOINT_DIR, CheckpointError, CheckpointStore, checkpoint_dir,
+                               saved_shards,
                                load_params_dict, load_run_config)
 from jaxppo.running_stats import RunningStats
 
@@ -116,7 +117,7 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
     spec = make_env(config)
     if state is not None:
         params, obs_stats = state["params"], state["obs_stats"]
-        lead = int(meta.get("num_devices", 1)) > 1, int(meta.get("num_seeds", 1)) > 1
+        lead = saved_shards(meta) > 1, int(meta.get("num_seeds", 1)) > 1
     else:
         path = run_dir / "params.msgpack"
         if not path.exists():

@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import jaxppo  # noqa: E402
 from jaxppo.algorithm import HyperParams  # noqa: E402
 from jaxppo.envs import make_env  # noqa: E402
-from jaxppo.train import build_program  # noqa: E402
+from jaxppo.layouts import Layout, build_program  # noqa: E402
 
 
 EQUIVALENCE = jaxppo.PPOConfig(
@@ -34,7 +34,7 @@ def one_iteration_equivalence(cfg=EQUIVALENCE):
     hp = HyperParams.from_config(cfg)
     out = {}
     for nd in (1, 4):
-        prog = build_program(cfg.replace(num_devices=nd), spec, hp, nd, 1)
+        prog = build_program(cfg.replace(num_devices=nd), spec, hp, Layout(nd), 1)
         st = prog.init(jax.random.PRNGKey(3), hp)
         st, m = prog.chunk(st, hp, jax.numpy.int32(0), jax.numpy.int32(1))
         if nd > 1:

@@ -166,7 +166,7 @@ def test_eval_metrics_on_eval_iterations_only(trained):
 
 
 def test_summary_reports_the_last_evaluation_per_seed(trained):
-    from jaxppo.cli import _summary
+    from jaxppo.rundir import summary as _summary
 
     ev = trained["evaluated"]
     s = _summary(ev)

@@ -1,0 +1,155 @@
+"""Ray as the cluster engine: connect, check the nodes, place one learner per node.
+
+Only jaxppo.distributed imports Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import warnings
+
+import ray
+
+from jaxppo.config import ConfigError
+
+# ---------------------------------------------------------------------- errors
+class DistributedError(RuntimeError):
+    """Multi-host training cannot start or continue; the message names problem and fix."""
+
+
+class ClusterUnreachableError(DistributedError):
+    """No Ray cluster answers at the given address."""
+
+
+class NotEnoughNodesError(DistributedError):
+    """The cluster has fewer suitable nodes than hosts were asked for."""
+
+
+class HostsConfigError(ConfigError):
+    """`hosts` does not fit the config (num_envs not divisible, several seeds, ...)."""
+
+
+def _split_address(address: str) -> tuple[str, int] | None:
+    addr = address
+    for scheme in ("ray://", "http://", "https://"):
+        if addr.startswith(scheme):
+            addr = addr[len(scheme):]
+    addr = addr.rstrip("/")
+    if ":" not in addr:
+        return None
+    host, port = addr.rsplit(":", 1)
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        return None
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@contextlib.contextmanager
+def keep_loopback(address: str | None, children: bool = False):
+    """Let `ray.init` use a cluster bound to loopback (`--node-ip-address=127.0.0.1`).
+
+    Ray rewrites a 127.0.0.1/localhost address to this machine's outward IP and then looks
+    for a raylet with that IP; a loopback-only cluster has neither. For loopback addresses
+    only, Ray takes 127.0.0.1 as this machine's IP while `ray.init` runs (its own switch for
+    single-machine clusters, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER); with `children` the Ray
+    processes started meanwhile inherit the switch. Other addresses are left alone.
+    """
+    hp = _split_address(address) if address else None
+    if hp is None or hp[0] not in _LOOPBACK:
+        yield
+        return
+    try:
+        import ray._private.ray_constants as ray_constants
+
+        from jaxppo.distributed.loopback import LOOPBACK_ENV
+    except ImportError:  # pragma: no cover - layout of a future Ray
+        yield
+        return
+    old = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    old_env = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    if children:
+        os.environ.update(LOOPBACK_ENV)
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _quiet_fork_warning():
+    # Ray starts its daemons with subprocess (fork + exec at once), which JAX's
+    # "os.fork() was called" warning cannot tell from a bare fork.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                category=RuntimeWarning)
+        yield
+
+
+def connect(address: str | None = None, timeout_s: float = 5.0) -> bool:
+    """Connect to Ray: `address`, else RAY_ADDRESS, else a new local instance.
+
+    Returns True when this call initialised Ray (so the caller should shut it down).
+    Raises ClusterUnreachableError within about `timeout_s` when nothing answers there.
+    """
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    quiet = dict(logging_level=logging.WARNING, log_to_driver=True)
+    if address is None or address == "local":
+        # A private single-node instance, on loopback only.
+        with keep_loopback("127.0.0.1:0", children=True), _quiet_fork_warning():
+            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
+        return True
+    if address.startswith(("http://", "https://")):
+        raise ClusterUnreachableError(
+            f"RAY_ADDRESS={address!r} is a dashboard (job submission) address; the trainer "
+            "connects to the cluster's GCS address, e.g. 127.0.0.1:6379. Submit with "
+            "`ray job submit --address http://...:8265 -- python -m jaxppo.distributed ...` "
+            "(the job gets the right RAY_ADDRESS), or set RAY_ADDRESS=<head-ip>:6379"
+        )
+    if address != "auto":
+        hp = _split_address(address)
+        if hp is None:
+            raise ClusterUnreachableError(
+                f"RAY_ADDRESS={address!r} is not of the form host:port (e.g. 127.0.0.1:6379)")
+        try:
+            with socket.create_connection(hp, timeout=timeout_s):
+                pass
+        except OSError as e:
+            raise ClusterUnreachableError(
+                f"no Ray cluster reachable at RAY_ADDRESS={address} ({e.__class__.__name__}: "
+                f"{e.strerror or e} within {timeout_s:g}s). Start one first (`make ray-cluster`, "
+                "or `ray start --head --node-ip-address=127.0.0.1` on the head node), fix "
+                "RAY_ADDRESS, or unset it to train on a local single-node Ray instance"
+            ) from None
+    try:
+        with keep_loopback(address), _quiet_fork_warning():
+            ray.init(address=address, **quiet)
+    except (ConnectionError, RuntimeError, TimeoutError) as e:
+        raise ClusterUnreachableError(
+            f"could not connect to a Ray cluster at {address!r}: {e}. Start one with "
+            "`make ray-cluster` (or `ray start --head`), or unset RAY_ADDRESS"
+        ) from None
+    return True
+
+
+def _node_summary(nodes) -> str:
+    return ", ".join(
+        f"{n.get('NodeManagerAddress', '?')}:{n.get('NodeManagerPort', '?')} "
+        f"(CPU {n['Resources'].get('CPU', 0):g}, GPU {n['Resources'].get('GPU', 0):g})"
+        for n in nodes
+    ) or "none"
+
+

@@ -1,0 +1,362 @@
+"""The host group: Ray places one learner per node, they join one `jax.distributed` group,
+and the run loop (jaxppo.loop) drives them chunk by chunk, as it drives one process.
+
+    driver (this process)                         learners (one Ray actor per node)
+    place bundles (STRICT_SPREAD) ─────────────►  start; host 0 picks the coordinator port
+    hand every host the coordinator address ───►  jax.distributed.initialize(addr, H, i)
+    start(snapshot) ───────────────────────────►  build + compile the same chunk
+    run(start, stop) per chunk ────────────────►  the chunk, all-reduces inside XLA
+    ◄──────────────────── metrics + unsharded state (host 0; gathered by a collective)
+
+The driver keeps the newest snapshot (the whole TrainState after the last chunk, env states
+included). When a host dies, the group is torn down and started again from that snapshot, on
+the nodes Ray has (at least `min_hosts`; the envs are re-split when fewer): at most one chunk
+is redone, and since the loop only sees the chunk succeed once, metrics.jsonl has every
+iteration once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from jaxppo.config import PPOConfig
+from jaxppo.distributed.cluster import (DistributedError, HostsConfigError, NotEnoughNodesError,
+                                        _node_summary)
+from jaxppo.distributed.learner import HostLearner, versions
+
+logger = logging.getLogger("jaxppo.distributed")
+
+STRATEGIES = ("STRICT_SPREAD", "SPREAD", "PACK", "STRICT_PACK")
+
+
+class HostLost(Exception):
+    """A learner died (its process or its node); the group must be started again.
+    `dead`: [(host index, reason)]."""
+
+    def __init__(self, dead: list[tuple[int | None, str]]):
+        super().__init__("; ".join(f"host {k}: {r}" for k, r in dead))
+        self.dead = dead
+
+
+def check_hosts(config: PPOConfig, hosts: int, min_hosts: int | None = None) -> None:
+    """HostsConfigError unless `config` can be split over `hosts` (and `min_hosts`) hosts."""
+    for name, value in (("hosts", hosts), ("min_hosts", min_hosts)):
+        if value is None and name == "min_hosts":
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise HostsConfigError(f"{name}={value!r} must be an integer >= 1, e.g. --hosts 2")
+    if min_hosts is not None and min_hosts > hosts:
+        raise HostsConfigError(f"min_hosts={min_hosts} is more than hosts={hosts}; use "
+                               f"--min-hosts {hosts} or fewer")
+    if config.num_envs % hosts:
+        n = config.num_envs
+        divisors = [d for d in range(1, n + 1) if n % d == 0]
+        lower = (n // hosts) * hosts
+        upper = lower + hosts
+        envs_hint = f"{upper}" if lower == 0 else f"{lower} or {upper}"
+        raise HostsConfigError(
+            f"num_envs={n} (the global env count) is not divisible by hosts={hosts}: every "
+            f"host must own the same number of envs. Use hosts from {divisors}, or set "
+            f"num_envs to a multiple of {hosts} (e.g. --set num_envs={envs_hint})"
+        )
+    # The program must also be buildable with one shard per host (e.g. a recurrent policy's
+    # minibatches of whole env sequences): the same check a local pmap makes.
+    from jaxppo.envs import make_env
+    from jaxppo.recurrent import algorithm_class
+
+    algorithm_class(config)(config, make_env(config), num_devices=hosts)
+
+
+class HostGroup:
+    """A runner for jaxppo.loop.run_loop whose chunk runs on `hosts` Ray learners.
+
+    restored: the unsharded state to start from (a resumed run), else None (fresh, from the
+    config's seed). Ray must be connected (jaxppo.distributed.cluster.connect).
+    """
+
+    def __init__(self, config: PPOConfig, hp, hosts: int, *, chunk_len: int,
+                 restored=None, start_iter: int = 0, min_hosts: int | None = None,
+                 strategy: str = "STRICT_SPREAD", gpus_per_host: float = 0,
+                 placement_timeout_s: float = 60.0, init_timeout_s: int = 60,
+                 coordinator_port: int = 0, max_restarts: int = 8,
+                 pin_cpus: list[list[int]] | None = None,
+                 learner_env: dict[str, str] | None = None):
+        from jaxppo.envs import make_env
+        from jaxppo.recurrent import algorithm_class
+
+        if strategy not in STRATEGIES:
+            raise HostsConfigError(f"strategy={strategy!r} must be one of {', '.join(STRATEGIES)} "
+                                   "(STRICT_SPREAD, the default, puts one host on each node)")
+        self.config = config
+        self.hp = jax.tree.map(np.asarray, hp)
+        self.requested = hosts
+        self.min_hosts = hosts if min_hosts is None else min_hosts
+        self.chunk_len = chunk_len
+        self.strategy = strategy
+        self.bundle = {"CPU": 1.0, **({"GPU": float(gpus_per_host)} if gpus_per_host else {})}
+        self.placement_timeout_s = placement_timeout_s
+        self.init_timeout_s = int(init_timeout_s)
+        self.coordinator_port = coordinator_port
+        self.max_restarts = max_restarts
+        self.pin_cpus = pin_cpus
+        self.learner_env = dict(learner_env or {})
+        self.algorithm = algorithm_class(config)(config, make_env(config))
+        self.snapshot_state = restored
+        self.snapshot_iter = start_iter
+        self.host_failures: list[dict] = []
+        self.learners: list[Any] = []
+        self.host_info: list[dict] = []
+        self.pg = None
+        self.hosts = 0
+        self.num_devices = 0
+        self.compile_seconds = 0.0
+
+    # -------------------------------------------------------------- runner interface
+    def run(self, start: int, stop: int) -> dict:
+        if start != self.snapshot_iter:
+            raise RuntimeError(f"chunk from {start}, but the group's state is at {self.snapshot_iter}")
+        while True:
+            try:
+                out = self._call_all("run", start, stop, True)
+                metrics, state = out[0]
+                self.snapshot_state, self.snapshot_iter = state, stop
+                return metrics
+            except HostLost as e:
+                self._recover(e, start)
+
+    def snapshot(self):
+        return self.snapshot_state
+
+    def final_state(self):
+        from jaxppo.layouts import shard_state
+
+        if self.num_devices > 1:
+            return shard_state(self.snapshot_state, self.num_devices, self.config.num_seeds)
+        return self.snapshot_state
+
+    def close(self) -> None:
+        self._teardown()
+
+    # -------------------------------------------------------------- starting
+    def start(self) -> "HostGroup":
+        """Place, start, join and compile `hosts` learners (fewer, down to min_hosts, only
+        after a failure). Cleans up if anything fails."""
+        t0 = time.perf_counter()
+        try:
+            self._launch(self.requested)
+        except HostLost as e:
+            self._teardown()
+            raise DistributedError(f"a learner died while the group was starting ({e}); check "
+                                   "the nodes (`ray status`) and the learners' logs") from None
+        except BaseException:
+            self._teardown()
+            raise
+        self.compile_seconds = time.perf_counter() - t0
+        return self
+
+    def _fitting_nodes(self) -> tuple[list[dict], list[dict]]:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        fits = [n for n in nodes if all(n["Resources"].get(k, 0) >= v for k, v in self.bundle.items())]
+        return nodes, fits
+
+    def _launch(self, hosts: int, placement_timeout_s: float | None = None) -> None:
+        placement_timeout_s = placement_timeout_s or self.placement_timeout_s
+        nodes, fits = self._fitting_nodes()
+        if self.strategy == "STRICT_SPREAD" and hosts > len(fits):
+            need = ", ".join(f"{v:g} {k}" for k, v in self.bundle.items())
+            raise NotEnoughNodesError(
+                f"hosts={hosts} but the Ray cluster has only {len(fits)} alive node(s) with "
+                f"{need} (one learner per node, placement STRICT_SPREAD); nodes: "
+                f"{_node_summary(nodes)}. Use --hosts {max(len(fits), 1)} or fewer, or add "
+                "nodes (`ray start --address=<head>:6379` on each; `make ray-cluster` starts "
+                "3 on this machine)")
+        self.pg = placement_group([dict(self.bundle) for _ in range(hosts)], strategy=self.strategy)
+        try:
+            ray.get(self.pg.ready(), timeout=placement_timeout_s)
+        except GetTimeoutError:
+            raise NotEnoughNodesError(
+                f"could not reserve {hosts} x {self.bundle} ({self.strategy}) within "
+                f"{placement_timeout_s:g}s; other jobs may hold the resources. Nodes: "
+                f"{_node_summary(nodes)}") from None
+        remote = ray.remote(HostLearner)
+        use_gpu = bool(self.bundle.get("GPU"))
+        self.learners = [
+            remote.options(
+                num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0), max_restarts=0,
+                max_task_retries=0,
+                **({"runtime_env": {"env_vars": self.learner_env}} if self.learner_env else {}),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=k),
+            ).remote(self.config, self.hp, k, hosts, use_gpu,
+                     self.pin_cpus[k] if self.pin_cpus else None)
+            for k in range(hosts)]
+        self.hosts = hosts
+        self.host_info = self._get([a.info.remote() for a in self.learners], self.placement_timeout_s,
+                                   "starting the learners")
+        self._check_versions()
+        coordinator = self._get([self.learners[0].coordinator_address.remote(self.coordinator_port)],
+                                30, "choosing the coordinator address")[0]
+        joined = self._get([a.initialize.remote(coordinator, self.init_timeout_s) for a in self.learners],
+                           self.init_timeout_s + 30, f"joining the jax.distributed group at {coordinator}")
+        for info, j in zip(self.host_info, joined):
+            info.update(j, coordinator=coordinator)
+        local = {j["local_devices"] for j in joined}
+        if len(local) != 1:
+            raise DistributedError(
+                f"the hosts have different numbers of devices ({sorted(local)}); every host needs "
+                "the same: set num_devices to the smallest, or use alike nodes")
+        self.num_devices = hosts * local.pop()
+        seconds = self._get([a.start.remote(self.snapshot_state, self.chunk_len) for a in self.learners],
+                            None, "compiling the program")
+        self.host_compile_seconds = seconds
+
+    def _check_versions(self) -> None:
+        mine = versions()
+        for info in self.host_info:
+            theirs = info["versions"]
+            diff = {k: (mine[k], theirs.get(k)) for k in ("jax", "jaxlib", "jaxppo")
+                    if theirs.get(k) != mine[k]}
+            if diff:
+                what = ", ".join(f"{k} {a} here but {b} there" for k, (a, b) in diff.items())
+                raise DistributedError(
+                    f"host {info['host_index']} (node {info['node_ip']}) runs different versions: "
+                    f"{what}. Every node needs the same install: `pip install -e '.[ray]'` from "
+                    "the same checkout (jax==0.10.2) on each node, then restart its `ray start`")
+
+    # -------------------------------------------------------------- calls and failures
+    def _get(self, refs, timeout, what: str):
+        """ray.get with the learners' own errors as clear errors; HostLost when one died."""
+        try:
+            return ray.get(refs, timeout=timeout)
+        except RayActorError as e:
+            raise HostLost([(None, _short_reason(e))]) from None
+        except GetTimeoutError:
+            raise DistributedError(
+                f"no answer from the learners within {timeout:g}s while {what}. Nodes: "
+                f"{_node_summary([n for n in ray.nodes() if n.get('Alive')])}. Check that every "
+                "node can reach the others (firewalls; the coordinator port), and the learners' "
+                "logs (`ray logs`, the dashboard)") from None
+        except RayTaskError as e:
+            raise _task_error(e, what) from None
+
+    def _call_all(self, method: str, *args, grace_s: float = 10.0):
+        """Call `method` on every learner and wait for all. A learner that dies is noticed at
+        once (the others may be blocked in a collective with it): HostLost. A learner's own
+        error waits `grace_s` for a death that explains it (a peer's collective failing)."""
+        refs = [getattr(a, method).remote(*args) for a in self.learners]
+        pending, failed, deadline = list(refs), None, None
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except RayActorError as e:
+                    raise HostLost([(refs.index(ref), _short_reason(e))]) from None
+                except RayTaskError as e:
+                    failed = failed or e
+                    deadline = deadline or time.monotonic() + grace_s
+            if failed is not None and time.monotonic() > deadline:
+                break
+        if failed is not None:
+            raise _task_error(failed, f"running {method}")
+        return ray.get(refs)
+
+    def _recover(self, error: HostLost, start: int) -> None:
+        iteration = start + 1
+        for k, reason in error.dead:
+            self.host_failures.append({"host": k, "iteration": iteration, "reason": reason})
+        self._teardown()
+        if len(self.host_failures) > self.max_restarts:
+            raise DistributedError(
+                f"{len(self.host_failures)} host failures, more than max_restarts="
+                f"{self.max_restarts}; giving up. Last: {error}. Check the nodes (`ray status`) "
+                "and the learners' logs (`ray logs`, the dashboard)")
+        # A lost node stays "alive" in Ray's view until its health checks time out (~15 s):
+        # placing on it times out, and the next count no longer has it.
+        deadline = time.monotonic() + max(self.placement_timeout_s, 60.0)
+        announced = False
+        while True:
+            _, fits = self._fitting_nodes()
+            hosts = self._hosts_for(len(fits) if self.strategy == "STRICT_SPREAD" else self.requested)
+            if not announced:
+                logger.warning("lost %s; restarting the group from the state after iteration %d, "
+                               "redoing from iteration %d", error, start, iteration)
+                announced = True
+            try:
+                self._launch(hosts, placement_timeout_s=min(20.0, self.placement_timeout_s))
+            except NotEnoughNodesError:
+                self._teardown()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2.0)
+                continue
+            except HostLost as again:  # lost another while starting: count it, try again
+                self._teardown()
+                for k, reason in again.dead:
+                    self.host_failures.append({"host": k, "iteration": iteration, "reason": reason})
+                if len(self.host_failures) > self.max_restarts:
+                    raise DistributedError(
+                        f"{len(self.host_failures)} host failures while restarting; giving up. "
+                        f"Last: {again}") from None
+                continue
+            except BaseException:
+                self._teardown()
+                raise
+            if hosts != self.requested:
+                logger.warning("continuing on %d host(s) instead of %d: %d envs per host",
+                               hosts, self.requested, self.config.num_envs // hosts)
+            return
+
+    def _hosts_for(self, available: int) -> int:
+        """The most hosts (<= requested, <= available, >= min_hosts) that divide num_envs."""
+        for h in range(min(self.requested, available), self.min_hosts - 1, -1):
+            if self.config.num_envs % h == 0:
+                return h
+        raise DistributedError(
+            f"only {available} node(s) can host a learner now, fewer than min_hosts="
+            f"{self.min_hosts} (with num_envs={self.config.num_envs} divisible by the number of "
+            "hosts). The newest checkpoint is kept; add nodes and resume with --resume, or "
+            "allow fewer hosts with --min-hosts")
+
+    def _teardown(self) -> None:
+        for a in self.learners:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.learners = []
+        if self.pg is not None:
+            try:
+                remove_placement_group(self.pg)
+            except Exception:
+                pass
+            self.pg = None
+
+
+def _short_reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    first = next((line.strip() for line in text if line.strip()), "")
+    if len(first) > 200:
+        first = first[:197] + "..."
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def _task_error(e: RayTaskError, what: str) -> Exception:
+    """A learner's exception as the driver raises it: config errors as they are, anything
+    else as a DistributedError naming what failed."""
+    from jaxppo.config import ConfigError
+
+    cause = getattr(e, "cause", None) or e
+    if isinstance(cause, (ConfigError, DistributedError)):
+        return cause
+    return DistributedError(f"a learner failed while {what}: {_short_reason(cause)}. See the "
+                            "learners' logs (`ray logs`, the dashboard) for the whole traceback")

@@ -1,0 +1,257 @@
+"""The run loop: the same for one device, this host's devices, or several hosts.
+
+The loop does not know where the chunk runs. It is given a *runner* (jaxppo.layouts.ChunkRunner
+in-process, jaxppo.distributed's host group across Ray hosts) with
+
+    run(start, stop) -> metrics   iterations start+1..stop (one chunk), numpy [seeds?, n]
+    snapshot() -> TrainState      the state after the last chunk, unsharded (numpy)
+    final_state()                 what TrainResult.state holds
+    num_devices, hosts, algorithm, compile_seconds, close()
+
+and between chunks it checks health (NaN/inf), appends metrics.jsonl, checkpoints on the
+configured cadence, reports progress and calls the callback. Everything written goes through
+one jaxppo.rundir.RunFolder.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import numpy as np
+
+from jaxppo.algorithm import METRIC_KEYS
+from jaxppo.config import PPOConfig
+from jaxppo.evaluation import EVAL_METRIC_KEYS
+
+# Metrics whose non-finite value means training diverged (episode stats are NaN by design
+# when no episode ended in an iteration).
+HEALTH_KEYS = ("policy_loss", "value_loss", "entropy", "kl", "grad_norm")
+
+
+def metric_keys(config: PPOConfig) -> tuple[str, ...]:
+    return METRIC_KEYS + (EVAL_METRIC_KEYS if config.eval_every else ())
+
+
+def chunk_length(config: PPOConfig) -> int:
+    """Iterations per call into the compiled program: log_every (default ~40 calls per run),
+    never past a checkpoint iteration."""
+    from jaxppo.layouts import auto_chunk
+
+    n_iter = config.num_iterations
+    chunk_len = min(config.log_every or auto_chunk(n_iter), n_iter)
+    if config.checkpoint_every:
+        chunk_len = min(chunk_len, config.checkpoint_every)
+    return chunk_len
+
+
+def restore_checkpoint(store, step: int, config: PPOConfig, run_dir, hp):
+    """(unsharded numpy TrainState, iteration, wall_time offset) of a checkpoint, whatever
+    number of devices or hosts wrote it."""
+    from jaxppo import checkpoint as ckpt
+    from jaxppo.envs import make_env
+    from jaxppo.layouts import Layout, build_program, sharded_shapes, unshard_state
+
+    program = build_program(config, make_env(config), hp, Layout(1), 1)
+    abstract = jax.eval_shape(program.init, jax.random.PRNGKey(config.seed), hp)
+    shards = ckpt.saved_shards(store.read_meta(step))
+    if shards > 1:
+        abstract = sharded_shapes(abstract, shards, config.num_seeds)
+    state, start_iter, wall = ckpt.restore_for_resume(store, step, abstract, config, run_dir)
+    if shards > 1:
+        state = unshard_state(state, shards, config.num_seeds)
+    return state, start_iter, wall
+
+
+def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, resumed: bool = False,
+             wall_offset: float = 0.0, stop_after_iterations: int | None = None,
+             progress: bool | None = None, callback: Callable[[list[dict]], None] | None = None,
+             label: str | None = None):
+    """Run chunks from `start_iter` to the end (or stop_after_iterations more); returns a
+    TrainResult. Raises TrainingDivergedError on NaN/inf (metrics so far are kept)."""
+    from jaxppo.train import TrainingDivergedError, TrainResult, _version, process_uptime
+
+    n_iter = config.num_iterations
+    seeds = config.num_seeds
+    chunk_len = chunk_length(config)
+    keys = metric_keys(config)
+    history = _history_from_rows(folder.previous_rows if folder else [], keys, seeds)
+    end_iter = n_iter if stop_after_iterations is None else min(n_iter, start_iter + stop_after_iterations)
+    reporter = _Reporter(config, n_iter, progress, start=start_iter, label=label)
+    t_train = time.perf_counter()
+    last_finite: dict | None = None
+    it, saved_at, wall = start_iter, start_iter if resumed else None, wall_offset
+
+    def save(iteration):
+        folder.save_checkpoint(iteration, runner.snapshot(), {
+            "env_steps": iteration * config.batch_size, "num_devices": runner.num_devices,
+            "hosts": runner.hosts, "state_layout": "unsharded", "num_seeds": seeds,
+            "wall_time": wall, "config": config.to_dict(), "env": config.env_name,
+            "jaxppo_version": _version(),
+        })
+
+    try:
+        while it < end_iter:
+            stop = min(end_iter, it + chunk_len)
+            if config.checkpoint_every:
+                stop = min(stop, (it // config.checkpoint_every + 1) * config.checkpoint_every)
+            t0 = time.perf_counter()
+            m = runner.run(it, stop)
+            dt = time.perf_counter() - t0
+            n = stop - it
+            wall = wall_offset + process_uptime()
+            sps = n * config.batch_size * seeds / max(dt, 1e-9)
+            rows = []
+            for j in range(n):
+                for s in range(seeds):
+                    row = {k: float(m[k][s, j] if seeds > 1 else m[k][j]) for k in keys}
+                    row.update(iteration=it + j + 1, wall_time=wall, sps=sps)
+                    if seeds > 1:
+                        row["seed"] = s
+                    bad = [k for k in HEALTH_KEYS if not math.isfinite(row[k])]
+                    if bad:
+                        if folder is not None:
+                            folder.write_rows(rows)
+                        raise TrainingDivergedError(
+                            f"training diverged at iteration {it + j + 1}"
+                            + (f" (seed {s})" if seeds > 1 else "")
+                            + f": {', '.join(bad)} became NaN/inf. Last finite metrics: "
+                            f"{_short(last_finite)}. Metrics so far are kept"
+                            + (f" in {folder.path / 'metrics.jsonl'}" if folder else "")
+                            + ". Try a lower lr, a smaller max_grad_norm, or "
+                            "normalize_observations=true / normalize_rewards=true.",
+                            it + j + 1,
+                            last_finite,
+                        )
+                    last_finite = row
+                    rows.append(row)
+            for k in keys:
+                history[k].append(np.asarray(m[k]))
+            for k, v in (("iteration", np.arange(it + 1, stop + 1)),
+                         ("wall_time", np.full(n, wall)), ("sps", np.full(n, sps))):
+                history[k].append(np.broadcast_to(v, (seeds, n)) if seeds > 1 else v)
+            if folder is not None:
+                folder.write_rows(rows)
+            it = stop
+            if folder is not None and config.checkpoint_every and it % config.checkpoint_every == 0:
+                save(it)
+                saved_at = it
+            if callback is not None:
+                callback(rows)
+            reporter.update(it, rows, sps)
+        if folder is not None and saved_at != it:
+            save(it)
+    finally:
+        reporter.close()
+    train_seconds = time.perf_counter() - t_train
+
+    metrics = {k: np.concatenate(v, axis=-1) for k, v in history.items() if v}
+    algo = runner.algorithm
+    state = runner.final_state()
+    nd = runner.num_devices
+    params = jax.tree.map(lambda x: x[0], state.params) if nd > 1 else state.params
+    return TrainResult(
+        config=config, params=params, state=state, num_devices=nd, hosts=runner.hosts,
+        metrics=metrics, run_dir=folder.path if folder else None,
+        compile_seconds=runner.compile_seconds, train_seconds=train_seconds, _algorithm=algo,
+        _policy_fn=jax.jit(algo.act, static_argnames=("deterministic",)),
+        _value_fn=jax.jit(algo.value), iterations_done=it, completed=it >= n_iter,
+        resumed_from=start_iter if resumed else None,
+        host_failures=list(getattr(runner, "host_failures", [])),
+    )
+
+
+def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
+    """Metric arrays of earlier rows (a resumed run's past), as the first entry of each list."""
+    history: dict[str, list] = {k: [] for k in keys + ("iteration", "wall_time", "sps")}
+    if not rows:
+        return history
+    by_seed = [[r for r in rows if r.get("seed", 0) == s] for s in range(seeds)]
+    n = min(len(b) for b in by_seed)
+    for k in history:
+        arr = np.asarray([[np.nan if r.get(k) is None else r[k] for r in b[:n]] for b in by_seed],
+                         np.float64)
+        if k == "iteration":
+            arr = arr.astype(np.int64)
+        elif k in ("env_steps", "episodes"):  # the dtypes the compiled program returns
+            arr = arr.astype(np.int32)
+        elif k in METRIC_KEYS or k in EVAL_METRIC_KEYS:
+            arr = arr.astype(np.float32)
+        history[k].append(arr if seeds > 1 else arr[0])
+    return history
+
+
+def _short(row: dict | None) -> str:
+    if not row:
+        return "none (it failed in the first iteration)"
+    keys = ("iteration", "episode_return_mean", "policy_loss", "value_loss", "grad_norm", "kl")
+    return ", ".join(f"{k}={row[k]:.4g}" for k in keys if k in row)
+
+
+class _Reporter:
+    """Progress between chunks: a rich bar on a terminal, a plain line otherwise; both show
+    the recent return, steps/s, the ETA and the last evaluation."""
+
+    def __init__(self, config: PPOConfig, n_iter: int, progress: bool | None, start: int = 0,
+                 label: str | None = None):
+        self.n_iter = n_iter
+        self.start = start
+        self.config = config
+        self.label = label or config.env_name
+        self.interactive = sys.stderr.isatty() if progress is None else progress
+        self.quiet = progress is False
+        self.last_return = float("nan")
+        self.last_eval = "-"
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if self.interactive and not self.quiet:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            columns = [
+                TextColumn(f"[bold]{self.label}[/]"), BarColumn(bar_width=16),
+                MofNCompleteColumn(), TextColumn("return {task.fields[ret]}"),
+                TextColumn("{task.fields[sps]} steps/s"),
+            ]
+            if config.eval_every:
+                columns.append(TextColumn("eval {task.fields[eval]}"))
+            columns += [TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+            self.bar = Progress(*columns)
+            self.task = self.bar.add_task("train", total=n_iter, completed=start, ret="   -  ",
+                                          sps="-", eval="-")
+            self.bar.start()
+
+    def update(self, done_iters: int, rows: list[dict], sps: float):
+        rets = [r["episode_return_mean"] for r in rows if math.isfinite(r["episode_return_mean"])]
+        if rets:
+            self.last_return = float(np.mean(rets[-max(1, self.config.num_seeds) * 10:]))
+        evals = [r for r in rows if math.isfinite(r.get("eval_return_mean", float("nan")))]
+        if evals:
+            last = evals[-1]["iteration"]
+            vals = [r["eval_return_mean"] for r in evals if r["iteration"] == last]
+            self.last_eval = f"{np.mean(vals):.1f}@{last}"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done_iters, ret=f"{self.last_return:.1f}",
+                            sps=f"{sps:,.0f}", eval=self.last_eval)
+        elif not self.quiet:
+            steps = done_iters * self.config.batch_size
+            elapsed = time.perf_counter() - self.t0
+            eta = elapsed / max(done_iters - self.start, 1) * (self.n_iter - done_iters)
+            ev = f"  eval {self.last_eval}" if self.config.eval_every else ""
+            print(f"[{self.label}] iter {done_iters}/{self.n_iter}  "
+                  f"steps {steps:,}  return {self.last_return:.1f}{ev}  {sps:,.0f} steps/s  "
+                  f"ETA {eta:.0f}s", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def open_folder(run_dir: str | Path | None, config: PPOConfig, resume_iteration: int | None):
+    from jaxppo.rundir import RunFolder
+
+    return None if run_dir is None else RunFolder(run_dir, config, resume_iteration=resume_iteration)
