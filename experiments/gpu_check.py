@@ -93,9 +93,11 @@ def main() -> int:
             out["train"].append(train_sps(env, n, steps, iters, 1))
             print(json.dumps(out["train"][-1]), flush=True)
     ndev = jax.local_device_count()
-    if ndev > 1:
-        out["train"].append(train_sps("CartPole-v1", big[0] * ndev, 16 if args.quick else 64, iters, ndev))
-        print(json.dumps(out["train"][-1]), flush=True)
+    if ndev > 1:  # one process over every local GPU, both ways of combining the shards
+        for sync in ("gradients", "batch"):
+            out["train"].append({**train_sps("CartPole-v1", big[0] * ndev, 16 if args.quick else 64,
+                                             iters, ndev, sync=sync), "sync": sync})
+            print(json.dumps(out["train"][-1]), flush=True)
     else:
         out["pmap_note"] = "one local device: pmap over all local GPUs is the single-device run"
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -24,8 +24,8 @@ from jaxppo.config import PPOConfig
 from jaxppo.envs import EnvSpec, env_action, flatten_obs, make_env
 from jaxppo.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS, eval_max_steps, run_episodes
 from jaxppo.gae import compute_gae
-from jaxppo.losses import (Minibatch, map_samples, ppo_loss_terms, unstack_shared_log_std,
-                           update_kl_coeff)
+from jaxppo.losses import (Minibatch, map_samples, ppo_loss_terms, shares_log_std,
+                           unstack_shared_log_std, update_kl_coeff)
 from jaxppo.networks import DistParams
 from jaxppo.running_stats import RunningStats, normalize
 
@@ -315,14 +315,72 @@ class Algorithm:
 
     # ------------------------------------------------------------------ one iteration
     def iteration(self, state: TrainState, hp: HyperParams):
-        """Rollout, GAE, learn, adapt. Returns (new_state, metrics dict of scalars)."""
-        cfg = self.config
+        """Rollout, GAE, learn, adapt. Returns (new_state, metrics dict of scalars).
+
+        Split over shards (devices or hosts), `config.sync` says how they combine: with
+        "gradients" each shard keeps its part of the batch and every minibatch's gradient is
+        all-reduced; with "batch" the rollouts are all-gathered once and every shard runs the
+        whole update on the whole batch (the same update, so params stay identical).
+        """
         start_steps = state.env_steps
+        obs_stats_acting = state.obs_stats
+        state, traj = self.rollout(state, hp)
+        if self.config.sync == "batch" and self.axis_name is not None:
+            traj, env_ids = self.gather_envs(traj, state.env_ids)
+            return self._whole_batch().update(state, traj, env_ids, hp, start_steps, obs_stats_acting)
+        return self.update(state, traj, state.env_ids, hp, start_steps, obs_stats_acting)
+
+    def _whole_batch(self) -> "Algorithm":
+        """This algorithm seen as one shard holding every env (for sync="batch")."""
+        import copy
+
+        whole = copy.copy(self)
+        whole.axis_name, whole.num_devices, whole.local_envs = None, 1, self.config.num_envs
+        return whole
+
+    def env_axes(self, traj: Transition) -> Transition:
+        """The env axis of every leaf of a rollout (-1: the same for every env, e.g. a
+        state-independent log std)."""
+        axes = jax.tree.map(lambda _: 1, traj)
+        if shares_log_std(traj.dist):
+            axes = axes._replace(dist=axes.dist._replace(log_std=-1))
+        return axes
+
+    def gather_envs(self, traj: Transition, env_ids: jax.Array):
+        """(rollout [T, num_envs, ...], env ids [num_envs]) of every shard, in global env order,
+        through one all-gather: every leaf travels as float32 columns of one array [E, F]
+        (exact for the bools, small ints and floats a rollout holds)."""
+        tree = (traj, env_ids)
+        leaves, treedef = jax.tree.flatten(tree)
+        axes = jax.tree.leaves((self.env_axes(traj), 0))
+        cols, layout = [], []
+        for x, ax in zip(leaves, axes):
+            if ax < 0:
+                layout.append(None)
+                continue
+            y = jnp.moveaxis(x, ax, 0)
+            cols.append(y.reshape((y.shape[0], -1)).astype(jnp.float32))
+            layout.append((ax, y.shape[1:], x.dtype))
+        gathered = jax.lax.all_gather(jnp.concatenate(cols, axis=1), self.axis_name, tiled=True)
+        out, i = [], 0
+        for x, lay in zip(leaves, layout):
+            if lay is None:
+                out.append(x)
+                continue
+            ax, shape, dtype = lay
+            n = int(np.prod(shape))
+            y = gathered[:, i:i + n].reshape((gathered.shape[0],) + shape).astype(dtype)
+            out.append(jnp.moveaxis(y, 0, ax))
+            i += n
+        return jax.tree.unflatten(treedef, out)
+
+    def update(self, state: TrainState, traj: Transition, env_ids: jax.Array, hp: HyperParams,
+               start_steps: jax.Array, obs_stats_acting: RunningStats):
+        """GAE, learn and adapt on a rollout [T, E] (this shard's envs, `env_ids`), acted
+        with `obs_stats_acting`. Returns (new_state, metrics)."""
+        cfg = self.config
         lr = schedule_value(hp.lr_points, start_steps)
         ent_coeff = schedule_value(hp.entropy_points, start_steps)
-        obs_stats_acting = state.obs_stats
-
-        state, traj = self.rollout(state, hp)
         values, next_values = self.values(state.params, obs_stats_acting, traj)
         # One collective for everything the rollout alone determines.
         flat_obs = flatten_obs(traj.obs, self.spec.obs_shape).reshape((-1, self.spec.obs_dim))
@@ -356,7 +414,7 @@ class Algorithm:
 
         rng, k_epochs = jax.random.split(state.rng)
         (params, opt_state), learn = self.learn(
-            state.params, state.opt_state, batch, state.env_ids, k_epochs, hp, lr, ent_coeff,
+            state.params, state.opt_state, batch, env_ids, k_epochs, hp, lr, ent_coeff,
             state.kl_coeff,
         )
         mean_kl = jnp.mean(learn.kl)

@@ -24,6 +24,7 @@ Schedule = Union[float, Sequence[Sequence[float]]]
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
 TORSOS = ("auto", "mlp", "cnn")
 SCHEDULE_KINDS = ("constant", "linear")
+SYNC_KINDS = ("gradients", "batch")
 
 
 class ConfigError(ValueError):
@@ -97,6 +98,11 @@ class PPOConfig:
     transforms: tuple = ()
     # --- devices ---
     num_devices: int | None = None  # local devices to pmap over; None = all of them
+    # How shards (devices, hosts) combine: "gradients" all-reduces every minibatch's gradient
+    # (the update's compute is split); "batch" all-gathers the rollout once per iteration and
+    # every shard runs the whole update (one collective per iteration instead of one per
+    # minibatch: for small networks where collectives are slow, e.g. CPU hosts).
+    sync: str = "gradients"
     # --- run ---
     seed: int = 0
     num_seeds: int = 1
@@ -254,6 +260,10 @@ class PPOConfig:
         for name in ("eval_deterministic", "tensorboard"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+        if self.sync not in SYNC_KINDS:
+            raise ConfigError(
+                f"sync={self.sync!r} is not one of {SYNC_KINDS}: 'gradients' all-reduces each "
+                "minibatch's gradient, 'batch' all-gathers the rollout once per iteration")
         if self.num_devices is not None:
             _check_int(self, "num_devices", 1)
             if self.num_envs % self.num_devices:

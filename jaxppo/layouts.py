@@ -233,17 +233,37 @@ def sharded_shapes(abstract: TrainState, shards: int, seeds: int) -> TrainState:
 
 
 def to_unsharded(state: TrainState, layout: Layout, seeds: int) -> TrainState:
-    """The whole run's state in the unsharded layout (numpy), from the device layout. With
-    several processes this is a collective: every process must call it."""
-    if layout.shards == 1:
-        return jax.tree.map(np.asarray, jax.device_get(state))
+    """The whole run's state in the unsharded layout (numpy), from a single process's
+    device-layout state. (Several processes: `local_part` on each, `join_parts` of them.)"""
     if layout.num_processes > 1:
-        from jax.experimental import multihost_utils
+        raise ValueError("to_unsharded needs every shard in this process; across processes use "
+                         "local_part on each and join_parts")
+    return join_parts([local_part(state, layout)], layout.shards, seeds)
 
-        full = multihost_utils.process_allgather(state, tiled=True)
+
+def local_part(state: TrainState, layout: Layout, replicated: bool = True) -> TrainState:
+    """This process's shards of the state as numpy [local_devices, seeds?, ...], with no
+    collective; the replicated fields are left out (None) unless `replicated`."""
+    host = jax.device_get(state)
+    if layout.shards == 1:
+        host = jax.tree.map(lambda x: np.asarray(x)[None], host)
     else:
-        full = jax.device_get(state)
-    return unshard_state(full, layout.shards, seeds)
+        host = jax.tree.map(np.asarray, host)
+    if not replicated:
+        host = host.replace(**{n: None for n in host.__dataclass_fields__ if n not in PER_ENV_FIELDS})
+    return host
+
+
+def join_parts(parts: list[TrainState], shards: int, seeds: int) -> TrainState:
+    """The unsharded state from every process's `local_part`, in process order (the first
+    with its replicated fields)."""
+    first = parts[0]
+    full = first.replace(**{
+        n: jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *(getattr(p, n) for p in parts))
+        for n in PER_ENV_FIELDS if getattr(first, n) is not None})
+    if shards == 1:
+        return jax.tree.map(lambda x: x[0], full)
+    return unshard_state(full, shards, seeds)
 
 
 def from_unsharded(state: TrainState, template: TrainState, layout: Layout, seeds: int) -> TrainState:
@@ -294,8 +314,12 @@ class ChunkRunner:
         return {k: v[..., :stop - start] for k, v in m.items()}
 
     def snapshot(self) -> TrainState:
-        """The state after the last chunk, unsharded (a collective across hosts)."""
+        """The state after the last chunk, unsharded (one process holding every shard)."""
         return to_unsharded(self.state, self.layout, self.config.num_seeds)
+
+    def local_part(self, replicated: bool = True) -> TrainState:
+        """This process's shards of the state after the last chunk (see `local_part`)."""
+        return local_part(self.state, self.layout, replicated)
 
     def final_state(self) -> Any:
         """The state as the program holds it (device layout), for TrainResult.state."""

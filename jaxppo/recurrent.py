@@ -138,12 +138,18 @@ class RecurrentAlgorithm(Algorithm):
                 f"RecurrentAlgorithm needs network.recurrent_size >= 1, got "
                 f"{config.network.recurrent_size}; use Algorithm for feed-forward policies"
             )
-        if self.local_envs % config.num_minibatches:
+        # The update splits the envs it sees into minibatches: this shard's, or with
+        # sync="batch" all of them.
+        update_envs = config.num_envs if config.sync == "batch" else self.local_envs
+        if update_envs % config.num_minibatches:
+            where = ("the envs" if update_envs == config.num_envs else
+                     f"the envs on each device (num_envs={config.num_envs} / {num_devices} "
+                     f"device(s) = {update_envs})")
             raise ConfigError(
-                f"num_minibatches={config.num_minibatches} must divide the envs on each device "
-                f"(num_envs={config.num_envs} / {num_devices} device(s) = {self.local_envs}): "
-                "recurrent minibatches are whole env sequences; choose num_minibatches from "
-                f"{[d for d in range(1, self.local_envs + 1) if self.local_envs % d == 0]}"
+                f"num_minibatches={config.num_minibatches} must divide {where}: recurrent "
+                "minibatches are whole env sequences; choose num_minibatches from "
+                f"{[d for d in range(1, update_envs + 1) if update_envs % d == 0]}"
+                + ("" if update_envs == config.num_envs else ", or sync='batch'")
             )
         self.network = make_recurrent_network(config, self.spec)
         self.recurrent_size = config.network.recurrent_size
@@ -215,6 +221,9 @@ class RecurrentAlgorithm(Algorithm):
         return state.replace(rng=rng), traj
 
     # ------------------------------------------------------------------ pieces of an iteration
+    def env_axes(self, traj: RecurrentTransition) -> RecurrentTransition:
+        return super().env_axes(traj)._replace(hidden0=0)
+
     def values(self, params, obs_stats, traj: RecurrentTransition):
         """V(s_t) [T, E] by replaying the GRU; V(s'_t) [T, E] of the pre-reset successor from
         the carry after step t (before any reset), in one batched pass."""

@@ -29,6 +29,16 @@ EQUIVALENCE_STATE_STD = EQUIVALENCE.replace(
     network=jaxppo.NetworkConfig((16, 16), state_dependent_std=True, log_std_init=-0.5))
 
 
+# sync="batch": the rollouts are all-gathered once and every device runs the whole update.
+# A state-independent std (one log std for every env, not gathered) and a GRU with a reward
+# hook (the GRU's start carry has its env axis first).
+EQUIVALENCE_BATCH = EQUIVALENCE.replace(
+    env="Pendulum-v1", env_kwargs={"max_steps_in_episode": 10}, sync="batch")
+EQUIVALENCE_BATCH_GRU = EQUIVALENCE.replace(
+    env="MemoryChain-bsuite", network=jaxppo.NetworkConfig((16,), recurrent_size=8),
+    transforms=[{"count_bonus": {"scale": 0.1}}], sync="batch")
+
+
 def one_iteration_equivalence(cfg=EQUIVALENCE):
     spec = make_env(cfg)
     hp = HyperParams.from_config(cfg)
@@ -77,5 +87,7 @@ if __name__ == "__main__":
     which = sys.argv[1]
     fn = {"equivalence": one_iteration_equivalence,
           "equivalence-state-std": lambda: one_iteration_equivalence(EQUIVALENCE_STATE_STD),
+          "equivalence-batch": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH),
+          "equivalence-batch-gru": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH_GRU),
           "learn": learns_on_two_devices}[which]
     print("RESULT " + json.dumps(fn()))

@@ -18,7 +18,8 @@ def _run(which: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-@pytest.mark.parametrize("which", ["equivalence", "equivalence-state-std"])
+@pytest.mark.parametrize("which", ["equivalence", "equivalence-state-std", "equivalence-batch",
+                                   "equivalence-batch-gru"])
 def test_one_iteration_on_four_devices_equals_one_device(which):
     r = _run(which)
     assert r["replicated_after_iteration"]

@@ -139,6 +139,15 @@ def test_recurrent_policy_and_reward_hook_on_hosts(cluster, compile_cache_dir):
     _assert_same_run(multi, jaxppo.train(cfg, progress=False))
 
 
+def test_batch_sync_on_hosts(cluster, compile_cache_dir):
+    """sync="batch": the rollouts are all-gathered once per iteration and every host runs
+    the whole update; the same numbers as one process."""
+    cfg = tiny(compile_cache_dir, sync="batch", normalize_observations=True,
+               normalize_rewards=True, total_timesteps=4 * 16 * 3)
+    multi = train_distributed(cfg, hosts=2, progress=False)
+    _assert_same_run(multi, jaxppo.train(cfg, progress=False))
+
+
 def test_two_devices_per_host(cluster, compile_cache_dir):
     """2 hosts x 2 (forced CPU) devices each x 2 envs == one device with 8 envs."""
     cfg = tiny(compile_cache_dir, num_envs=8, normalize_observations=True,
@@ -152,11 +161,13 @@ def test_two_devices_per_host(cluster, compile_cache_dir):
 
 # ---------------------------------------------------------------------- failures
 @pytest.mark.slow
+@pytest.mark.parametrize("snapshot_every_s", [0.0, 1e9], ids=["every-chunk", "initial-only"])
 def test_killed_host_process_is_restarted_and_no_iteration_is_lost(
-        two_host_run, tmp_path, caplog):
-    """SIGKILL one learner's process after iteration 2: the group restarts from the state
-    after iteration 2, metrics.jsonl has every iteration once, and the run ends exactly as
-    an uninterrupted one."""
+        two_host_run, tmp_path, caplog, snapshot_every_s):
+    """SIGKILL one learner's process after iteration 2: the group restarts from the newest
+    snapshot (after iteration 2; or the initial state, when snapshots are rare, replaying
+    iterations 1-2), metrics.jsonl has every iteration once, and the run ends exactly as an
+    uninterrupted one."""
     from ray.util.state import list_actors
 
     killed = []
@@ -171,11 +182,13 @@ def test_killed_host_process_is_restarted_and_no_iteration_is_lost(
 
     with caplog.at_level(logging.WARNING, logger="jaxppo.distributed"):
         result = train_distributed(two_host_run.cfg, hosts=2, run_dir=tmp_path / "run",
-                                   progress=False, plot=False, callback=kill_a_learner)
+                                   progress=False, plot=False, callback=kill_a_learner,
+                                   snapshot_every_s=snapshot_every_s)
     assert killed
     assert len(result.host_failures) == 1 and result.host_failures[0]["iteration"] == 3
-    assert any("restarting the group from the state after iteration 2" in r.getMessage()
-               for r in caplog.records)
+    since = 2 if snapshot_every_s == 0 else 0
+    assert any(f"restarting the group from the state after iteration {since} " in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
     _assert_same_run(result, two_host_run.single)
 
@@ -421,3 +434,35 @@ def test_cartpole_learns_on_two_hosts(cluster, compile_cache_dir, tmp_path):
     assert ret[0] < 40, ret[:3]
     assert np.nanmean(ret[-5:]) > 120, ret
     assert [r["iteration"] for r in _rows(tmp_path)] == list(range(1, 31))
+
+
+@pytest.mark.slow
+def test_lost_node_continues_on_fewer_hosts_with_min_hosts(cluster, compile_cache_dir, tmp_path,
+                                                           caplog):
+    """A whole worker node goes away mid-run: with min_hosts=1 the run goes on with one host
+    (all envs on it) from the last snapshot, every iteration once, same numbers."""
+    cfg = tiny(compile_cache_dir, total_timesteps=4 * 16 * 6, log_every=2,
+               normalize_observations=True)
+    worker = next(iter(cluster.cluster.worker_nodes))
+    removed = []
+
+    def remove_worker(rows):
+        if rows[-1]["iteration"] == 2 and not removed:
+            cluster.cluster.remove_node(worker)
+            removed.append(worker)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="jaxppo.distributed"):
+            result = train_distributed(cfg, hosts=2, min_hosts=1, run_dir=tmp_path / "run",
+                                       progress=False, plot=False, callback=remove_worker)
+    finally:
+        if removed:  # give the module's cluster its second node back
+            with _quiet_fork_warning():
+                cluster.cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1",
+                                         object_store_memory=100 * 1024 * 1024)
+            cluster.cluster.wait_for_nodes()
+    assert removed and result.host_failures
+    assert result.hosts == 1
+    assert any("continuing on 1 host(s) instead of 2" in r.getMessage() for r in caplog.records)
+    assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+    _assert_same_run(result, jaxppo.train(cfg, progress=False))

@@ -89,7 +89,7 @@ class HostGroup:
                  placement_timeout_s: float = 60.0, init_timeout_s: int = 60,
                  coordinator_port: int = 0, max_restarts: int = 8,
                  pin_cpus: list[list[int]] | None = None,
-                 learner_env: dict[str, str] | None = None):
+                 learner_env: dict[str, str] | None = None, snapshot_every_s: float = 0.0):
         from jaxppo.envs import make_env
         from jaxppo.recurrent import algorithm_class
 
@@ -110,8 +110,12 @@ class HostGroup:
         self.pin_cpus = pin_cpus
         self.learner_env = dict(learner_env or {})
         self.algorithm = algorithm_class(config)(config, make_env(config))
+        self.snapshot_every_s = snapshot_every_s
         self.snapshot_state = restored
-        self.snapshot_iter = start_iter
+        # The run's iteration (what the loop has), the newest snapshot's, and where the
+        # learners' state is (behind the run's after a restart, until replayed).
+        self.snapshot_iter = self.iteration = self.learners_at = start_iter
+        self.snapshot_time = time.monotonic()
         self.host_failures: list[dict] = []
         self.learners: list[Any] = []
         self.host_info: list[dict] = []
@@ -122,26 +126,55 @@ class HostGroup:
 
     # -------------------------------------------------------------- runner interface
     def run(self, start: int, stop: int) -> dict:
-        if start != self.snapshot_iter:
-            raise RuntimeError(f"chunk from {start}, but the group's state is at {self.snapshot_iter}")
+        if start != self.iteration:
+            raise RuntimeError(f"chunk from {start}, but the group is at iteration {self.iteration}")
         while True:
             try:
-                out = self._call_all("run", start, stop, True)
-                metrics, state = out[0]
-                self.snapshot_state, self.snapshot_iter = state, stop
-                return metrics
+                if self.learners_at < start:  # restarted: redo what the loop already logged
+                    self._replay(start)
+                take = time.monotonic() - self.snapshot_time >= self.snapshot_every_s
+                out = self._call_all("run", start, stop, take)
+                self.iteration = self.learners_at = stop
+                if take:
+                    self._keep([part for _, part in out])
+                return out[0][0]
             except HostLost as e:
-                self._recover(e, start)
+                self._recover(e)
 
     def snapshot(self):
+        """The unsharded state after the last chunk (taken now if the newest is older)."""
+        while self.snapshot_iter != self.iteration:
+            try:
+                if self.learners_at < self.iteration:
+                    self._replay(self.iteration)
+                self._keep(self._call_all("snapshot"))
+            except HostLost as e:
+                self._recover(e)
         return self.snapshot_state
+
+    def _keep(self, parts) -> None:
+        """Keep the unsharded state joined from every host's part."""
+        from jaxppo.layouts import join_parts
+
+        state = join_parts(parts, self.num_devices, self.config.num_seeds)
+        self.snapshot_state, self.snapshot_iter = state, self.iteration
+        self.snapshot_time = time.monotonic()
+
+    def _replay(self, until: int) -> None:
+        """Run the learners from the snapshot's iteration to `until`, dropping the metrics
+        (the loop has them): the same numbers again, since the state and keys are."""
+        while self.learners_at < until:
+            nxt = min(until, self.learners_at + self.chunk_len)
+            self._call_all("run", self.learners_at, nxt, False)
+            self.learners_at = nxt
 
     def final_state(self):
         from jaxppo.layouts import shard_state
 
+        state = self.snapshot()
         if self.num_devices > 1:
-            return shard_state(self.snapshot_state, self.num_devices, self.config.num_seeds)
-        return self.snapshot_state
+            return shard_state(state, self.num_devices, self.config.num_seeds)
+        return state
 
     def close(self) -> None:
         self._teardown()
@@ -218,6 +251,7 @@ class HostGroup:
         seconds = self._get([a.start.remote(self.snapshot_state, self.chunk_len) for a in self.learners],
                             None, "compiling the program")
         self.host_compile_seconds = seconds
+        self.learners_at = self.snapshot_iter
 
     def _check_versions(self) -> None:
         mine = versions()
@@ -270,8 +304,8 @@ class HostGroup:
             raise _task_error(failed, f"running {method}")
         return ray.get(refs)
 
-    def _recover(self, error: HostLost, start: int) -> None:
-        iteration = start + 1
+    def _recover(self, error: HostLost) -> None:
+        start, iteration = self.snapshot_iter, self.iteration + 1
         for k, reason in error.dead:
             self.host_failures.append({"host": k, "iteration": iteration, "reason": reason})
         self._teardown()
@@ -288,8 +322,9 @@ class HostGroup:
             _, fits = self._fitting_nodes()
             hosts = self._hosts_for(len(fits) if self.strategy == "STRICT_SPREAD" else self.requested)
             if not announced:
-                logger.warning("lost %s; restarting the group from the state after iteration %d, "
-                               "redoing from iteration %d", error, start, iteration)
+                logger.warning("lost %s; restarting the group from the state after iteration %d "
+                               "(redoing iterations %d-%d)", error, start, start + 1,
+                               self.iteration)
                 announced = True
             try:
                 self._launch(hosts, placement_timeout_s=min(20.0, self.placement_timeout_s))

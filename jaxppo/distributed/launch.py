@@ -35,6 +35,7 @@ def train_distributed(
     max_restarts: int = 8,
     pin_cpus: list[list[int]] | None = None,
     learner_env: dict[str, str] | None = None,
+    snapshot_every_s: float = 0.0,
 ):
     """Train PPO on `hosts` Ray nodes (one learner process each) as one SPMD program.
 
@@ -50,6 +51,10 @@ def train_distributed(
     coordinator_port: jax.distributed's coordinator port on host 0's node (0: a free one).
     pin_cpus: per host, the CPUs to pin its process to (benchmarks).
     learner_env: environment variables for the learner processes (e.g. XLA_FLAGS).
+    snapshot_every_s: how often the driver takes the state from the hosts to restart from
+    after a host failure: after every chunk when 0 (the default: at most one chunk is redone),
+    else after the first chunk that ends this many seconds after the previous snapshot
+    (large states: fewer transfers, more iterations redone).
     Raises HostsConfigError/ConfigError for a bad config, CheckpointError for a run folder that
     cannot be resumed, ClusterUnreachableError, NotEnoughNodesError, DistributedError, and
     TrainingDivergedError on NaN/inf; nothing is started or written before the checks pass.
@@ -77,7 +82,8 @@ def train_distributed(
                           start_iter=start_iter, min_hosts=min_hosts, strategy=strategy,
                           gpus_per_host=gpus_per_host, placement_timeout_s=placement_timeout_s,
                           init_timeout_s=init_timeout_s, coordinator_port=coordinator_port,
-                          max_restarts=max_restarts, pin_cpus=pin_cpus, learner_env=learner_env)
+                          max_restarts=max_restarts, pin_cpus=pin_cpus, learner_env=learner_env,
+                          snapshot_every_s=snapshot_every_s)
         group.start()
         if progress is not False:
             import sys
