@@ -62,7 +62,7 @@ RAY_PORT      ?= 6379
 RAY_DASHBOARD ?= 8265
 RAY_WORKERS   ?= 2
 NPROC         := $(shell nproc 2>/dev/null || echo 1)
-RAY_LOOPBACK  := RAY_USAGE_STATS_ENABLED=0 RAY_worker_niceness=0 $(BIN)/python -m jaxppo.distributed.loopback
+RAY_LOOPBACK  := env RAY_USAGE_STATS_ENABLED=0 RAY_worker_niceness=0 $(BIN)/python -m jaxppo.distributed.loopback
 RAY_NODE_ARGS := --node-ip-address=127.0.0.1 --object-store-memory=200000000 --disable-usage-stats
 RAY_RUNTIME_ENV := {"working_dir": ".", "excludes": [".venv/", "runs/", ".git/", "**/__pycache__/", "*.egg-info/", ".pytest_cache/", ".cache/"]}
 

@@ -247,6 +247,21 @@ def test_no_cluster_at_ray_address(tmp_path):
     assert not (tmp_path / "unreachable").exists()  # nothing left behind
 
 
+def test_dashboard_port_as_address_is_a_clear_error(cluster, tmp_path):
+    """The dashboard's HTTP port given as the cluster address: an error within seconds (Ray
+    itself would wait a minute for a GCS there)."""
+    port = cluster.dashboard.rsplit(":", 1)[1]
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxppo.distributed", "--hosts", "2", "--env", "CartPole-v1",
+         "--defaults", "--address", f"127.0.0.1:{port}", "--runs-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "dashboard (job submission) port" in proc.stderr and "ray job submit" in proc.stderr
+    assert time.perf_counter() - t0 < 30
+    assert not any(tmp_path.iterdir())
+
+
 def test_single_host_training_never_imports_ray():
     code = textwrap.dedent("""
         import sys

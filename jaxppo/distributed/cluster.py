@@ -125,8 +125,8 @@ def connect(address: str | None = None, timeout_s: float = 5.0) -> bool:
             raise ClusterUnreachableError(
                 f"RAY_ADDRESS={address!r} is not of the form host:port (e.g. 127.0.0.1:6379)")
         try:
-            with socket.create_connection(hp, timeout=timeout_s):
-                pass
+            with socket.create_connection(hp, timeout=timeout_s) as sock:
+                http = _speaks_http(sock, timeout_s)
         except OSError as e:
             raise ClusterUnreachableError(
                 f"no Ray cluster reachable at RAY_ADDRESS={address} ({e.__class__.__name__}: "
@@ -134,6 +134,13 @@ def connect(address: str | None = None, timeout_s: float = 5.0) -> bool:
                 "or `ray start --head --node-ip-address=127.0.0.1` on the head node), fix "
                 "RAY_ADDRESS, or unset it to train on a local single-node Ray instance"
             ) from None
+        if http:  # ray.init would wait about a minute for a GCS there
+            raise ClusterUnreachableError(
+                f"RAY_ADDRESS={address} answers HTTP: it is the dashboard (job submission) "
+                "port, not the cluster's GCS port. Use the GCS address, e.g. "
+                f"{hp[0]}:6379 (`ray start --head --port=...`), or submit the run as a job: "
+                f"`ray job submit --address http://{hp[0]}:{hp[1]} -- python -m "
+                "jaxppo.distributed ...`")
     try:
         with keep_loopback(address), _quiet_fork_warning():
             ray.init(address=address, **quiet)
@@ -143,6 +150,17 @@ def connect(address: str | None = None, timeout_s: float = 5.0) -> bool:
             "`make ray-cluster` (or `ray start --head`), or unset RAY_ADDRESS"
         ) from None
     return True
+
+
+def _speaks_http(sock: socket.socket, timeout_s: float) -> bool:
+    """True when the server behind `sock` answers an HTTP/1 request (Ray's dashboard does;
+    its GCS speaks gRPC, HTTP/2, and answers with binary frames or not at all)."""
+    try:
+        sock.settimeout(min(timeout_s, 2.0))
+        sock.sendall(b"GET /api/version HTTP/1.0\r\nHost: ray\r\n\r\n")
+        return sock.recv(5) == b"HTTP/"
+    except OSError:
+        return False
 
 
 def _node_summary(nodes) -> str:
