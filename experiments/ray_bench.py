@@ -192,11 +192,24 @@ def all_reduce_times(sizes: list[int]) -> dict:
     return {"startup_16_floats": stats, "ms_by_floats": times}
 
 
+def num_params(cfg: dict) -> int:
+    import jax
+    from jax.flatten_util import ravel_pytree
+
+    from jaxppo import PPOConfig
+    from jaxppo.algorithm import Algorithm, HyperParams
+
+    config = PPOConfig.from_dict(cfg)
+    algo = Algorithm(config)
+    state = jax.eval_shape(algo.init, jax.random.PRNGKey(0), HyperParams.from_config(config))
+    return int(sum(x.size for x in jax.tree.leaves(state.params)))
+
+
 def network_model(num_params: int, minibatch_steps: int) -> dict:
     """Per-iteration all-reduce time on real networks (2 hosts, ring all-reduce: each host
     sends and receives about the payload once per all-reduce, in 2 latency-bound steps)."""
     payload = 4 * (num_params + 7)
-    out = {}
+    out = {"num_params": num_params, "all_reduces_per_iteration": minibatch_steps}
     for gbit in (10, 100):
         for latency_us in (50,):
             per = 2 * latency_us * 1e-6 + payload / (gbit * 1e9 / 8)
@@ -237,8 +250,9 @@ def main() -> int:
               "date": time.strftime("%Y-%m-%d"), "rounds": args.rounds}
     rounds = args.rounds
     jobs = {"collectives": lambda: {s: collectives(CARTPOLE, s) for s in ("gradients", "batch")},
-            "all_reduce": lambda: all_reduce_times([16, 9155 + 7, 100_000, 350_000]),
-            "network_model_cartpole": lambda: network_model(9155, 16)}
+            "all_reduce": lambda: all_reduce_times([16, num_params(CARTPOLE) + 7, 100_000, 350_000]),
+            "network_model_cartpole": lambda: network_model(num_params(CARTPOLE), 16),
+            "network_model_minatar": lambda: network_model(num_params(minatar), 32)}
     for sync in ("gradients", "batch"):
         c = {**cart, "sync": sync}
         jobs[f"same_batch_{sync}"] = lambda c=c, sync=sync: compare(

@@ -177,6 +177,12 @@ class HostGroup:
         return state
 
     def close(self) -> None:
+        """Leave the jax.distributed group in order (a barrier; otherwise the learners that
+        outlive host 0's coordinator log fatal errors), then stop the learners."""
+        try:
+            ray.get([a.leave.remote() for a in self.learners], timeout=10)
+        except Exception:  # a learner already gone: nothing to leave in order
+            pass
         self._teardown()
 
     # -------------------------------------------------------------- starting
@@ -363,7 +369,7 @@ class HostGroup:
             "allow fewer hosts with --min-hosts")
 
     def _teardown(self) -> None:
-        for a in self.learners:
+        for a in reversed(self.learners):  # host 0 (the coordinator) last
             try:
                 ray.kill(a, no_restart=True)
             except Exception:  # already gone

@@ -225,6 +225,12 @@ class HostLearner:
         (params, optimiser, statistics, counters). No collective: the driver joins them."""
         return self.runner.local_part(replicated=self.host_index == 0)
 
+    def leave(self) -> None:
+        """Leave the jax.distributed group (every host calls it together)."""
+        import jax
+
+        jax.distributed.shutdown()
+
     def stats(self) -> dict:
         """For benchmarks: the all-reduce times measured at start (before and after quieting
         gloo's poller), the CPUs this host runs on."""
