@@ -213,6 +213,17 @@ def test_coordinator_port_in_use_is_a_clear_error(cluster):
         assert time.perf_counter() - t0 < 60
 
 
+def test_learners_that_cannot_start_their_backend_are_a_clear_error(cluster, tmp_path):
+    """Learners asked for a platform their node lacks fail while joining: one clear error
+    naming the stage and the cause, within seconds, and no run folder."""
+    t0 = time.perf_counter()
+    with pytest.raises(DistributedError, match=r"while joining the jax.distributed group .*cuda"):
+        train_distributed(tiny(), hosts=2, run_dir=tmp_path / "run", progress=False,
+                          learner_env={"JAX_PLATFORMS": "cuda"})
+    assert time.perf_counter() - t0 < 60
+    assert not (tmp_path / "run").exists()
+
+
 def test_different_versions_on_the_nodes_is_a_clear_error(cluster, monkeypatch):
     import jaxppo.distributed.group as group
 

@@ -188,8 +188,18 @@ class HostLearner:
             # No GPU reserved for this learner: stay off any GPU the node has.
             jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator, num_processes=self.num_hosts,
-                                   process_id=self.host_index, initialization_timeout=timeout_s)
+        try:
+            jax.distributed.initialize(coordinator, num_processes=self.num_hosts,
+                                       process_id=self.host_index,
+                                       initialization_timeout=timeout_s)
+            jax.devices()  # start the backend here, where a failure can be named
+        except Exception as e:  # JAX's own errors here can be a bare AssertionError
+            platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "default"
+            raise RuntimeError(
+                f"host {self.host_index} could not join the group at {coordinator} or start "
+                f"JAX (platforms: {platforms}): {type(e).__name__}: {e or 'no message'}. Check "
+                "that the node's JAX install has that platform (jax[cuda12] for GPUs; "
+                "JAX_PLATFORMS, --gpus-per-host) and that it can reach the coordinator") from None
         self.layout = host_layout(self.config)
         return {"process_index": jax.process_index(), "local_devices": self.layout.local_devices,
                 "devices": [str(d) for d in jax.local_devices()[:self.layout.local_devices]],
