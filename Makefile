@@ -75,6 +75,7 @@ ray-cluster: $(STAMP)
 		taskset -c $$((i % $(NPROC))) $(RAY_LOOPBACK) start --address=127.0.0.1:$(RAY_PORT) \
 			$(RAY_NODE_ARGS) --num-cpus=1 --dashboard-agent-listen-port=0 || exit 1; \
 	done
+	sleep 3  # let the workers register before showing the cluster
 	$(RAY_LOOPBACK) status --address=127.0.0.1:$(RAY_PORT)
 
 # The job runs this venv's python (an absolute path: the job's cwd is an uploaded copy of
