@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxppo
-from jaxppo.algorithm import Algorithm, HyperParams
+from jaxppo.algorithm import HyperParams
 from jaxppo.envs import make_env
 from jaxppo.layouts import Layout, build_program
 

@@ -194,7 +194,6 @@ def all_reduce_times(sizes: list[int]) -> dict:
 
 def num_params(cfg: dict) -> int:
     import jax
-    from jax.flatten_util import ravel_pytree
 
     from jaxppo import PPOConfig
     from jaxppo.algorithm import Algorithm, HyperParams

@@ -52,11 +52,6 @@ class Layout:
     def first_shard(self) -> int:
         return self.process_index * self.local_devices
 
-    def describe(self) -> str:
-        if self.num_processes > 1:
-            return f"{self.num_processes} hosts x {self.local_devices} device(s)"
-        return f"{self.local_devices} device(s)"
-
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]

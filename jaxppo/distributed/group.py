@@ -254,9 +254,8 @@ class HostGroup:
                 f"the hosts have different numbers of devices ({sorted(local)}); every host needs "
                 "the same: set num_devices to the smallest, or use alike nodes")
         self.num_devices = hosts * local.pop()
-        seconds = self._get([a.start.remote(self.snapshot_state, self.chunk_len) for a in self.learners],
-                            None, "compiling the program")
-        self.host_compile_seconds = seconds
+        self._get([a.start.remote(self.snapshot_state, self.chunk_len) for a in self.learners],
+                  None, "compiling the program")
         self.learners_at = self.snapshot_iter
 
     def _check_versions(self) -> None:
