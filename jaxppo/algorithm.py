@@ -489,10 +489,6 @@ class Algorithm:
             jnp.max(jnp.where(done, traj.episode_return, -jnp.inf)),
         ])
 
-    def episode_metrics(self, traj: Transition) -> dict:
-        """Return/length statistics of the episodes that ended in this rollout (all devices)."""
-        return self._episode_metrics(self.all_gather(self._local_episode_stats(traj)))
-
     @staticmethod
     def _episode_metrics(gathered: jax.Array) -> dict:
         """Metrics from every shard's `_local_episode_stats` ([S, 5])."""

@@ -5,9 +5,10 @@ TrainState pytree (params, optimizer state, kl_coeff, normalisation statistics, 
 counters, env state and episode trackers, as numpy arrays in the unsharded layout of
 jaxppo.layouts: every env in global order, with a leading [seeds] axis when num_seeds > 1)
 plus a JSON record (iteration, env steps, devices, hosts, seeds, the run's config and a
-digest of every array). A run saved on any number of devices or hosts resumes on any other. Orbax writes each step into a temporary folder and renames it when
-complete, so a crash while saving leaves the earlier checkpoints as they were; only the
-newest `keep_checkpoints` are kept.
+digest of every array). A run saved on any number of devices or hosts resumes on any other.
+Orbax writes each step into a temporary folder and renames it when complete, so a crash
+while saving leaves the earlier checkpoints as they were; only the newest
+`keep_checkpoints` are kept.
 
 Nothing here deletes or rewrites anything while a run is being checked for resuming: the
 manager is opened read-only until every check has passed.

@@ -78,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     from jaxppo.cli import config_for, report
     from jaxppo.config import ConfigError
     from jaxppo.distributed.cluster import DistributedError
-    from jaxppo.distributed.group import check_hosts
     from jaxppo.distributed.launch import train_distributed
     from jaxppo.rundir import fresh_run_dir
     from jaxppo.train import TrainingDivergedError
@@ -88,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         config, source, run_dir = config_for(args)
-        check_hosts(config, args.hosts, args.min_hosts)
         if not args.resume:
             run_dir = fresh_run_dir(args.runs_dir, args.run_name or
                                     f"{config.env_name}-ray{args.hosts}-{time.strftime('%Y%m%d-%H%M%S')}")

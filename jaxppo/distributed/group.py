@@ -310,27 +310,18 @@ class HostGroup:
         return ray.get(refs)
 
     def _recover(self, error: HostLost) -> None:
-        start, iteration = self.snapshot_iter, self.iteration + 1
-        for k, reason in error.dead:
-            self.host_failures.append({"host": k, "iteration": iteration, "reason": reason})
+        """Start the group again from the newest snapshot, on the nodes Ray has now."""
         self._teardown()
-        if len(self.host_failures) > self.max_restarts:
-            raise DistributedError(
-                f"{len(self.host_failures)} host failures, more than max_restarts="
-                f"{self.max_restarts}; giving up. Last: {error}. Check the nodes (`ray status`) "
-                "and the learners' logs (`ray logs`, the dashboard)")
+        self._count_failure(error)
+        logger.warning("lost %s; restarting the group from the state after iteration %d "
+                       "(redoing iterations %d-%d)", error, self.snapshot_iter,
+                       self.snapshot_iter + 1, self.iteration)
         # A lost node stays "alive" in Ray's view until its health checks time out (~15 s):
         # placing on it times out, and the next count no longer has it.
         deadline = time.monotonic() + max(self.placement_timeout_s, 60.0)
-        announced = False
         while True:
             _, fits = self._fitting_nodes()
             hosts = self._hosts_for(len(fits) if self.strategy == "STRICT_SPREAD" else self.requested)
-            if not announced:
-                logger.warning("lost %s; restarting the group from the state after iteration %d "
-                               "(redoing iterations %d-%d)", error, start, start + 1,
-                               self.iteration)
-                announced = True
             try:
                 self._launch(hosts, placement_timeout_s=min(20.0, self.placement_timeout_s))
             except NotEnoughNodesError:
@@ -341,12 +332,7 @@ class HostGroup:
                 continue
             except HostLost as again:  # lost another while starting: count it, try again
                 self._teardown()
-                for k, reason in again.dead:
-                    self.host_failures.append({"host": k, "iteration": iteration, "reason": reason})
-                if len(self.host_failures) > self.max_restarts:
-                    raise DistributedError(
-                        f"{len(self.host_failures)} host failures while restarting; giving up. "
-                        f"Last: {again}") from None
+                self._count_failure(again)
                 continue
             except BaseException:
                 self._teardown()
@@ -355,6 +341,17 @@ class HostGroup:
                 logger.warning("continuing on %d host(s) instead of %d: %d envs per host",
                                hosts, self.requested, self.config.num_envs // hosts)
             return
+
+    def _count_failure(self, error: HostLost) -> None:
+        """Record the lost hosts; DistributedError past max_restarts."""
+        for k, reason in error.dead:
+            self.host_failures.append({"host": k, "iteration": self.iteration + 1,
+                                       "reason": reason})
+        if len(self.host_failures) > self.max_restarts:
+            raise DistributedError(
+                f"{len(self.host_failures)} host failures, more than max_restarts="
+                f"{self.max_restarts}; giving up. Last: {error}. Check the nodes (`ray status`) "
+                "and the learners' logs (`ray logs`, the dashboard)")
 
     def _hosts_for(self, available: int) -> int:
         """The most hosts (<= requested, <= available, >= min_hosts) that divide num_envs."""
