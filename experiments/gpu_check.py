@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 
 import jaxppo
-from jaxppo.algorithm import HyperParams
 from jaxppo.envs import make_env
-from jaxppo.layouts import Layout, build_program
+from jaxppo.algorithm import HyperParams
+from jaxppo.layouts import build_program
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -52,10 +52,8 @@ def train_sps(env: str, num_envs: int, num_steps: int, iters: int, num_devices: 
     cfg = jaxppo.PPOConfig(env=env, num_envs=num_envs, num_steps=num_steps, num_epochs=4,
                            num_minibatches=4, total_timesteps=num_envs * num_steps * iters * 2,
                            num_devices=num_devices, compilation_cache_dir=None, **overrides)
-    cfg.validate()
-    spec = make_env(cfg)
     hp = HyperParams.from_config(cfg)
-    prog = build_program(cfg, spec, hp, Layout(num_devices), iters)
+    prog = build_program(jaxppo.resolve(cfg, "local"), hp, iters)
     t0 = time.perf_counter()
     state = prog.init(jax.random.PRNGKey(0), hp)
     z, n = jnp.asarray(0, jnp.int32), jnp.asarray(cfg.num_iterations, jnp.int32)

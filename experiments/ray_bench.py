@@ -138,11 +138,10 @@ import jax, jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 import jaxppo
 from jaxppo.algorithm import HyperParams
-from jaxppo.envs import make_env
-from jaxppo.layouts import Layout, build_program
+from jaxppo.layouts import build_program
 cfg = jaxppo.PPOConfig.from_dict(json.loads(sys.argv[1])).replace(num_devices=2, compilation_cache_dir=None)
 hp = HyperParams.from_config(cfg)
-prog = build_program(cfg, make_env(cfg), hp, Layout(2), 1)
+prog = build_program(jaxppo.resolve(cfg, "local"), hp, 1)
 state = prog.init(jax.random.PRNGKey(0), hp)
 z = jnp.asarray(0, jnp.int32)
 text = prog.chunk.lower(state, hp, z, z).compile().as_text()
@@ -174,12 +173,12 @@ def all_reduce_times(sizes: list[int]) -> dict:
     the learners after start-up; plus the start-up measurement before/after SCHED_IDLE."""
     import ray
 
-    from jaxppo import PPOConfig
+    from jaxppo import PPOConfig, resolve
     from jaxppo.algorithm import HyperParams
     from jaxppo.distributed.group import HostGroup
 
     cfg = PPOConfig(**{**CARTPOLE, "num_envs": 8}, compilation_cache_dir=None)
-    group = HostGroup(cfg, HyperParams.from_config(cfg), 2, chunk_len=1,
+    group = HostGroup(resolve(cfg), HyperParams.from_config(cfg), 2, chunk_len=1,
                       pin_cpus=[[0], [1]]).start()
     try:
         stats = ray.get([a.stats.remote() for a in group.learners])
@@ -241,7 +240,7 @@ def main() -> int:
     os.environ.setdefault("RAY_worker_niceness", "0")
     cache = str(ROOT / ".cache" / "ray-bench-xla")
     cart = {**CARTPOLE, "compilation_cache_dir": cache}
-    minatar = PPOConfig.from_file(ROOT / "experiments" / "configs" / "Breakout-MinAtar.yaml").to_dict()
+    minatar = PPOConfig.tuned("Breakout-MinAtar").to_dict()
     minatar.update(total_timesteps=64 * 128 * 12, log_every=6, compilation_cache_dir=cache)
 
     previous = json.loads(Path(args.out).read_text()) if args.only and Path(args.out).exists() else {}

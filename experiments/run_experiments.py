@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "experiments" / "configs"
+CONFIGS = ROOT / "jaxppo" / "configs"  # the tuned configs the package ships
 RESULTS = ROOT / "experiments" / "results"
 RUNS = ROOT / "experiments" / "runs"
 README = ROOT / "README.md"
@@ -177,7 +177,7 @@ def main() -> int:
         envs = args.env or sorted(p.stem for p in CONFIGS.glob("*.yaml"))
         for env in envs:
             if not (CONFIGS / f"{env}.yaml").exists():
-                print(f"error: no config experiments/configs/{env}.yaml", file=sys.stderr)
+                print(f"error: no tuned config jaxppo/configs/{env}.yaml", file=sys.stderr)
                 return 2
             r = run_env(env, args.seeds, args.max_steps)
             print(f"{env}: {r['final_return_mean']:.1f} ± {r['final_return_std']:.1f} "

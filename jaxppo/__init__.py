@@ -1,16 +1,19 @@
 """jaxppo: PPO compiled end to end with JAX.
 
     import jaxppo
-    result = jaxppo.train(jaxppo.PPOConfig(env="CartPole-v1", num_seeds=8))
+    result = jaxppo.train(jaxppo.PPOConfig.tuned("CartPole-v1", num_seeds=8))
 
 Single-host training never imports Ray; `jaxppo.distributed` does, on demand.
 """
 
-from jaxppo.algorithm import HyperParams, TrainState
-from jaxppo.config import ConfigError, NetworkConfig, PPOConfig
-from jaxppo.checkpoint import CheckpointError
+from jaxppo.algorithm import Algorithm, HyperParams, TrainState
+from jaxppo.config import NetworkConfig, PPOConfig, tuned_env_names
+from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError
+from jaxppo.loop import TrainResult
 from jaxppo.policy import Policy, load_policy
-from jaxppo.train import TrainingDivergedError, TrainResult, make_train, train
+from jaxppo.resolve import Resolved, resolve
+from jaxppo.runtime import __version__
+from jaxppo.train import make_train, train
 
 __all__ = [
     "PPOConfig",
@@ -18,6 +21,10 @@ __all__ = [
     "HyperParams",
     "TrainState",
     "TrainResult",
+    "Algorithm",
+    "Resolved",
+    "resolve",
+    "tuned_env_names",
     "ConfigError",
     "TrainingDivergedError",
     "CheckpointError",
@@ -25,5 +32,5 @@ __all__ = [
     "load_policy",
     "train",
     "make_train",
+    "__version__",
 ]
-__version__ = "0.1.0"

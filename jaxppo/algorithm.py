@@ -1,5 +1,12 @@
 """One PPO iteration as a pure, jit-able function: rollout -> GAE -> epochs x minibatches.
 
+One Algorithm for every network. A network is `apply(params, obs, carry, reset) -> (dist,
+value, carry)`: feed-forward ones keep an empty carry; a recurrent one (a GRU core) carries
+its state from step to step in `TrainState.carry`, zeroed where an episode ended. What a
+recurrent network changes is small and local: the rollout records each env's carry at its
+start and the resets, values and the loss replay the network over whole sequences, and a
+minibatch is whole env sequences [T, E/M] instead of num_steps/M steps of every env.
+
 Nothing here touches files, Ray or the CLI. `axis_name` names a pmap axis when the iteration
 runs on several devices (of one host or of many): gradients and every batch statistic are
 reduced over it, so the same global batch gives the same update on 1 device, N devices or H
@@ -21,12 +28,14 @@ from flax import struct
 
 from jaxppo import networks, transforms
 from jaxppo.config import PPOConfig
-from jaxppo.envs import EnvSpec, env_action, flatten_obs, make_env
+from jaxppo.envs import env_action, flatten_obs
+from jaxppo.errors import ConfigError
 from jaxppo.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS, eval_max_steps, run_episodes
 from jaxppo.gae import compute_gae
-from jaxppo.losses import (Minibatch, map_samples, ppo_loss_terms, shares_log_std,
+from jaxppo.losses import (Batch, map_dist, map_samples, ppo_loss_terms, shares_log_std,
                            unstack_shared_log_std, update_kl_coeff)
 from jaxppo.networks import DistParams
+from jaxppo.resolve import Resolved, resolve
 from jaxppo.running_stats import RunningStats, normalize
 
 
@@ -77,8 +86,6 @@ class HyperParams:
         """
         shapes = {tuple(np.shape(h.lr_points)) + tuple(np.shape(h.entropy_points)) for h in items}
         if len(shapes) != 1:
-            from jaxppo.config import ConfigError
-
             raise ConfigError(
                 "HyperParams.stack: lr/entropy schedules have different numbers of points "
                 "across the sweep; use the same schedule form (constant, linear or the same "
@@ -103,6 +110,15 @@ def schedule_value(points: jax.Array, env_steps: jax.Array) -> jax.Array:
 
 
 # ---------------------------------------------------------------------- state
+class PolicyCarry(NamedTuple):
+    """The network's carry for every env ([E, ...]; () for feed-forward) and whether each
+    env's last step ended its episode ([E] bool, None for feed-forward): the carry is zeroed
+    before the step that sees the new episode's first observation."""
+
+    state: Any = ()
+    reset: jax.Array | None = None
+
+
 @struct.dataclass
 class TrainState:
     """Everything that evolves during training (one seed, one device)."""
@@ -121,7 +137,7 @@ class TrainState:
     rng: jax.Array  # identical on every device/host; per-env streams fold in env_ids
     env_steps: jax.Array  # int, global transitions so far (all devices)
     iteration: jax.Array  # int
-    hidden: Any = None  # recurrent policies' carry (jaxppo.recurrent); None for feed-forward
+    carry: PolicyCarry = PolicyCarry()  # the network's carry; holds no arrays for feed-forward
     hook_state: Any = ()  # states of the config's reward hooks (jaxppo.transforms), one each
 
 
@@ -139,6 +155,10 @@ class Transition(NamedTuple):
     truncated: jax.Array
     episode_return: jax.Array  # return of the episode that ended at t (valid where done)
     episode_length: jax.Array
+    # Recurrent networks only (None / () otherwise): the carry was zeroed before step t, and
+    # every env's carry at the rollout's start ([E, ...], no time axis).
+    reset: jax.Array | None = None
+    carry0: Any = ()
 
 
 METRIC_KEYS = (
@@ -167,21 +187,25 @@ def combine_moments(means: jax.Array, variances: jax.Array):
 
 
 class Algorithm:
-    """The compiled pieces of PPO for one config: `init`, `iteration`, `make_train`.
+    """The compiled pieces of PPO for one config: `init`, `iteration`, `chunk`, `make_train`.
 
-    Built once per (static) config; everything tunable comes in as `HyperParams`.
-    `num_devices` is how many shards the envs are split into (1 without pmap); each
-    shard holds `num_envs // num_devices` envs.
+    Built once per resolved config (`jaxppo.resolve`; a PPOConfig is resolved here);
+    everything tunable comes in as `HyperParams`. The envs are split into the layout's
+    `shards` (devices or hosts; `axis_name` names the pmap axis over them), each holding
+    `local_envs = num_envs // shards`.
     """
 
-    def __init__(self, config: PPOConfig, spec: EnvSpec | None = None, num_devices: int = 1,
-                 axis_name: str | None = None):
-        self.config = config
-        self.spec = spec if spec is not None else make_env(config)
-        self.network = networks.make_network(config, self.spec)
-        self.num_devices = num_devices
+    def __init__(self, run: Resolved | PPOConfig, axis_name: str | None = None):
+        if isinstance(run, PPOConfig):
+            run = resolve(run)
+        self.run = run
+        self.config = run.config
+        self.spec = run.spec
+        self.network = run.network
+        self.recurrent = run.recurrent
+        self.shards = run.layout.shards
+        self.local_envs = run.local_envs
         self.axis_name = axis_name
-        self.local_envs = config.num_envs // num_devices
         self.discrete = self.spec.discrete
 
     # ------------------------------------------------------------------ optimiser
@@ -208,6 +232,8 @@ class Algorithm:
         obs_stats = RunningStats.create((spec.obs_dim,))
         if self.config.normalize_observations:
             obs_stats = self._merge_stats(obs_stats, flat)
+        E = self.local_envs
+        carry = PolicyCarry(self.initial_carry((E,)), jnp.ones((E,), bool) if self.recurrent else None)
         return TrainState(
             params=params,
             opt_state=opt_state,
@@ -223,6 +249,7 @@ class Algorithm:
             rng=key,
             env_steps=jnp.asarray(0, jnp.int32),
             iteration=jnp.asarray(0, jnp.int32),
+            carry=carry,
             hook_state=self.init_reward_hooks(),
         )
 
@@ -233,10 +260,10 @@ class Algorithm:
 
     def _merge_gathered(self, stats: RunningStats, gathered, n_local: int) -> RunningStats:
         """Merge the all-gathered shard moments ([S, ...] mean and variance) into stats."""
-        return stats.merge(*combine_moments(*gathered), n_local * self.num_devices)
+        return stats.merge(*combine_moments(*gathered), n_local * self.shards)
 
     def all_gather(self, tree):
-        """Every shard's value of `tree`, with a leading [num_devices] axis, in one collective:
+        """Every shard's value of `tree`, with a leading [shards] axis, in one collective:
         the leaves travel together as one flat vector. Without an axis: [1, ...]."""
         if self.axis_name is None:
             return jax.tree.map(lambda x: jnp.asarray(x)[None], tree)
@@ -248,14 +275,32 @@ class Algorithm:
         flat = flatten_obs(raw_obs, self.spec.obs_shape)
         return normalize(stats, flat) if self.config.normalize_observations else flat
 
-    def act(self, params, obs_stats, raw_obs, key, deterministic: bool = False):
-        """Actions for raw observations [..., *obs_shape] (env-ready: clipped to bounds)."""
-        dist = self.network.apply(params, self._obs_in(obs_stats, raw_obs), method="policy")
-        a = networks.mode(self.discrete, dist) if deterministic else networks.sample(self.discrete, dist, key)
-        return env_action(self.spec, a)
+    def initial_carry(self, batch_shape: tuple[int, ...] = ()):
+        """The network's carry at the start of an episode ([*batch_shape, ...]; () for a
+        feed-forward network)."""
+        return networks.initial_carry(self.network, batch_shape)
 
-    def value(self, params, obs_stats, raw_obs):
-        return self.network.apply(params, self._obs_in(obs_stats, raw_obs), method="value")
+    def policy_step(self, params, obs_stats, raw_obs, carry, key, deterministic: bool = False):
+        """(actions, new carry) for raw observations [..., *obs_shape] and the carry before
+        them (`initial_carry` at an episode's start). Actions are env-ready (clipped to the
+        bounds); `key` may be None when deterministic (the distribution's mode)."""
+        dist, _, carry = self.network.apply(params, self._obs_in(obs_stats, raw_obs), carry)
+        a = networks.mode(self.discrete, dist) if deterministic else networks.sample(self.discrete, dist, key)
+        return env_action(self.spec, a), carry
+
+    def act(self, params, obs_stats, raw_obs, key, deterministic: bool = False):
+        """Actions for raw observations [..., *obs_shape] of a feed-forward policy (a
+        recurrent one needs its carry: `policy_step`)."""
+        if self.recurrent:
+            raise TypeError(
+                "a recurrent policy needs its carry from step to step: use "
+                "policy_step(params, obs_stats, obs, carry, key) -> (action, carry), starting "
+                "each episode from initial_carry(batch_shape); evaluate() handles this itself")
+        return self.policy_step(params, obs_stats, raw_obs, (), key, deterministic)[0]
+
+    def value(self, params, obs_stats, raw_obs, carry=()):
+        """V(obs) given the carry before it (default: the start of an episode)."""
+        return self.network.apply(params, self._obs_in(obs_stats, raw_obs), carry)[1]
 
     # ------------------------------------------------------------------ rollout
     def step_keys(self, k_step: jax.Array, env_ids: jax.Array):
@@ -299,19 +344,22 @@ class Algorithm:
         return st, tr, done
 
     def rollout(self, state: TrainState, hp: HyperParams):
-        def step(carry, _):
-            st, rng = carry
+        def step(loop, _):
+            st, rng = loop
             rng, k_step = jax.random.split(rng)
             act_keys, env_keys = self.step_keys(k_step, st.env_ids)
-            dist = self.network.apply(st.params, self._obs_in(st.obs_stats, st.last_obs),
-                                      method="policy")
+            obs_in = self._obs_in(st.obs_stats, st.last_obs)
+            dist, _, carry = self.network.apply(st.params, obs_in, st.carry.state, st.carry.reset)
             action, logp = self.sample_actions(dist, act_keys)
-            st, tr, _ = self.step_envs(st, dist, action, logp, env_keys, hp)
-            return (st, rng), tr
+            reset = st.carry.reset
+            st, tr, done = self.step_envs(st, dist, action, logp, env_keys, hp)
+            st = st.replace(carry=PolicyCarry(carry, done if self.recurrent else None))
+            return (st, rng), tr._replace(reset=reset)
 
+        carry0 = state.carry.state
         rng, k_roll = jax.random.split(state.rng)
         (state, _), traj = jax.lax.scan(step, (state, k_roll), None, length=self.config.num_steps)
-        return state.replace(rng=rng), traj
+        return state.replace(rng=rng), traj._replace(carry0=carry0)
 
     # ------------------------------------------------------------------ one iteration
     def iteration(self, state: TrainState, hp: HyperParams):
@@ -335,13 +383,13 @@ class Algorithm:
         import copy
 
         whole = copy.copy(self)
-        whole.axis_name, whole.num_devices, whole.local_envs = None, 1, self.config.num_envs
+        whole.axis_name, whole.shards, whole.local_envs = None, 1, self.config.num_envs
         return whole
 
     def env_axes(self, traj: Transition) -> Transition:
         """The env axis of every leaf of a rollout (-1: the same for every env, e.g. a
         state-independent log std)."""
-        axes = jax.tree.map(lambda _: 1, traj)
+        axes = jax.tree.map(lambda _: 1, traj)._replace(carry0=jax.tree.map(lambda _: 0, traj.carry0))
         if shares_log_std(traj.dist):
             axes = axes._replace(dist=axes.dist._replace(log_std=-1))
         return axes
@@ -381,7 +429,7 @@ class Algorithm:
         cfg = self.config
         lr = schedule_value(hp.lr_points, start_steps)
         ent_coeff = schedule_value(hp.entropy_points, start_steps)
-        values, next_values = self.values(state.params, obs_stats_acting, traj)
+        values, next_values = self.rollout_values(state.params, obs_stats_acting, traj)
         # One collective for everything the rollout alone determines.
         flat_obs = flatten_obs(traj.obs, self.spec.obs_shape).reshape((-1, self.spec.obs_dim))
         local = {"episodes": self._local_episode_stats(traj)}
@@ -460,21 +508,40 @@ class Algorithm:
         return rewards, state.replace(hook_state=hook_state)
 
     # ------------------------------------------------------------------ pieces of an iteration
-    def values(self, params, obs_stats: RunningStats, traj: Transition):
-        """V(s_t) and V(s'_t) [T, E] for every step, in one batched critic pass."""
-        T = traj.reward.shape[0]
+    def rollout_values(self, params, obs_stats: RunningStats, traj: Transition):
+        """V(s_t) and V(s'_t) of the pre-reset successor, [T, E]. Feed-forward: one batched
+        pass over both. Recurrent: V(s_t) by replaying the network over the rollout, and
+        V(s'_t) from the carry after step t (before any reset), in one batched pass."""
         obs_in = self._obs_in(obs_stats, traj.obs)
         final_in = self._obs_in(obs_stats, traj.final_obs)
-        both = self.network.apply(params, jnp.concatenate([obs_in, final_in], axis=0), method="value")
+        if self.recurrent:
+            _, values, carries = self.unroll(params, traj.carry0, obs_in, traj.reset)
+            return values, self.network.apply(params, final_in, carries)[1]
+        T = traj.reward.shape[0]
+        both = self.network.apply(params, jnp.concatenate([obs_in, final_in], axis=0))[1]
         return both[:T], both[T:]
 
-    def make_batch(self, obs_stats, traj: Transition, values, advantages, targets) -> Minibatch:
+    def unroll(self, params, carry0, obs_in, reset):
+        """Replay the network over sequences: obs_in [T, B, obs_dim] (normalised), reset
+        [T, B], carry0 [B, ...]. Returns (dist [T, B, ...] with a shared log_std kept as one
+        vector, values [T, B], the carries after each step [T, B, ...])."""
+
+        def step(carry, xs):
+            obs, r = xs
+            dist, value, carry = self.network.apply(params, obs, carry, r)
+            return carry, (dist, value, carry)
+
+        _, (dist, values, carries) = jax.lax.scan(step, carry0, (obs_in, reset))
+        return unstack_shared_log_std(dist), values, carries
+
+    def make_batch(self, obs_stats, traj: Transition, values, advantages, targets) -> Batch:
         """The iteration's batch, time-major [T, E, ...]; a state-independent old log_std
         is kept as one vector [D]."""
-        return Minibatch(
+        return Batch(
             obs=self._obs_in(obs_stats, traj.obs), actions=traj.action,
             old_log_probs=traj.log_prob, old_dist=unstack_shared_log_std(traj.dist),
             old_values=values, advantages=advantages, value_targets=targets,
+            reset=traj.reset, carry0=traj.carry0,
         )
 
     def _local_episode_stats(self, traj: Transition) -> jax.Array:
@@ -505,28 +572,50 @@ class Algorithm:
         }
 
     def minibatch_indices(self, key: jax.Array, env_ids: jax.Array) -> jax.Array:
-        """[M, T/M, E] time indices: each env's T steps shuffled by a key from its global index.
-
-        Minibatch j takes T/M steps of every env, so the global minibatch is the same set of
+        """Each epoch's minibatches, cut so that the global minibatch is the same set of
         transitions however the envs are spread over devices or hosts.
+
+        Feed-forward: [M, T/M, E] time indices; each env's T steps are shuffled by a key
+        from its global index, and minibatch j takes T/M steps of every env.
+        Recurrent: [M, E/M] env columns (whole sequences); minibatch j holds one env of each
+        group of M consecutive global env ids, chosen by a permutation keyed by the group.
         """
         T, M = self.config.num_steps, self.config.num_minibatches
+        if self.recurrent:
+            groups = env_ids.reshape(-1, M)[:, 0] // M  # [E/M] global group ids
+            perms = jax.vmap(lambda g: jax.random.permutation(jax.random.fold_in(key, g), M))(groups)
+            cols = jnp.arange(env_ids.shape[0]).reshape(-1, M)
+            return jnp.take_along_axis(cols, perms, axis=1).T
         perms = jax.vmap(lambda i: jax.random.permutation(jax.random.fold_in(key, i), T))(env_ids)
         return perms.T.reshape(M, T // M, -1)
 
-    def gather_minibatch(self, batch: Minibatch, idx: jax.Array) -> Minibatch:
-        """Minibatch [T/M * E, ...] from a time-major batch and indices idx [T/M, E]."""
+    def gather_minibatch(self, batch: Batch, idx: jax.Array) -> Batch:
+        """One minibatch from the time-major batch: [T/M * E, ...] samples for time indices
+        idx [T/M, E], or the whole sequences [T, E/M, ...] of env columns idx [E/M]."""
+        if self.recurrent:
+            sub = map_samples(lambda x: x[:, idx], batch)
+            return sub._replace(carry0=jax.tree.map(lambda c: c[idx], batch.carry0))
         cols = jnp.arange(idx.shape[1])[None, :]
         return map_samples(lambda x: x[idx, cols].reshape((-1,) + x.shape[2:]), batch)
 
-    def loss_and_grads(self, params, mb: Minibatch, hp: HyperParams, ent_coeff, kl_coeff):
+    def forward(self, params, mb: Batch):
+        """(dist, values [B], samples [B]) of the network on a minibatch; whole sequences are
+        replayed from their carries and resets, then flattened to samples."""
+        if not self.recurrent:
+            dist, values, _ = self.network.apply(params, mb.obs)
+            return dist, values, mb
+        dist, values, _ = self.unroll(params, mb.carry0, mb.obs, mb.reset)
+        merge = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+        return map_dist(merge, dist), values.reshape(-1), map_samples(merge, mb)
+
+    def loss_and_grads(self, params, mb: Batch, hp: HyperParams, ent_coeff, kl_coeff):
         """(grads, LossTerms) of the PPO loss on one (local) minibatch."""
         cfg = self.config
 
         def loss_fn(p):
-            dist, values = self.network.apply(p, mb.obs)
+            dist, values, samples = self.forward(p, mb)
             terms = ppo_loss_terms(
-                self.discrete, dist, values, mb,
+                self.discrete, dist, values, samples,
                 clip_param=hp.clip_param, vf_clip_param=hp.vf_clip_param, vf_coeff=hp.vf_coeff,
                 entropy_coeff=ent_coeff, kl_coeff=kl_coeff, use_kl_loss=cfg.use_kl_loss,
                 use_vf_clip=cfg.vf_clip_param is not None,
@@ -547,7 +636,7 @@ class Algorithm:
         updates, opt_state = self._optimizer(hp).update(flat_grads, opt_state, flat_params)
         return unravel(flat_params - lr * updates), opt_state, grad_norm
 
-    def learn(self, params, opt_state, batch: Minibatch, env_ids, key, hp, lr, ent_coeff, kl_coeff):
+    def learn(self, params, opt_state, batch: Batch, env_ids, key, hp, lr, ent_coeff, kl_coeff):
         """num_epochs x num_minibatches gradient steps; grads averaged over devices."""
         ax = self.axis_name
 
@@ -581,12 +670,19 @@ class Algorithm:
         cfg = self.config
         n = cfg.eval_episodes if num_episodes is None else num_episodes
         det = cfg.eval_deterministic if deterministic is None else deterministic
-        bound = eval_max_steps(cfg, self.spec.env_params) if max_steps is None else max_steps
+        bound = self.eval_bound() if max_steps is None else max_steps
         stats = run_episodes(
-            lambda obs, k: self.act(params, obs_stats, obs, k, deterministic=det),
-            self.spec.env, self.spec.env_params, key, n, bound,
+            lambda obs, k, c: self.policy_step(params, obs_stats, obs, c, k, deterministic=det),
+            self.spec.env, self.spec.env_params, key, n, bound, self.initial_carry((n,)),
         )
         return stats.metrics()
+
+    def eval_bound(self) -> int:
+        """Steps an evaluation episode may last (ConfigError when neither the config nor the
+        env gives a bound)."""
+        if self.run.eval_max_steps is None:
+            eval_max_steps(self.config, self.spec.env_params)  # raises, naming the fix
+        return self.run.eval_max_steps
 
     # ------------------------------------------------------------------ whole runs
     def make_train(self):

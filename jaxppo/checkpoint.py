@@ -28,6 +28,9 @@ import jax
 import numpy as np
 from flax import serialization
 
+from jaxppo.config import PPOConfig
+from jaxppo.errors import CheckpointError, ConfigError
+
 CHECKPOINT_DIR = "checkpoints"
 FORMAT_VERSION = 1
 _ITEMS = ("state", "meta")
@@ -40,11 +43,6 @@ LOCKED_FIELDS = (
     "env", "env_kwargs", "env_params", "num_envs", "num_steps", "num_seeds", "seed",
     "transforms", "network",
 )
-
-
-class CheckpointError(RuntimeError):
-    """A run folder or checkpoint that cannot be resumed or loaded; the message names the
-    path and what to do. Nothing in the run folder was changed."""
 
 
 # ---------------------------------------------------------------------- orbax store
@@ -101,7 +99,7 @@ class CheckpointStore:
         donate them to the next chunk) with `meta`; the write finishes in the background."""
         ocp = self._ocp
         host_state = jax.device_get(state)
-        meta = {**meta, "format": FORMAT_VERSION, "iteration": int(step),
+        meta = {**meta, "format": FORMAT_VERSION, "state_layout": "unsharded", "iteration": int(step),
                 "state_digest": state_digest(host_state)}
         self.manager.save(
             step,
@@ -119,6 +117,12 @@ class CheckpointStore:
                 raise ValueError(f"its record is {str(meta)[:80]!r}, not a jaxppo checkpoint record")
         except Exception as e:  # orbax/tensorstore raise many types for unreadable files
             raise self._unreadable(step, e) from None
+        if meta.get("state_layout") != "unsharded":
+            raise CheckpointError(
+                f"checkpoint {self.step_path(step)} holds the state split over devices, as "
+                "pre-release versions of jaxppo saved it; this version reads only whole "
+                "(unsharded) states. Resume it with the version that wrote it, or start a new "
+                "run. Nothing was changed.")
         return meta
 
     def restore(self, step: int, target=None) -> tuple[Any, dict]:
@@ -256,8 +260,6 @@ def find_latest(run_dir: str | Path) -> tuple[CheckpointStore, int]:
 
 def load_run_config(run_dir: str | Path, meta: dict | None = None):
     """The PPOConfig of a run folder: RUN_DIR/config.yaml, else the checkpoint's record."""
-    from jaxppo.config import ConfigError, PPOConfig
-
     run_dir = Path(run_dir)
     path = run_dir / "config.yaml"
     if path.exists():
@@ -285,8 +287,6 @@ def check_resumable(saved: dict, config, run_dir: str | Path) -> None:
     """ConfigError naming the field, the saved and the new value when `config` changes a
     field the saved state depends on. (The number of devices or hosts may change: the state
     is saved unsharded, see jaxppo.layouts.)"""
-    from jaxppo.config import ConfigError
-
     new = config.to_dict()
     pairs = []
     for name in LOCKED_FIELDS:
@@ -305,14 +305,6 @@ def check_resumable(saved: dict, config, run_dir: str | Path) -> None:
             )
 
 
-def saved_shards(meta: dict) -> int:
-    """The leading device axis of a saved state: 1 for unsharded states (what every run saves
-    now), num_devices for checkpoints written in the device layout by earlier versions."""
-    if meta.get("state_layout") == "unsharded":
-        return 1
-    return int(meta.get("num_devices") or 1)
-
-
 def begin_resume(caller: str, config, run_dir, resume):
     """(config, run_dir, store, step, meta) for `caller(config, run_dir=, resume=)`.
 
@@ -320,8 +312,6 @@ def begin_resume(caller: str, config, run_dir, resume):
     run continues in resume's folder; store and step are its newest checkpoint (the caller
     closes the store) and config, when not given, is the run's own. ConfigError or
     CheckpointError otherwise, with the store closed."""
-    from jaxppo.config import ConfigError
-
     if resume is None:
         if config is None:
             raise ConfigError(f"{caller}(config): a PPOConfig is needed unless resume=RUN_DIR "
@@ -344,8 +334,6 @@ def begin_resume(caller: str, config, run_dir, resume):
 
 def refuse_checkpointed_run_dir(run_dir, resume_command: str) -> None:
     """ConfigError when a fresh run would start in a folder that already holds checkpoints."""
-    from jaxppo.config import ConfigError
-
     if run_dir is not None and checkpoint_dir(run_dir).is_dir() and any(
             checkpoint_dir(run_dir).iterdir()):
         raise ConfigError(
@@ -357,8 +345,6 @@ def refuse_checkpointed_run_dir(run_dir, resume_command: str) -> None:
 def restore_for_resume(store: CheckpointStore, step: int, abstract, config, run_dir):
     """(restored state, iteration it was saved at, wall_time offset) of a checkpoint to
     continue; a checkpoint past the config's last iteration is a ConfigError."""
-    from jaxppo.config import ConfigError
-
     restored, meta = store.restore(step, target=abstract)
     start_iter = int(meta["iteration"])
     n_iter = config.num_iterations

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from jaxppo.errors import ConfigError
+
 # A schedule is a constant, or a piecewise-linear list of [env_step, value] points.
 Schedule = Union[float, Sequence[Sequence[float]]]
 
@@ -27,8 +29,20 @@ SCHEDULE_KINDS = ("constant", "linear")
 SYNC_KINDS = ("gradients", "batch")
 
 
-class ConfigError(ValueError):
-    """An impossible or unknown configuration value; the message names field, value and fix."""
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
+
+# Tuned configs shipped with the package: configs/<env>.yaml.
+TUNED_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def tuned_config_path(env_name: str) -> Path | None:
+    """The packaged tuned config of `env_name`, or None when there is none."""
+    path = TUNED_DIR / f"{env_name}.yaml"
+    return path if path.is_file() else None
+
+
+def tuned_env_names() -> list[str]:
+    return sorted(p.stem for p in TUNED_DIR.glob("*.yaml"))
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,7 @@ class NetworkConfig:
     torso: str = "auto"  # "mlp", "cnn" (image observations), or "auto": cnn for [H, W, C] obs
     conv_channels: tuple[int, ...] = (16,)  # cnn torso: channels of each 3x3 conv layer
     conv_kernel: int = 3
-    recurrent_size: int = 0  # 0 = feed-forward; > 0 = a GRU core of this size (jaxppo.recurrent)
+    recurrent_size: int = 0  # 0 = feed-forward; > 0 = a GRU core of this size
     # continuous actions: the Gaussian's initial log std, and whether the std is a learned
     # vector shared by all states (False) or a head on the actor's features (True)
     log_std_init: float = 0.0
@@ -190,17 +204,21 @@ class PPOConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, base: "PPOConfig | None" = None) -> "PPOConfig":
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config file {str(path)!r} does not exist; check the path")
-        text = path.read_text()
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = load_yaml(text) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
-        return cls.from_dict(data, base)
+        """`base` (default: the defaults) with the fields a YAML or JSON file sets."""
+        return cls.from_dict(read_config_file(path), base)
+
+    @classmethod
+    def tuned(cls, env: str, **overrides) -> "PPOConfig":
+        """The packaged tuned config of `env` (see `tuned_env_names()`), with `overrides`
+        (field=value; `network` takes a mapping of its fields) on top."""
+        path = tuned_config_path(env) if isinstance(env, str) else None
+        if path is None:
+            names = tuned_env_names()
+            raise ConfigError(
+                f"no tuned config for env={env!r}{_did_you_mean(str(env), names)}; tuned "
+                f"configs exist for {', '.join(names)}. For another env start from "
+                f"PPOConfig(env={env!r}, ...)")
+        return cls.from_dict(overrides, cls.from_file(path))
 
     def with_overrides(self, pairs: Sequence[str]) -> "PPOConfig":
         """Apply CLI `key=value` pairs; values are parsed as YAML (numbers, lists, null...)."""
@@ -229,8 +247,6 @@ class PPOConfig:
                 v = {n.name: list(x) if isinstance(x, tuple) else x
                      for n in dataclasses.fields(v) for x in [getattr(v, n.name)]}
             elif f.name == "transforms":
-                from jaxppo.transforms import transforms_to_list
-
                 v = transforms_to_list(v)
             elif f.name == "env":
                 v = self.env_name
@@ -243,7 +259,12 @@ class PPOConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "PPOConfig":
-        """Raise ConfigError for every impossible value; return self so calls chain."""
+        """Raise ConfigError for every impossible field value; return self so calls chain.
+
+        This checks each field on its own. What needs the env, the transforms or the devices
+        (the env name, the network's torso, minibatches over the envs of each device, an
+        evaluation bound) is checked by `jaxppo.resolve(config)`, which every entry point calls.
+        """
         _check_int(self, "num_envs", 1)
         _check_int(self, "num_steps", 1)
         _check_int(self, "total_timesteps", 1)
@@ -266,35 +287,8 @@ class PPOConfig:
                 "minibatch's gradient, 'batch' all-gathers the rollout once per iteration")
         if self.num_devices is not None:
             _check_int(self, "num_devices", 1)
-            if self.num_envs % self.num_devices:
-                raise ConfigError(
-                    f"num_envs={self.num_envs} cannot be split evenly over num_devices="
-                    f"{self.num_devices}; use a num_envs that is a multiple of {self.num_devices} "
-                    f"(e.g. {self.num_devices * max(1, self.num_envs // self.num_devices)}) or "
-                    f"num_devices from {_divisors(self.num_envs)}"
-                )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed={self.seed!r} must be an integer")
-        recurrent = _is_recurrent(self.network)
-        if recurrent and self.num_envs % self.num_minibatches:
-            # Recurrent minibatches are whole env sequences [num_steps, num_envs/num_minibatches].
-            raise ConfigError(
-                f"num_minibatches={self.num_minibatches} does not divide num_envs={self.num_envs}: "
-                f"with network.recurrent_size={self.network.recurrent_size} each minibatch holds "
-                "whole env sequences, so num_envs must be a multiple of num_minibatches; choose "
-                f"num_minibatches from {_divisors(self.num_envs)}"
-            )
-        if not recurrent and self.num_steps % self.num_minibatches:
-            # Each minibatch takes num_steps/num_minibatches steps of every env, which keeps
-            # the global minibatch identical however envs are spread over devices or hosts.
-            divisors = [d for d in range(1, min(self.num_steps, 64) + 1) if self.num_steps % d == 0]
-            raise ConfigError(
-                f"num_minibatches={self.num_minibatches} does not divide the batch of "
-                f"num_envs*num_steps = {self.num_envs}*{self.num_steps} = {self.batch_size} "
-                f"transitions into minibatches of whole rollout steps (num_steps={self.num_steps} "
-                f"must be a multiple of num_minibatches); choose num_minibatches from {divisors} "
-                "or change num_steps"
-            )
         if self.total_timesteps < self.batch_size:
             raise ConfigError(
                 f"total_timesteps={self.total_timesteps} is smaller than one iteration "
@@ -345,26 +339,18 @@ class PPOConfig:
                 "must be positive, e.g. conv_channels=[16], conv_kernel=3"
             )
         _check_std_options(net)
+        v = net.recurrent_size
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ConfigError(
+                f"network.recurrent_size={v!r} must be an integer >= 0 (0 = feed-forward, "
+                "e.g. 64 for a GRU of 64 units)")
         if not isinstance(self.transforms, (list, tuple)):
             raise ConfigError(
                 f"transforms={self.transforms!r} must be a list, e.g. "
                 "[{'frame_stack': {'k': 4}}, {'count_bonus': {'scale': 0.1}}]"
             )
-        if self.transforms:
-            from jaxppo.transforms import resolve_transforms
-
-            resolve_transforms(self.transforms)  # ConfigError for unknown names or arguments
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError(f"env_kwargs={self.env_kwargs!r} must be a mapping of keyword arguments")
-        if isinstance(self.env, str):
-            from jaxppo.envs import check_env_name
-
-            check_env_name(self.env)
-        elif not all(hasattr(self.env, a) for a in ("reset", "step", "action_space", "observation_space")):
-            raise ConfigError(
-                f"env={self.env!r} is neither a registered gymnax name nor an object with the "
-                "gymnax API (reset, step, action_space, observation_space)"
-            )
         return self
 
 
@@ -408,6 +394,18 @@ def _yaml_loader():
     return Loader
 
 
+def read_config_file(path: str | Path) -> dict:
+    """The mapping of field: value a YAML or JSON config file holds."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {str(path)!r} does not exist; check the path")
+    text = path.read_text()
+    data = json.loads(text) if path.suffix == ".json" else load_yaml(text) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
+    return data
+
+
 def load_yaml(text: str):
     import yaml
 
@@ -432,19 +430,7 @@ def _did_you_mean(word: str, candidates, prefix: str = "") -> str:
     return "; did you mean " + " or ".join(repr(prefix + c) for c in close) + "?"
 
 
-def _is_recurrent(net) -> bool:
-    v = getattr(net, "recurrent_size", 0)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ConfigError(
-            f"network.recurrent_size={v!r} must be an integer >= 0 (0 = feed-forward, "
-            "e.g. 64 for a GRU of 64 units)"
-        )
-    return v > 0
-
-
 def _check_std_options(net) -> None:
-    from jaxppo.networks import LOG_STD_MAX, LOG_STD_MIN
-
     if not isinstance(net.state_dependent_std, bool):
         raise ConfigError(
             f"network.state_dependent_std={net.state_dependent_std!r} must be true or false"
@@ -462,8 +448,24 @@ def _check_std_options(net) -> None:
         )
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def transforms_to_list(entries) -> list:
+    """JSON/YAML-friendly form of a config's transforms: transform objects become their
+    `to_config()` ({name: kwargs}, or their name), functions their name."""
+    out = []
+    for entry in entries or ():
+        if hasattr(entry, "to_config"):
+            out.append(entry.to_config())
+        elif callable(entry) and not isinstance(entry, type):
+            out.append(getattr(entry, "__name__", repr(entry)))
+        elif isinstance(entry, tuple):
+            out.append(list(entry))
+        else:
+            out.append(entry)
+    return out
 
 
 def _is_number(v) -> bool:

@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.config import ConfigError
+from jaxppo._imports import import_gymnax
+from jaxppo.errors import ConfigError
+from jaxppo.transforms import box_bounds, wrap_env
 
 
 class EnvSpec(NamedTuple):
@@ -34,8 +36,6 @@ class EnvSpec(NamedTuple):
 
 
 def registered_env_names() -> list[str]:
-    from jaxppo._imports import import_gymnax
-
     gymnax = import_gymnax()
 
     return list(gymnax.registered_envs)
@@ -64,8 +64,6 @@ def make_env(config) -> EnvSpec:
     """
     env_kwargs = dict(config.env_kwargs or {})
     if isinstance(config.env, str):
-        from jaxppo._imports import import_gymnax
-
         gymnax = import_gymnax()
 
         check_env_name(config.env)
@@ -83,6 +81,13 @@ def make_env(config) -> EnvSpec:
             ) from None
     else:
         env = config.env
+        missing = [a for a in ("reset", "step", "action_space", "observation_space",
+                               "default_params") if not hasattr(env, a)]
+        if missing:
+            raise ConfigError(
+                f"env={env!r} is neither a registered gymnax name nor an object with the "
+                f"gymnax API: it has no {', '.join(missing)} (needed: reset, step, "
+                "action_space, observation_space, default_params)")
         env_params = env.default_params
         param_fields = _param_fields(env_params)
         param_kwargs = {k: env_kwargs.pop(k) for k in list(env_kwargs) if k in param_fields}
@@ -95,9 +100,7 @@ def make_env(config) -> EnvSpec:
         env_params = config.env_params
     if param_kwargs:
         env_params = env_params.replace(**param_kwargs)
-    if getattr(config, "transforms", ()):
-        from jaxppo.transforms import wrap_env
-
+    if config.transforms:
         env = wrap_env(env, config)  # observation transforms (frame stacking, ...)
 
     obs_space = env.observation_space(env_params)
@@ -115,12 +118,6 @@ def make_env(config) -> EnvSpec:
     dim = int(shape[0])
     low, high = box_bounds(act_space, dim)
     return EnvSpec(env, env_params, obs_shape, False, dim, low, high)
-
-
-def box_bounds(space, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """A Box space's low and high as float32 vectors [dim] (scalar bounds broadcast)."""
-    return tuple(np.broadcast_to(np.asarray(b, np.float32), (dim,)).copy()
-                 for b in (space.low, space.high))
 
 
 def _param_fields(params) -> set[str]:

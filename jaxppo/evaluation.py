@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.config import ConfigError
+from jaxppo.errors import ConfigError
 
 # fold_in tag that turns a training key into an evaluation key without consuming it, so the
 # training random stream is the same with evaluation on or off.
@@ -39,23 +39,21 @@ class EpisodeStats(NamedTuple):
 
 
 def run_episodes(
-    act: Callable[[jax.Array, jax.Array], jax.Array],
+    step: Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]],
     env: Any,
     env_params: Any,
     key: jax.Array,
     num_episodes: int,
     max_steps: int,
-    policy_state: Any = None,
+    carry: Any = (),
 ) -> EpisodeStats:
     """Play one episode in each of `num_episodes` envs; pure and jit-able.
 
-    act(obs [N, *obs_shape], key) -> env actions [N, ...] (what `env.step` takes). With a
-    `policy_state` (e.g. a recurrent policy's hidden state, [N, ...]) the policy carries it:
-    act(obs, key, policy_state) -> (actions, policy_state).
-    An episode ends at the env's terminated or truncated flag, or after `max_steps` steps
-    (whatever it has collected by then counts).
+    step(obs [N, *obs_shape], key, carry) -> (env actions [N, ...], carry): the policy, with
+    the carry it keeps from step to step (a recurrent network's state, [N, ...], starting at
+    `carry`; () for a feed-forward one). An episode ends at the env's terminated or
+    truncated flag, or after `max_steps` steps (whatever it has collected by then counts).
     """
-    stateful = policy_state is not None
     k_reset, k_loop = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(k_reset, num_episodes), env_params)
@@ -63,28 +61,24 @@ def run_episodes(
     zeros_i = jnp.zeros((num_episodes,), jnp.int32)
     done0 = jnp.zeros((num_episodes,), bool)
 
-    def cond(carry):
-        t, _, _, _, _, _, _, done = carry
+    def cond(loop):
+        t, _, _, _, _, _, _, done = loop
         return jnp.logical_and(t < max_steps, ~jnp.all(done))
 
-    def body(carry):
-        t, k, obs, env_state, pstate, ret, length, done = carry
+    def body(loop):
+        t, k, obs, env_state, carry, ret, length, done = loop
         k, k_act, k_step = jax.random.split(k, 3)
-        if stateful:
-            action, pstate = act(obs, k_act, pstate)
-        else:
-            action = act(obs, k_act)
+        action, carry = step(obs, k_act, carry)
         obs, env_state, reward, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
             jax.random.split(k_step, num_episodes), env_state, action, env_params)
         live = ~done
         ret = ret + jnp.where(live, reward.astype(jnp.float32), 0.0)
         length = length + live.astype(jnp.int32)
         done = jnp.logical_or(done, jnp.logical_or(term.astype(bool), trunc.astype(bool)))
-        return t + 1, k, obs, env_state, pstate, ret, length, done
+        return t + 1, k, obs, env_state, carry, ret, length, done
 
-    carry = (jnp.asarray(0, jnp.int32), k_loop, obs, env_state, policy_state, zeros_f, zeros_i,
-             done0)
-    out = jax.lax.while_loop(cond, body, carry)
+    loop = (jnp.asarray(0, jnp.int32), k_loop, obs, env_state, carry, zeros_f, zeros_i, done0)
+    out = jax.lax.while_loop(cond, body, loop)
     return EpisodeStats(out[5], out[6])
 
 

@@ -17,7 +17,7 @@ divides num_envs; keys derive from global env ids, so the continuation is the sa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -25,71 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.algorithm import Algorithm, HyperParams, TrainState
-from jaxppo.config import ConfigError, PPOConfig
+from jaxppo.errors import ConfigError
+from jaxppo.resolve import Layout, Resolved
 
 AXIS = "device"
 
 # TrainState fields with one entry per env (split over devices); every other field is the
 # same on every device (replicated).
 PER_ENV_FIELDS = ("env_state", "last_obs", "discounted_return", "episode_return",
-                  "episode_length", "env_ids", "hidden")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """`local_devices` devices on each of `num_processes` processes; this is `process_index`.
-    The envs are split into `shards = local_devices * num_processes` equal parts."""
-
-    local_devices: int = 1
-    num_processes: int = 1
-    process_index: int = 0
-
-    @property
-    def shards(self) -> int:
-        return self.local_devices * self.num_processes
-
-    @property
-    def first_shard(self) -> int:
-        return self.process_index * self.local_devices
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def local_layout(config: PPOConfig) -> Layout:
-    """config.num_devices of this host's devices (default: all), checked against both."""
-    available = jax.local_device_count()
-    n = config.num_devices if config.num_devices is not None else available
-    if n > available:
-        raise ConfigError(
-            f"num_devices={n} but this host has {available} local device(s) "
-            f"({jax.default_backend()}); set num_devices <= {available} or leave it unset"
-        )
-    if config.num_envs % n:
-        hint = "set num_devices explicitly, " if config.num_devices is None else ""
-        raise ConfigError(
-            f"num_envs={config.num_envs} cannot be split evenly over {n} local devices; "
-            f"{hint}use num_envs a multiple of {n}, or num_devices from {_divisors(n)}"
-        )
-    return Layout(n)
-
-
-def host_layout(config: PPOConfig) -> Layout:
-    """The layout of a process in a `jax.distributed` group: config.num_devices (default: all)
-    of this process's devices on every process."""
-    available = jax.local_device_count()
-    n = config.num_devices if config.num_devices is not None else available
-    hosts = jax.process_count()
-    if n > available:
-        raise ConfigError(
-            f"num_devices={n} but host {jax.process_index()} has {available} local device(s) "
-            f"({jax.default_backend()}); set num_devices <= {available} or leave it unset")
-    if config.num_envs % (n * hosts):
-        raise ConfigError(
-            f"num_envs={config.num_envs} cannot be split evenly over {hosts} hosts x {n} "
-            f"device(s) = {hosts * n} shards; use num_envs a multiple of {hosts * n}")
-    return Layout(n, hosts, jax.process_index())
+                  "episode_length", "env_ids", "carry")
 
 
 # ---------------------------------------------------------------------- the program
@@ -113,15 +57,13 @@ def _program_devices(layout: Layout) -> list:
     return [d for p in sorted(by_process) for d in by_process[p][:layout.local_devices]]
 
 
-def build_program(config: PPOConfig, spec, hp: HyperParams, layout: Layout, chunk_len: int) -> Program:
-    """jit (one shard) or pmap (several, on one host or many) of init and chunk, vmapped over
-    seeds when asked. Device layout: [local_devices?, seeds?, ...]."""
-    from jaxppo.recurrent import algorithm_class
-
-    seeds = config.num_seeds
+def build_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
+    """jit (one shard) or pmap (several, on one host or many: `run.layout`) of init and
+    chunk, vmapped over seeds when asked. Device layout: [local_devices?, seeds?, ...]."""
+    seeds = run.config.num_seeds
+    layout = run.layout
     shards = layout.shards
-    algo = algorithm_class(config)(config, spec, num_devices=shards,
-                                   axis_name=AXIS if shards > 1 else None)
+    algo = Algorithm(run, axis_name=AXIS if shards > 1 else None)
     local = algo.local_envs
     hp_axis = (0 if _is_batched(hp, seeds) else None) if seeds > 1 else None
 
@@ -216,17 +158,6 @@ def unshard_state(state: TrainState, shards: int, seeds: int) -> TrainState:
     return _map_fields(env, lambda x: np.asarray(x)[0], state)
 
 
-def sharded_shapes(abstract: TrainState, shards: int, seeds: int) -> TrainState:
-    """ShapeDtypeStructs of the [shards, ...] layout, from those of the unsharded layout."""
-    s = 1 if seeds > 1 else 0
-
-    def env(x):
-        shape = (shards,) + x.shape[:s] + (x.shape[s] // shards,) + x.shape[s + 1:]
-        return jax.ShapeDtypeStruct(shape, x.dtype)
-
-    return _map_fields(env, lambda x: jax.ShapeDtypeStruct((shards,) + x.shape, x.dtype), abstract)
-
-
 def to_unsharded(state: TrainState, layout: Layout, seeds: int) -> TrainState:
     """The whole run's state in the unsharded layout (numpy), from a single process's
     device-layout state. (Several processes: `local_part` on each, `join_parts` of them.)"""
@@ -286,13 +217,11 @@ class ChunkRunner:
 
     def __init__(self, program: Program, hp: HyperParams, key: jax.Array,
                  restored: TrainState | None = None):
-        import time
-
         self.program = program
         self.layout = program.layout
         self.algorithm = program.algorithm
         self.config = program.algorithm.config
-        self.num_devices = self.layout.shards
+        self.shards = self.layout.shards
         self.hosts = self.layout.num_processes
         self.hp = hp
         t0 = time.perf_counter()

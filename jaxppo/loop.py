@@ -6,7 +6,7 @@ in-process, jaxppo.distributed's host group across Ray hosts) with
     run(start, stop) -> metrics   iterations start+1..stop (one chunk), numpy [seeds?, n]
     snapshot() -> TrainState      the state after the last chunk, unsharded (numpy)
     final_state()                 what TrainResult.state holds
-    num_devices, hosts, algorithm, compile_seconds, close()
+    shards, hosts, algorithm, compile_seconds, close()
 
 and between chunks it checks health (NaN/inf), appends metrics.jsonl, checkpoints on the
 configured cadence, reports progress and calls the callback. Everything written goes through
@@ -18,19 +18,107 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
 
-from jaxppo.algorithm import METRIC_KEYS
+from jaxppo import checkpoint as ckpt
+from jaxppo.algorithm import METRIC_KEYS, Algorithm, TrainState
 from jaxppo.config import PPOConfig
+from jaxppo.errors import TrainingDivergedError
 from jaxppo.evaluation import EVAL_METRIC_KEYS
+from jaxppo.layouts import auto_chunk, build_program
+from jaxppo.policy import evaluate_policy
+from jaxppo.resolve import Resolved
+from jaxppo.rundir import RunFolder
+from jaxppo.runtime import __version__, process_uptime
 
 # Metrics whose non-finite value means training diverged (episode stats are NaN by design
 # when no episode ended in an iteration).
 HEALTH_KEYS = ("policy_loss", "value_loss", "entropy", "kl", "grad_norm")
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns.
+
+    params: the trained network params ([num_seeds, ...] leaves when num_seeds > 1).
+    state: the final TrainState, with a leading [num_devices] axis when num_devices > 1
+    (params are identical across it) and then [num_seeds] when num_seeds > 1.
+    metrics: name -> array [num_iterations] (num_seeds == 1) or [num_seeds, num_iterations];
+    also `iteration`, `wall_time` (s since process start, at the end of the chunk that held
+    the iteration; a resumed run adds the time of the processes before it) and `sps` (env
+    steps per second of that chunk, all seeds); with eval_every, eval_return_mean/std and
+    eval_length_mean (NaN on iterations without evaluation). A resumed run's metrics start
+    at iteration 1 (the earlier ones are read back from metrics.jsonl).
+    `policy(obs, key=None, deterministic=False, seed=0)` and `value(obs, seed=0)` take raw
+    observations [..., *obs_shape] and apply the run's observation normalisation (a
+    recurrent run acts through `jaxppo.load_policy(run_dir).step`; `evaluate` works for both).
+    iterations_done / completed: how far the run got (completed is False after
+    stop_after_iterations); resumed_from: the checkpoint iteration it started from, if any.
+    hosts: processes the run was spread over (1 unless jaxppo.distributed); host_failures:
+    the hosts lost and replaced during the run; summary: summary.json's content (run folder).
+    """
+
+    config: PPOConfig
+    params: Any
+    state: TrainState
+    metrics: dict[str, np.ndarray]
+    run_dir: Path | None = None
+    compile_seconds: float = 0.0
+    train_seconds: float = 0.0
+    _algorithm: Algorithm | None = field(default=None, repr=False)
+    _policy_fn: Callable | None = field(default=None, repr=False)
+    _value_fn: Callable | None = field(default=None, repr=False)
+
+    num_devices: int = 1
+    iterations_done: int = 0
+    completed: bool = True
+    resumed_from: int | None = None
+    hosts: int = 1
+    host_failures: list = field(default_factory=list)
+    summary: dict | None = None
+
+    @property
+    def env(self):
+        """The env the run trained on (a gymnax env, wrapped by the config's transforms)."""
+        return self._algorithm.spec.env
+
+    @property
+    def env_params(self):
+        return self._algorithm.spec.env_params
+
+    def _seed_slice(self, tree, seed):
+        if self.num_devices > 1:  # params are replicated: any device's copy will do
+            tree = jax.tree.map(lambda x: x[0], tree)
+        if self.config.num_seeds == 1:
+            return tree
+        return jax.tree.map(lambda x: x[seed], tree)
+
+    def policy(self, obs, key=None, deterministic: bool = False, seed: int = 0):
+        if key is None:
+            if not deterministic:
+                raise ValueError("policy(obs, key): a PRNG key is needed to sample; "
+                                 "pass key=jax.random.PRNGKey(0) or deterministic=True")
+            key = jax.random.PRNGKey(0)
+        st = self._seed_slice(self.state, seed)
+        return self._policy_fn(st.params, st.obs_stats, obs, key, deterministic)
+
+    def value(self, obs, seed: int = 0):
+        st = self._seed_slice(self.state, seed)
+        return self._value_fn(st.params, st.obs_stats, obs)
+
+    def evaluate(self, episodes: int = 10, seed: int = 0, deterministic: bool = True,
+                 max_steps: int | None = None, policy_seed: int = 0) -> dict:
+        """One episode in each of `episodes` fresh envs reset from PRNGKey(seed), with the
+        policy of seed `policy_seed`: return/length mean and std, and the per-episode arrays.
+        `jaxppo.load_policy(run_dir).evaluate(...)` gives the same numbers."""
+        st = self._seed_slice(self.state, policy_seed)
+        return evaluate_policy(self._algorithm, st.params, st.obs_stats, episodes=episodes,
+                               seed=seed, deterministic=deterministic, max_steps=max_steps)
 
 
 def metric_keys(config: PPOConfig) -> tuple[str, ...]:
@@ -40,8 +128,6 @@ def metric_keys(config: PPOConfig) -> tuple[str, ...]:
 def chunk_length(config: PPOConfig) -> int:
     """Iterations per call into the compiled program: log_every (default ~40 calls per run),
     never past a checkpoint iteration."""
-    from jaxppo.layouts import auto_chunk
-
     n_iter = config.num_iterations
     chunk_len = min(config.log_every or auto_chunk(n_iter), n_iter)
     if config.checkpoint_every:
@@ -49,22 +135,13 @@ def chunk_length(config: PPOConfig) -> int:
     return chunk_len
 
 
-def restore_checkpoint(store, step: int, config: PPOConfig, run_dir, hp):
+def restore_checkpoint(store, step: int, run: Resolved, run_dir, hp):
     """(unsharded numpy TrainState, iteration, wall_time offset) of a checkpoint, whatever
     number of devices or hosts wrote it."""
-    from jaxppo import checkpoint as ckpt
-    from jaxppo.envs import make_env
-    from jaxppo.layouts import Layout, build_program, sharded_shapes, unshard_state
-
-    program = build_program(config, make_env(config), hp, Layout(1), 1)
+    config = run.config
+    program = build_program(run.with_layout(None), hp, 1)
     abstract = jax.eval_shape(program.init, jax.random.PRNGKey(config.seed), hp)
-    shards = ckpt.saved_shards(store.read_meta(step))
-    if shards > 1:
-        abstract = sharded_shapes(abstract, shards, config.num_seeds)
-    state, start_iter, wall = ckpt.restore_for_resume(store, step, abstract, config, run_dir)
-    if shards > 1:
-        state = unshard_state(state, shards, config.num_seeds)
-    return state, start_iter, wall
+    return ckpt.restore_for_resume(store, step, abstract, config, run_dir)
 
 
 def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, resumed: bool = False,
@@ -73,8 +150,6 @@ def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, res
              label: str | None = None):
     """Run chunks from `start_iter` to the end (or stop_after_iterations more); returns a
     TrainResult. Raises TrainingDivergedError on NaN/inf (metrics so far are kept)."""
-    from jaxppo.train import TrainingDivergedError, TrainResult, _version, process_uptime
-
     n_iter = config.num_iterations
     seeds = config.num_seeds
     chunk_len = chunk_length(config)
@@ -88,10 +163,10 @@ def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, res
 
     def save(iteration):
         folder.save_checkpoint(iteration, runner.snapshot(), {
-            "env_steps": iteration * config.batch_size, "num_devices": runner.num_devices,
-            "hosts": runner.hosts, "state_layout": "unsharded", "num_seeds": seeds,
+            "env_steps": iteration * config.batch_size, "num_devices": runner.shards,
+            "hosts": runner.hosts, "num_seeds": seeds,
             "wall_time": wall, "config": config.to_dict(), "env": config.env_name,
-            "jaxppo_version": _version(),
+            "jaxppo_version": __version__,
         })
 
     try:
@@ -152,7 +227,7 @@ def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, res
     metrics = {k: np.concatenate(v, axis=-1) for k, v in history.items() if v}
     algo = runner.algorithm
     state = runner.final_state()
-    nd = runner.num_devices
+    nd = runner.shards
     params = jax.tree.map(lambda x: x[0], state.params) if nd > 1 else state.params
     return TrainResult(
         config=config, params=params, state=state, num_devices=nd, hosts=runner.hosts,
@@ -252,6 +327,4 @@ class _Reporter:
 
 
 def open_folder(run_dir: str | Path | None, config: PPOConfig, resume_iteration: int | None):
-    from jaxppo.rundir import RunFolder
-
     return None if run_dir is None else RunFolder(run_dir, config, resume_iteration=resume_iteration)

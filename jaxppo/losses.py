@@ -11,8 +11,9 @@ from jaxppo import networks
 from jaxppo.networks import DistParams
 
 
-class Minibatch(NamedTuple):
-    """One minibatch of B transitions (leading axis B on every field)."""
+class Batch(NamedTuple):
+    """Training samples: the iteration's batch (leading axes [T, E]) or a minibatch cut from
+    it ([B], or [T, B] whole sequences for a recurrent network). Shapes below for [B]."""
 
     obs: jax.Array  # [B, obs_dim], already normalised if observation normalisation is on
     actions: jax.Array  # [B] int (discrete) or [B, D] float (unclipped policy sample)
@@ -21,6 +22,10 @@ class Minibatch(NamedTuple):
     old_values: jax.Array  # [B]
     advantages: jax.Array  # [B], already standardised when that is on
     value_targets: jax.Array  # [B]
+    # What replaying a recurrent network needs (None for feed-forward): the carry was zeroed
+    # before step t ([T, E]), and each env's carry at the rollout's start ([E, ...]).
+    reset: jax.Array | None = None
+    carry0: jax.Array | None = None
 
 
 def shares_log_std(dist: DistParams) -> bool:
@@ -41,14 +46,16 @@ def unstack_shared_log_std(dist: DistParams) -> DistParams:
     return dist
 
 
-def map_samples(fn, batch):
-    """Apply fn to every per-sample array of a Minibatch (or any NamedTuple with an
-    `old_dist`), passing a shared old log_std through unchanged."""
-    if not shares_log_std(batch.old_dist):
-        return jax.tree.map(fn, batch)
-    log_std = batch.old_dist.log_std
-    out = jax.tree.map(fn, batch._replace(old_dist=batch.old_dist._replace(log_std=None)))
-    return out._replace(old_dist=out.old_dist._replace(log_std=log_std))
+def map_samples(fn, batch: Batch) -> Batch:
+    """Apply fn to every per-sample array of a Batch ([T, E] or [B] leading axes), passing
+    a shared old log_std and the per-env `carry0` through unchanged."""
+    shared = shares_log_std(batch.old_dist)
+    kept = batch.old_dist.log_std if shared else None
+    stripped = batch._replace(carry0=None)
+    if shared:
+        stripped = stripped._replace(old_dist=batch.old_dist._replace(log_std=None))
+    out = jax.tree.map(fn, stripped)._replace(carry0=batch.carry0)
+    return out._replace(old_dist=out.old_dist._replace(log_std=kept)) if shared else out
 
 
 class LossTerms(NamedTuple):
@@ -65,7 +72,7 @@ def ppo_loss_terms(
     discrete: bool,
     new_dist: DistParams,
     new_values: jax.Array,
-    batch: Minibatch,
+    batch: Batch,
     *,
     clip_param,
     vf_clip_param,

@@ -14,6 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxppo.config import LOG_STD_MAX, LOG_STD_MIN
+from jaxppo.errors import ConfigError
+
 _ACTIVATIONS = {
     "tanh": jnp.tanh,
     "relu": nn.relu,
@@ -167,9 +170,6 @@ def make_torso(net) -> nn.Module:
     return MLP(net.hidden_sizes, net.activation)
 
 
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
-
-
 def setup_policy_heads(m) -> None:
     """Create the action-distribution heads on module `m` (called from its setup).
 
@@ -197,48 +197,79 @@ def policy_dist(m, h: jax.Array) -> DistParams:
     return DistParams(loc, m.log_std)
 
 
-class ActorCritic(nn.Module):
-    """Policy head and value head over flat observations [..., obs_dim].
-
-    Orthogonal init (sqrt(2) torso, 0.01 policy head, 1.0 value head) as in the PPO
-    implementation-details literature; separate torsos unless `shared_trunk`. With
-    `torso="cnn"` the flat observation is reshaped to `obs_shape` (H, W, C) for the convs.
-    """
+class PolicyNetwork(nn.Module):
+    """The fields every actor-critic shares: action head, torso (see `make_torso`), Gaussian
+    std options, and `carry_size` (0: feed-forward, no carry)."""
 
     action_dim: int
     discrete: bool
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
-    shared_trunk: bool = False
     torso: str = "mlp"
     obs_shape: Sequence[int] = ()
     conv_channels: Sequence[int] = (16,)
     conv_kernel: int = 3
     log_std_init: float = 0.0
     state_dependent_std: bool = False
+    carry_size: int = 0
 
-    def _make_torso(self):
-        return make_torso(self)
+
+class ActorCritic(PolicyNetwork):
+    """Feed-forward policy and value heads over flat observations [..., obs_dim].
+
+    Every network has one signature, `__call__(obs, carry=(), reset=None) -> (dist, value,
+    carry)`; this one keeps no carry (it returns the empty one it was given) and ignores
+    `reset`. Orthogonal init (sqrt(2) torso, 0.01 policy head, 1.0 value head) as in the PPO
+    implementation-details literature; separate torsos unless `shared_trunk`. With
+    `torso="cnn"` the flat observation is reshaped to `obs_shape` (H, W, C) for the convs.
+    """
+
+    shared_trunk: bool = False
 
     def setup(self):
-        self.actor_torso = self._make_torso()
+        self.actor_torso = make_torso(self)
         if not self.shared_trunk:
-            self.critic_torso = self._make_torso()
+            self.critic_torso = make_torso(self)
         setup_policy_heads(self)
         self.value_head = _dense(1, 1.0)
 
-    def policy(self, obs) -> DistParams:
-        return policy_dist(self, self.actor_torso(obs))
+    def __call__(self, obs, carry=(), reset=None):
+        h = self.actor_torso(obs)
+        critic = h if self.shared_trunk else self.critic_torso(obs)
+        return policy_dist(self, h), self.value_head(critic)[..., 0], carry
 
-    def value(self, obs) -> jax.Array:
-        torso = self.actor_torso if self.shared_trunk else self.critic_torso
-        return self.value_head(torso(obs))[..., 0]
 
-    def __call__(self, obs):
-        if self.shared_trunk:
-            h = self.actor_torso(obs)
-            return policy_dist(self, h), self.value_head(h)[..., 0]
-        return self.policy(obs), self.value(obs)
+class RecurrentActorCritic(PolicyNetwork):
+    """One step of a recurrent actor-critic: torso MLP (or CNN) -> GRUCell -> policy head and
+    value head, one core shared by actor and critic.
+
+    `__call__(obs [..., obs_dim], carry [..., carry_size] = zeros, reset [...] = None)`
+    (carry_size >= 1) returns (dist, value [...], new carry); `reset` marks observations that start an
+    episode, whose carry is zeroed first.
+    """
+
+    def setup(self):
+        self.encoder = make_torso(self)
+        # flax's default recurrent init, made safe to vmap over seeds (see orthogonal).
+        self.core = nn.GRUCell(features=self.carry_size, recurrent_kernel_init=orthogonal(1.0))
+        setup_policy_heads(self)
+        self.value_head = _dense(1, 1.0)
+
+    def __call__(self, obs, carry=None, reset=None):
+        if carry is None or (isinstance(carry, tuple) and not carry):
+            carry = initial_carry(self, obs.shape[:-1])
+        if reset is not None:
+            carry = carry * (1.0 - reset.astype(carry.dtype))[..., None]
+        carry, y = self.core(carry, self.encoder(obs))
+        return policy_dist(self, y), self.value_head(y)[..., 0], carry
+
+
+def initial_carry(network, batch_shape: tuple[int, ...] = ()):
+    """The carry at the start of an episode: () for a feed-forward network, zeros
+    [*batch_shape, carry_size] for a recurrent one."""
+    if not network.carry_size:
+        return ()
+    return jnp.zeros(tuple(batch_shape) + (network.carry_size,), jnp.float32)
 
 
 def resolve_torso(config, spec) -> str:
@@ -247,8 +278,6 @@ def resolve_torso(config, spec) -> str:
     if torso == "auto":
         return "cnn" if len(spec.obs_shape) == 3 else "mlp"
     if torso == "cnn" and len(spec.obs_shape) != 3:
-        from jaxppo.config import ConfigError
-
         raise ConfigError(
             f"network.torso='cnn' needs image observations [H, W, C], but {config.env_name} "
             f"has observation shape {spec.obs_shape}; use network.torso='mlp' or 'auto'"
@@ -256,14 +285,15 @@ def resolve_torso(config, spec) -> str:
     return torso
 
 
-def make_network(config, spec) -> ActorCritic:
+def make_network(config, spec) -> nn.Module:
+    """The config's network for the env `spec`: an ActorCritic, or a RecurrentActorCritic
+    when `network.recurrent_size > 0`."""
     net = config.network
-    return ActorCritic(
+    common = dict(
         action_dim=spec.action_dim,
         discrete=spec.discrete,
         hidden_sizes=tuple(net.hidden_sizes),
         activation=net.activation,
-        shared_trunk=net.shared_trunk,
         torso=resolve_torso(config, spec),
         obs_shape=tuple(spec.obs_shape),
         conv_channels=tuple(net.conv_channels),
@@ -271,3 +301,6 @@ def make_network(config, spec) -> ActorCritic:
         log_std_init=float(net.log_std_init),
         state_dependent_std=bool(net.state_dependent_std),
     )
+    if net.recurrent_size:
+        return RecurrentActorCritic(carry_size=net.recurrent_size, **common)
+    return ActorCritic(shared_trunk=net.shared_trunk, **common)

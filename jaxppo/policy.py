@@ -19,60 +19,82 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.checkpoint import (CHECKPOINT_DIR, CheckpointError, CheckpointStore, checkpoint_dir,
-                               saved_shards,
-                               load_params_dict, load_run_config)
+from jaxppo.algorithm import Algorithm
+from jaxppo.checkpoint import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir, load_params_dict,
+                               load_run_config)
+from jaxppo.errors import CheckpointError
+from jaxppo.evaluation import run_episodes, summarize
+from jaxppo.resolve import resolve
 from jaxppo.running_stats import RunningStats
 
 
 class Policy:
     """A trained policy: `policy(obs, key=None)` -> actions. Deterministic when key is None.
 
+    A recurrent policy keeps a carry from step to step: `policy.step(obs, carry, key=None)`
+    -> (actions, carry), starting each episode from `policy.initial_carry(batch_shape)`
+    (`step` works for feed-forward policies too, with an empty carry).
     Attributes: config (PPOConfig of the run), spec (EnvSpec), params, obs_stats,
-    iteration (of the checkpoint it came from; None for params.msgpack).
+    iteration (of the checkpoint it came from; None for params.msgpack), recurrent.
     """
 
-    def __init__(self, config, spec, params, obs_stats: RunningStats, iteration: int | None = None):
-        from jaxppo.algorithm import Algorithm
-
-        self.config = config
-        self.spec = spec
+    def __init__(self, algorithm: Algorithm, params, obs_stats: RunningStats,
+                 iteration: int | None = None):
+        self.algorithm = algorithm
+        self.config = algorithm.config
+        self.spec = algorithm.spec
+        self.recurrent = algorithm.recurrent
         self.params = params
         self.obs_stats = obs_stats
         self.iteration = iteration
-        algo = Algorithm(config, spec)
-        self._mode = jax.jit(lambda p, s, o: algo.act(p, s, o, jax.random.PRNGKey(0), deterministic=True))
-        self._sample = jax.jit(lambda p, s, o, k: algo.act(p, s, o, k, deterministic=False))
+        self._step = jax.jit(algorithm.policy_step, static_argnames=("deterministic",))
 
     def __call__(self, obs, key: jax.Array | None = None):
-        obs = jnp.asarray(obs)
-        if key is None:
-            return self._mode(self.params, self.obs_stats, obs)
-        return self._sample(self.params, self.obs_stats, obs, key)
+        if self.recurrent:
+            raise TypeError(
+                "this policy is recurrent: it needs its carry from step to step. Use "
+                "policy.step(obs, carry, key=None) -> (action, carry), starting each episode "
+                "from policy.initial_carry(batch_shape); policy.evaluate() does this for you")
+        return self.step(obs, (), key)[0]
 
     act = __call__
+
+    def step(self, obs, carry, key: jax.Array | None = None):
+        """(actions, new carry) for observations [*obs_shape] or [B, *obs_shape] and the
+        carry before them. Deterministic (the distribution's mode) when key is None."""
+        return self._step(self.params, self.obs_stats, jnp.asarray(obs), carry, key,
+                          deterministic=key is None)
+
+    def initial_carry(self, batch_shape: tuple[int, ...] = ()):
+        """The carry at the start of an episode (() for a feed-forward policy)."""
+        return self.algorithm.initial_carry(batch_shape)
 
     def evaluate(self, episodes: int = 10, seed: int = 0, deterministic: bool = True,
                  max_steps: int | None = None) -> dict:
         """Mean/std return and length of one episode in each of `episodes` envs."""
-        return evaluate_act(self, self.config, self.spec, episodes=episodes, seed=seed,
-                            deterministic=deterministic, max_steps=max_steps)
+        return evaluate_policy(self.algorithm, self.params, self.obs_stats, episodes=episodes,
+                               seed=seed, deterministic=deterministic, max_steps=max_steps)
 
     def __repr__(self):
         return (f"Policy({self.config.env_name}, obs_shape={self.spec.obs_shape}, "
-                f"iteration={self.iteration})")
+                f"iteration={self.iteration}{', recurrent' if self.recurrent else ''})")
 
 
-def evaluate_act(act, config, spec, *, episodes: int, seed: int, deterministic: bool,
-                 max_steps: int | None = None) -> dict:
-    """Host-side evaluation of `act(obs, key=None)`: one episode in each of `episodes` envs,
-    reset from PRNGKey(seed). Returns return/length mean and std (floats) and the arrays."""
-    from jaxppo.evaluation import eval_max_steps, run_episodes, summarize
+def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: int,
+                    deterministic: bool, max_steps: int | None = None) -> dict:
+    """Host-side evaluation: one episode in each of `episodes` envs reset from
+    PRNGKey(seed), each carrying its policy's carry. Returns return/length mean and std
+    (floats) and the per-episode arrays."""
+    bound = max_steps if max_steps is not None else algorithm.eval_bound()
 
-    bound = max_steps if max_steps is not None else eval_max_steps(config, spec.env_params)
-    step_act = (lambda obs, k: act(obs)) if deterministic else (lambda obs, k: act(obs, k))
-    stats = jax.jit(lambda key: run_episodes(step_act, spec.env, spec.env_params, key,
-                                             episodes, bound))(jax.random.PRNGKey(seed))
+    def play(params, obs_stats, key):
+        def step(obs, k, carry):
+            return algorithm.policy_step(params, obs_stats, obs, carry, k, deterministic)
+
+        return run_episodes(step, algorithm.spec.env, algorithm.spec.env_params, key, episodes,
+                            bound, algorithm.initial_carry((episodes,)))
+
+    stats = jax.jit(play)(params, obs_stats, jax.random.PRNGKey(seed))
     out = summarize(stats)
     out["returns"] = np.asarray(stats.returns).tolist()
     out["lengths"] = np.asarray(stats.lengths).tolist()
@@ -88,8 +110,6 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
     can only name.
     Raises CheckpointError for a missing or unreadable run folder or checkpoint.
     """
-    from jaxppo.envs import make_env
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
@@ -109,15 +129,10 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
     config = load_run_config(run_dir, meta)
     if env is not None:
         config = config.replace(env=env)
-    if getattr(config.network, "recurrent_size", 0):
-        raise CheckpointError(
-            f"{run_dir} holds a recurrent policy (network.recurrent_size="
-            f"{config.network.recurrent_size}); load_policy returns stateless policies only, so "
-            "restore it with jaxppo.checkpoint.CheckpointStore and act with the run's algorithm")
-    spec = make_env(config)
+    algorithm = Algorithm(resolve(config))
     if state is not None:
         params, obs_stats = state["params"], state["obs_stats"]
-        lead = saved_shards(meta) > 1, int(meta.get("num_seeds", 1)) > 1
+        seeds = int(meta.get("num_seeds", 1))
     else:
         path = run_dir / "params.msgpack"
         if not path.exists():
@@ -126,15 +141,14 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
                 "params.msgpack; it holds no trained policy (did the run finish?)")
         saved = load_params_dict(path)
         params, obs_stats = saved["params"], saved["obs_stats"]
-        lead = False, config.num_seeds > 1
-    if lead[0]:  # replicated over devices: any copy
-        params, obs_stats = jax.tree.map(lambda x: x[0], (params, obs_stats))
-    if lead[1]:
+        seeds = config.num_seeds
+    if seeds > 1:
         if not 0 <= seed_index < config.num_seeds:
             raise ValueError(f"seed_index={seed_index} but the run has num_seeds={config.num_seeds}")
         params, obs_stats = jax.tree.map(lambda x: x[seed_index], (params, obs_stats))
     obs_stats = RunningStats(jnp.asarray(obs_stats["mean"]), jnp.asarray(obs_stats["var"]),
                              jnp.asarray(obs_stats["count"]))
     params = jax.tree.map(jnp.asarray, params)
-    return Policy(config, spec, params, obs_stats, iteration=None if meta is None else int(meta["iteration"]))
+    return Policy(algorithm, params, obs_stats,
+                  iteration=None if meta is None else int(meta["iteration"]))
 

@@ -18,16 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxppo.checkpoint import CheckpointStore, save_params, write_text_atomic
 from jaxppo.config import PPOConfig
+from jaxppo.errors import ConfigError
+from jaxppo.plotting import plot_runs
+from jaxppo.runlog import RunLog
+from jaxppo.runtime import process_uptime
 
 
 class RunFolder:
     """An open run folder: metrics log, checkpoint store, and the final files."""
 
     def __init__(self, path: str | Path, config: PPOConfig, *, resume_iteration: int | None = None):
-        from jaxppo.checkpoint import CheckpointStore
-        from jaxppo.runlog import RunLog
-
         self.path = Path(path)
         self.config = config
         self.path.mkdir(parents=True, exist_ok=True)
@@ -51,15 +53,11 @@ class RunFolder:
     def finish(self, result, *, plot: bool = True, label: str | None = None,
                extra_summary: dict | None = None) -> dict:
         """params.msgpack, summary.json and (with plot) curve.png; returns the summary."""
-        from jaxppo.checkpoint import save_params, write_text_atomic
-
         save_params(self.path / "params.msgpack", result)
         info = summary(result)
         info.update(extra_summary or {})
         write_text_atomic(self.path / "summary.json", json.dumps(info, indent=2))
         if plot:
-            from jaxppo.plotting import plot_runs
-
             name = self.config.env_name
             plot_runs([self.path], self.path / "curve.png", labels=[label or name],
                       title=f"{name}: return vs env steps")
@@ -77,8 +75,6 @@ def write_config(run_dir: Path, config: PPOConfig, overwrite: bool) -> None:
     larger total_timesteps), through a temporary file."""
     import yaml
 
-    from jaxppo.checkpoint import write_text_atomic
-
     path = Path(run_dir) / "config.yaml"
     text = yaml.safe_dump(config.to_dict(), sort_keys=False)
     if not path.exists() or (overwrite and path.read_text() != text):
@@ -87,8 +83,6 @@ def write_config(run_dir: Path, config: PPOConfig, overwrite: bool) -> None:
 
 def fresh_run_dir(runs_dir: str | Path, name: str) -> Path:
     """runs_dir/name for a new run; a non-empty existing folder is a ConfigError."""
-    from jaxppo.config import ConfigError
-
     run_dir = Path(runs_dir) / name
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"run folder {run_dir} already exists and is not empty; "
@@ -98,8 +92,6 @@ def fresh_run_dir(runs_dir: str | Path, name: str) -> Path:
 
 def summary(result) -> dict:
     """summary.json of a TrainResult: final return per seed, the last evaluation, speed."""
-    from jaxppo.train import process_uptime
-
     r = np.atleast_2d(result.metrics["episode_return_mean"])
     tail = []
     for seed_curve in r:

@@ -5,10 +5,10 @@ The JAX form of RLlib's connector pipelines. `PPOConfig.transforms` lists them i
     transforms=[{"frame_stack": {"k": 4}}, {"count_bonus": {"scale": 0.1, "power": 0.5}}]
 
 Each entry is a registered name ("frame_stack"), a one-key mapping {name: kwargs}, a pair
-(name, kwargs), or a transform object (an `ObsTransform`, a `RewardHook`, or a plain function
+(name, kwargs), or a transform object (an `EnvWrapper`, a `RewardHook`, or a plain function
 `hook(hook_state, traj) -> (hook_state, rewards)` with empty state).
 
-* Env wrappers (`ObsTransform`: frame stacking, action discretisation) wrap the gymnax env in
+* Env wrappers (`EnvWrapper`: frame stacking, action discretisation) wrap the gymnax env in
   `make_env` (the first entry innermost), so the rollout, evaluation and `load_policy` all
   see the transformed observations and action space. A wrapper keeps whatever it needs
   (e.g. the last k frames) in the env state.
@@ -32,15 +32,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.config import ConfigError
+from jaxppo.errors import ConfigError
 
 
 # ---------------------------------------------------------------------- base classes
-class ObsTransform:
+class EnvWrapper:
     """An env wrapper: `wrap(env)` returns a gymnax-API env (reset, step, observation_space,
-    action_space) whose observations (or action space) are transformed."""
+    action_space) whose observations or action space are transformed."""
 
-    name = "obs_transform"
+    name = "env_wrapper"
 
     def wrap(self, env):
         raise NotImplementedError
@@ -97,7 +97,7 @@ def _dataclass_config(t):
 
 # ---------------------------------------------------------------------- frame stacking
 @dataclass(frozen=True)
-class FrameStack(ObsTransform):
+class FrameStack(EnvWrapper):
     """Observe the last `k` observations, oldest first.
 
     Frames go on a new last axis ([*obs_shape] -> [*obs_shape, k]), except image observations
@@ -183,7 +183,7 @@ class FrameStackEnv:
 
 # ---------------------------------------------------------------------- discretised actions
 @dataclass(frozen=True)
-class DiscretizeActions(ObsTransform):
+class DiscretizeActions(EnvWrapper):
     """Turn a continuous (Box) action space into a discrete one of `bins` evenly spaced
     values per dimension, from low to high inclusive; the policy becomes a categorical over
     the bins**D joint actions. A categorical can put its mass on two separate torques where a
@@ -229,8 +229,6 @@ class DiscreteActionEnv:
                 f"discretize_actions bins={self.bins} over {dim} action dimensions makes "
                 f"{self.bins}**{dim} = {self.bins ** dim} joint actions (at most "
                 f"{DiscretizeActions.MAX_JOINT_ACTIONS}); use fewer bins or the Gaussian policy")
-        from jaxppo.envs import box_bounds
-
         low, high = box_bounds(space, dim)
         if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
             raise ConfigError("discretize_actions needs finite action bounds, but the env's are "
@@ -348,7 +346,7 @@ def resolve_transforms(entries) -> list:
     unknown name, a malformed entry or arguments the transform does not take)."""
     out = []
     for entry in entries or ():
-        if isinstance(entry, (ObsTransform, RewardHook)):
+        if isinstance(entry, (EnvWrapper, RewardHook)):
             out.append(entry)
             continue
         if callable(entry) and not isinstance(entry, type):
@@ -383,34 +381,18 @@ def resolve_transforms(entries) -> list:
     return out
 
 
-def transforms_to_list(entries) -> list:
-    """JSON/YAML-friendly form of the config's transforms (objects become {name: kwargs},
-    or their name when they have no readable arguments)."""
-    out = []
-    for entry in entries or ():
-        if isinstance(entry, (ObsTransform, RewardHook)):
-            out.append(entry.to_config())
-        elif callable(entry) and not isinstance(entry, type):
-            out.append(getattr(entry, "__name__", repr(entry)))
-        elif isinstance(entry, tuple):
-            out.append(list(entry))
-        else:
-            out.append(entry)
-    return out
-
-
-def obs_transforms(config) -> list[ObsTransform]:
-    return [t for t in resolve_transforms(getattr(config, "transforms", ())) if isinstance(t, ObsTransform)]
+def env_wrappers(config) -> list[EnvWrapper]:
+    return [t for t in resolve_transforms(config.transforms) if isinstance(t, EnvWrapper)]
 
 
 def reward_hooks(config) -> list[RewardHook]:
-    return [t for t in resolve_transforms(getattr(config, "transforms", ())) if isinstance(t, RewardHook)]
+    return [t for t in resolve_transforms(config.transforms) if isinstance(t, RewardHook)]
 
 
 # ---------------------------------------------------------------------- hook points
 def wrap_env(env, config):
     """The env wrapped by the config's observation transforms (first entry innermost)."""
-    for t in obs_transforms(config):
+    for t in env_wrappers(config):
         env = t.wrap(env)
     return env
 
@@ -430,3 +412,9 @@ def apply_reward_hooks(config, hook_state: tuple, traj, rewards, axis_name=None)
         st, rewards = hook(st, traj._replace(reward=rewards), axis_name)
         new_states.append(st)
     return rewards, tuple(new_states)
+
+
+def box_bounds(space, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """A Box space's low and high as float32 vectors [dim] (scalar bounds broadcast)."""
+    return tuple(np.broadcast_to(np.asarray(b, np.float32), (dim,)).copy()
+                 for b in (space.low, space.high))

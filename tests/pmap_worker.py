@@ -14,8 +14,8 @@ import numpy as np  # noqa: E402
 
 import jaxppo  # noqa: E402
 from jaxppo.algorithm import HyperParams  # noqa: E402
-from jaxppo.envs import make_env  # noqa: E402
-from jaxppo.layouts import Layout, build_program  # noqa: E402
+from jaxppo.layouts import build_program  # noqa: E402
+from jaxppo.resolve import Layout, resolve  # noqa: E402
 
 
 EQUIVALENCE = jaxppo.PPOConfig(
@@ -40,11 +40,10 @@ EQUIVALENCE_BATCH_GRU = EQUIVALENCE.replace(
 
 
 def one_iteration_equivalence(cfg=EQUIVALENCE):
-    spec = make_env(cfg)
     hp = HyperParams.from_config(cfg)
     out = {}
     for nd in (1, 4):
-        prog = build_program(cfg.replace(num_devices=nd), spec, hp, Layout(nd), 1)
+        prog = build_program(resolve(cfg.replace(num_devices=nd), Layout(nd)), hp, 1)
         st = prog.init(jax.random.PRNGKey(3), hp)
         st, m = prog.chunk(st, hp, jax.numpy.int32(0), jax.numpy.int32(1))
         if nd > 1:

@@ -182,3 +182,29 @@ def test_envs_lists_registered_names():
     assert proc.returncode == 0
     names = proc.stdout.split()
     assert "CartPole-v1" in names and "Pendulum-v1" in names
+
+
+def test_config_precedence_defaults_tuned_file_set(tmp_path):
+    """defaults < the env's tuned config < --config file < --set, as the README says; the
+    env is --env or the file's."""
+    import argparse
+
+    from jaxppo import runargs
+
+    parser = argparse.ArgumentParser()
+    runargs.add_config_flags(parser)
+    parser.add_argument("--run-name")
+    path = tmp_path / "c.yaml"
+    path.write_text("env: CartPole-v1\nlr: 0.005\nnetwork: {activation: relu}\n")
+    tuned = PPOConfig.tuned("CartPole-v1")
+
+    cfg, source = runargs.new_config(parser.parse_args(["--config", str(path), "--set", "num_epochs=3"]))
+    assert (cfg.lr, cfg.num_epochs, cfg.network.activation) == (0.005, 3, "relu")  # file, --set
+    assert cfg.num_envs == tuned.num_envs != PPOConfig().num_envs  # from the tuned config
+    assert cfg.network.hidden_sizes == tuned.network.hidden_sizes
+    assert source == f"defaults < tuned CartPole-v1 < {path} < --set"
+
+    cfg, source = runargs.new_config(parser.parse_args(["--config", str(path), "--defaults"]))
+    assert cfg.num_envs == PPOConfig().num_envs and cfg.lr == 0.005 and source == f"defaults < {path}"
+    cfg, _ = runargs.new_config(parser.parse_args(["--env", "Acrobot-v1", "--config", str(path)]))
+    assert cfg.env == "Acrobot-v1" and cfg.num_envs == PPOConfig.tuned("Acrobot-v1").num_envs

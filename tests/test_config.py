@@ -10,14 +10,17 @@ import pytest
 import yaml
 
 from jaxppo.config import ConfigError, NetworkConfig, PPOConfig
+from jaxppo.resolve import resolve
 
 BASE = PPOConfig(num_envs=4, num_steps=16, num_minibatches=4, total_timesteps=1024)
 
 
 def bad(match: str, **changes):
-    """Assert that validating BASE with `changes` raises ConfigError matching `match`."""
+    """Assert that resolving BASE with `changes` on this host (what every entry point does:
+    validate each field, then what needs the env and devices) raises ConfigError matching
+    `match`."""
     with pytest.raises(ConfigError, match=match) as info:
-        BASE.replace(**changes).validate()
+        resolve(BASE.replace(**changes), "local")
     return str(info.value)
 
 

@@ -78,7 +78,10 @@ def alternate(obs, key):  # 1 on even steps, 0 on odd ones
 
 
 def _episodes(act, params, n=16, max_steps=1000, seed=0):
-    stats = jax.jit(lambda k: run_episodes(act, ENV, params, k, n, max_steps))(jax.random.PRNGKey(seed))
+    def step(obs, key, carry):
+        return act(obs, key), carry
+
+    stats = jax.jit(lambda k: run_episodes(step, ENV, params, k, n, max_steps))(jax.random.PRNGKey(seed))
     return np.asarray(stats.returns), np.asarray(stats.lengths)
 
 
@@ -185,7 +188,7 @@ def test_final_in_training_eval_matches_the_loaded_policy(trained):
     for seed in range(2):
         policy = jaxppo.load_policy(trained["run"], seed_index=seed)
         key = jax.random.fold_in(jnp.asarray(ev.state.rng)[seed], EVAL_KEY_TAG)
-        stats = jax.jit(lambda k: run_episodes(lambda o, _: policy(o), policy.spec.env,
+        stats = jax.jit(lambda k: run_episodes(lambda o, _, c: (policy(o), c), policy.spec.env,
                                                policy.spec.env_params, k, 5, 500))(key)
         assert float(jnp.mean(stats.returns)) == pytest.approx(float(ev.metrics["eval_return_mean"][seed, -1]))
 

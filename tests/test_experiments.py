@@ -11,11 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxppo.config import PPOConfig
+from jaxppo.errors import ConfigError
+
+from jaxppo.config import TUNED_DIR, PPOConfig, tuned_env_names
 from jaxppo.envs import make_env
+from jaxppo.resolve import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = sorted((ROOT / "experiments" / "configs").glob("*.yaml"))
+CONFIGS = sorted(TUNED_DIR.glob("*.yaml"))
 
 
 def _load_script(name: str):
@@ -28,9 +31,21 @@ def _load_script(name: str):
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_tuned_config_is_valid_and_named_after_its_env(path):
-    cfg = PPOConfig.from_file(path).validate()
-    assert cfg.env_name == path.stem
-    make_env(cfg)  # a registered gymnax env that builds with the config's env_kwargs
+    cfg = PPOConfig.tuned(path.stem)
+    assert cfg == PPOConfig.from_file(path) and cfg.env_name == path.stem
+    resolve(cfg)  # a registered gymnax env that builds with the config's env_kwargs
+
+
+def test_tuned_configs_ship_with_the_package_and_take_overrides():
+    assert len(CONFIGS) >= 10 and tuned_env_names() == [p.stem for p in CONFIGS]
+    cfg = PPOConfig.tuned("CartPole-v1", num_seeds=3, network={"activation": "relu"})
+    base = PPOConfig.tuned("CartPole-v1")
+    assert cfg.num_seeds == 3 and cfg.network.activation == "relu"
+    assert cfg.network.hidden_sizes == base.network.hidden_sizes  # other network fields kept
+    with pytest.raises(ConfigError, match="no tuned config for env='CartPole-v2'; did you mean 'CartPole-v1'"):
+        PPOConfig.tuned("CartPole-v2")
+    with pytest.raises(ConfigError, match="unknown config key 'lrr'"):
+        PPOConfig.tuned("CartPole-v1", lrr=1e-3)
 
 
 def test_results_table_rows(tmp_path, monkeypatch):

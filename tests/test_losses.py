@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxppo import networks
-from jaxppo.losses import Minibatch, ppo_loss_terms, update_kl_coeff
+from jaxppo.losses import Batch, ppo_loss_terms, update_kl_coeff
 from jaxppo.networks import DistParams
 
 CLIP = 0.2
@@ -89,7 +89,7 @@ def discrete_case():
     kl = [sum(po * math.log(po / pn) for po, pn in zip(ro, rn)) for ro, rn in zip(p_old, p_new)]
     ref = reference_terms(logp_new, logp_old, adv, new_v, old_v, targets, ent, kl, VF_CLIP)
 
-    batch = Minibatch(
+    batch = Batch(
         obs=jnp.zeros((B, 3)), actions=jnp.asarray(actions, jnp.int32),
         old_log_probs=jnp.asarray(logp_old, jnp.float32),
         old_dist=DistParams(jnp.asarray(old_logits), jnp.zeros((A,))),
@@ -121,7 +121,7 @@ def continuous_case():
     kl = (np.log(s_new / s_old) + (s_old**2 + (old_mu - new_mu) ** 2) / (2 * s_new**2) - 0.5).sum(1)
     ref = reference_terms(logp_new, logp_old, adv, new_v, old_v, targets, ent, kl, VF_CLIP)
 
-    batch = Minibatch(
+    batch = Batch(
         obs=jnp.zeros((B, 3)), actions=jnp.asarray(actions),
         old_log_probs=jnp.asarray(logp_old, jnp.float32),
         old_dist=DistParams(jnp.asarray(old_mu), jnp.asarray(old_log_std)),
@@ -185,7 +185,7 @@ def test_value_clipping_by_hand():
     sample 1: V_old=0, V=0.1, target=-1: err 1.21; clipped V = 0.1, same -> 1.21
     value_loss = 0.5 * mean(0.49, 1.21) = 0.425 (unclipped: 0.5 * mean(0, 1.21) = 0.3025)
     """
-    batch = Minibatch(
+    batch = Batch(
         obs=jnp.zeros((2, 1)), actions=jnp.zeros((2,), jnp.int32),
         old_log_probs=jnp.log(jnp.full((2,), 0.5)),
         old_dist=DistParams(jnp.zeros((2, 2)), jnp.zeros((2,))),
@@ -216,7 +216,7 @@ def test_policy_clipping_by_hand():
     new_logits = jnp.stack([jnp.log(p_new), jnp.log(1 - p_new)], axis=1)
     old_p = jnp.exp(logp_old)
     old_logits = jnp.stack([jnp.log(old_p), jnp.log(1 - old_p)], axis=1)
-    batch = Minibatch(
+    batch = Batch(
         obs=jnp.zeros((4, 1)), actions=jnp.zeros((4,), jnp.int32), old_log_probs=logp_old,
         old_dist=DistParams(old_logits, jnp.zeros((2,))), old_values=jnp.zeros(4),
         advantages=jnp.array([1.0, -1.0, 1.0, -1.0]), value_targets=jnp.zeros(4),

@@ -7,9 +7,8 @@ import pytest
 
 import jaxppo
 from jaxppo.algorithm import Algorithm, HyperParams
-from jaxppo.losses import Minibatch
+from jaxppo.losses import Batch
 from jaxppo.networks import LOG_STD_MAX, ActorCritic, DistParams, _patches, log_prob
-from jaxppo.recurrent import RecurrentAlgorithm
 
 PENDULUM = jaxppo.PPOConfig(env="Pendulum-v1", num_envs=4, num_steps=16, num_minibatches=2,
                             num_epochs=2, total_timesteps=4 * 16 * 2, compilation_cache_dir=None)
@@ -54,7 +53,7 @@ def test_log_std_init_sets_the_free_log_std():
     net = ActorCritic(action_dim=2, discrete=False, hidden_sizes=(8,), log_std_init=-0.7)
     params = net.init(jax.random.PRNGKey(0), jnp.ones((3, 4)))
     np.testing.assert_array_equal(np.asarray(params["params"]["log_std"]), np.float32([-0.7, -0.7]))
-    dist = net.apply(params, jnp.ones((3, 4)), method="policy")
+    dist = net.apply(params, jnp.ones((3, 4)))[0]
     assert dist.log_std.shape == (2,)
 
 
@@ -64,13 +63,13 @@ def test_state_dependent_std_is_a_head_that_starts_near_log_std_init_and_is_clip
     obs = jax.random.normal(jax.random.PRNGKey(1), (5, 4))
     params = net.init(jax.random.PRNGKey(0), obs)
     assert "log_std" not in params["params"] and "log_std_head" in params["params"]
-    log_std = np.asarray(net.apply(params, obs, method="policy").log_std)
+    log_std = np.asarray(net.apply(params, obs)[0].log_std)
     assert log_std.shape == (5, 2)
     assert np.all(np.abs(log_std + 0.7) < 0.1)  # small head init: std starts at exp(-0.7)
     assert np.ptp(log_std[:, 0]) > 0  # and depends on the state
     big = jax.tree_util.tree_map(lambda x: x, params)
     big["params"]["log_std_head"]["bias"] = jnp.full((2,), 50.0)
-    np.testing.assert_array_equal(np.asarray(net.apply(big, obs, method="policy").log_std),
+    np.testing.assert_array_equal(np.asarray(net.apply(big, obs)[0].log_std),
                                   LOG_STD_MAX)
 
 
@@ -78,13 +77,13 @@ def _batch_with_log_std(log_std):
     """A [T=4, E=3] batch whose fields are all functions of one per-sample tag."""
     tag = jnp.arange(12.0).reshape(4, 3)
     loc = jnp.stack([tag, -tag], -1)
-    return Minibatch(obs=tag[..., None], actions=loc, old_log_probs=tag,
+    return Batch(obs=tag[..., None], actions=loc, old_log_probs=tag,
                      old_dist=DistParams(loc, log_std(tag)), old_values=tag, advantages=tag,
                      value_targets=tag)
 
 
 def test_minibatches_keep_a_per_sample_log_std_with_its_sample_and_share_a_vector_one():
-    algo = Algorithm(PENDULUM.validate())
+    algo = Algorithm(PENDULUM)
     idx = jnp.array([[2, 0, 3], [1, 3, 0]])  # [T/M, E]: each env's own time indices
     per = algo.gather_minibatch(_batch_with_log_std(lambda t: jnp.stack([t / 100, -t / 100], -1)), idx)
     tag = np.asarray(per.old_log_probs)
@@ -100,19 +99,19 @@ def test_state_dependent_std_batch_replays_the_rollout_and_trains(recurrent):
     rollout's log-probs and std exactly, before any update."""
     net = jaxppo.NetworkConfig((16,), state_dependent_std=True, log_std_init=-0.5,
                                recurrent_size=8 if recurrent else 0)
-    cfg = PENDULUM.replace(network=net).validate()
-    algo = (RecurrentAlgorithm if recurrent else Algorithm)(cfg)
+    cfg = PENDULUM.replace(network=net)
+    algo = Algorithm(cfg)
     hp = HyperParams.from_config(cfg)
     state = jax.jit(algo.init)(jax.random.PRNGKey(0), hp)
     rolled, traj = jax.jit(algo.rollout)(state, hp)
-    values, _ = algo.values(rolled.params, rolled.obs_stats, traj)
+    values, _ = algo.rollout_values(rolled.params, rolled.obs_stats, traj)
     batch = algo.make_batch(rolled.obs_stats, traj, values, values, values)
-    mb = batch.minibatch if recurrent else batch
+    mb = batch
     assert mb.old_dist.log_std.shape == (16, 4, 1)
     if recurrent:
-        dist, _, _ = algo.unroll(rolled.params, batch.hidden0, mb.obs, batch.reset)
+        dist, _, _ = algo.unroll(rolled.params, batch.carry0, mb.obs, batch.reset)
     else:
-        dist = algo.network.apply(rolled.params, mb.obs, method="policy")
+        dist = algo.network.apply(rolled.params, mb.obs)[0]
     np.testing.assert_allclose(np.asarray(dist.log_std), np.asarray(mb.old_dist.log_std), atol=1e-6)
     np.testing.assert_allclose(np.asarray(log_prob(False, dist, mb.actions)),
                                np.asarray(mb.old_log_probs), atol=1e-5)

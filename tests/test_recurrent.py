@@ -1,4 +1,5 @@
-"""Recurrent (GRU) PPO: network shapes, resets, exact replay of the rollout, learning with memory."""
+"""Recurrent (GRU) PPO: network shapes, resets, exact replay of the rollout, learning with
+memory, and the recurrent policy after training (load_policy, eval)."""
 
 import jax
 import jax.numpy as jnp
@@ -6,10 +7,10 @@ import numpy as np
 import pytest
 
 import jaxppo
-from jaxppo.algorithm import HyperParams
+from jaxppo.algorithm import Algorithm, HyperParams
 from jaxppo.losses import ppo_loss_terms
-from jaxppo.networks import log_prob
-from jaxppo.recurrent import RecurrentActorCritic, RecurrentAlgorithm, algorithm_class
+from jaxppo.networks import ActorCritic, RecurrentActorCritic, log_prob
+from jaxppo.resolve import Layout
 
 # MemoryChain with memory_length=3: the context bit is shown only at the start and must be
 # recalled 3 steps later for +1 (a wrong answer gives -1), so any memoryless policy averages 0.
@@ -21,12 +22,12 @@ MEMORY = jaxppo.PPOConfig(
 
 
 def _algo(cfg=MEMORY):
-    cfg = cfg.validate()
-    return RecurrentAlgorithm(cfg), HyperParams.from_config(cfg)
+    algo = Algorithm(cfg)
+    return algo, HyperParams.from_config(algo.config)
 
 
 def test_network_output_shapes():
-    net = RecurrentActorCritic(action_dim=3, discrete=True, recurrent_size=5, hidden_sizes=(7,))
+    net = RecurrentActorCritic(action_dim=3, discrete=True, carry_size=5, hidden_sizes=(7,))
     obs = jnp.ones((4, 6))
     params = net.init(jax.random.PRNGKey(0), obs)
     dist, value, hidden = net.apply(params, obs)
@@ -35,14 +36,14 @@ def test_network_output_shapes():
     dist, value, hidden = net.apply(params, jnp.ones((2, 4, 6)), jnp.zeros((2, 4, 5)),
                                     jnp.zeros((2, 4), bool))
     assert dist.loc.shape == (2, 4, 3) and value.shape == (2, 4) and hidden.shape == (2, 4, 5)
-    cont = RecurrentActorCritic(action_dim=2, discrete=False, recurrent_size=5, hidden_sizes=(7,))
+    cont = RecurrentActorCritic(action_dim=2, discrete=False, carry_size=5, hidden_sizes=(7,))
     cp = cont.init(jax.random.PRNGKey(0), obs)
     dist, _, _ = cont.apply(cp, obs)
     assert dist.loc.shape == (4, 2) and dist.log_std.shape == (2,)
 
 
 def test_reset_zeroes_the_hidden_state():
-    net = RecurrentActorCritic(action_dim=2, discrete=True, recurrent_size=4, hidden_sizes=(8,))
+    net = RecurrentActorCritic(action_dim=2, discrete=True, carry_size=4, hidden_sizes=(8,))
     obs = jax.random.normal(jax.random.PRNGKey(1), (3, 5))
     params = net.init(jax.random.PRNGKey(0), obs)
     hidden = jax.random.normal(jax.random.PRNGKey(2), (3, 4))
@@ -58,20 +59,20 @@ def test_reset_zeroes_the_hidden_state():
     assert not np.allclose(np.asarray(out[2])[1], np.asarray(fresh[2])[1])
 
 
-def test_rollout_stores_initial_hidden_and_resets_and_carries_hidden_across_rollouts():
+def test_rollout_stores_initial_carry_and_resets_and_carries_it_across_rollouts():
     algo, hp = _algo()
     state = algo.init(jax.random.PRNGKey(0), hp)
     state1, traj = jax.jit(algo.rollout)(state, hp)
     done = np.asarray(traj.terminated | traj.truncated)
     assert done.any()  # episodes are 4 steps long
-    np.testing.assert_array_equal(np.asarray(traj.reset)[0], np.asarray(state.hidden.reset))
+    np.testing.assert_array_equal(np.asarray(traj.reset)[0], np.asarray(state.carry.reset))
     np.testing.assert_array_equal(np.asarray(traj.reset)[1:], done[:-1])
-    np.testing.assert_array_equal(np.asarray(state1.hidden.reset), done[-1])
-    np.testing.assert_array_equal(np.asarray(traj.hidden0), np.asarray(state.hidden.hidden))
+    np.testing.assert_array_equal(np.asarray(state1.carry.reset), done[-1])
+    np.testing.assert_array_equal(np.asarray(traj.carry0), np.asarray(state.carry.state))
     # The next rollout starts from the carry the first one ended with.
     _, traj2 = jax.jit(algo.rollout)(state1, hp)
-    np.testing.assert_array_equal(np.asarray(traj2.hidden0), np.asarray(state1.hidden.hidden))
-    assert np.abs(np.asarray(state1.hidden.hidden)).sum() > 0
+    np.testing.assert_array_equal(np.asarray(traj2.carry0), np.asarray(state1.carry.state))
+    assert np.abs(np.asarray(state1.carry.state)).sum() > 0
 
 
 def test_replaying_the_gru_reproduces_the_rollout_exactly():
@@ -80,7 +81,7 @@ def test_replaying_the_gru_reproduces_the_rollout_exactly():
     state = jax.jit(algo.iteration)(state, hp)[0]  # a non-zero carry at the rollout's start
     obs_stats = state.obs_stats
     state, traj = jax.jit(algo.rollout)(state, hp)
-    values, next_values = jax.jit(algo.values)(state.params, obs_stats, traj)
+    values, next_values = jax.jit(algo.rollout_values)(state.params, obs_stats, traj)
 
     # V(s'_t) from the carry after step t equals V(s_{t+1}) wherever no episode ended.
     done = np.asarray(traj.terminated | traj.truncated)
@@ -93,14 +94,15 @@ def test_replaying_the_gru_reproduces_the_rollout_exactly():
     np.testing.assert_array_equal(cols, np.arange(MEMORY.num_envs))  # a partition of the envs
     for j in range(MEMORY.num_minibatches):
         rb = algo.gather_minibatch(batch, idx[j])
-        assert rb.minibatch.obs.shape[:2] == (MEMORY.num_steps, MEMORY.num_envs // 2)
-        dist, v, _ = jax.jit(algo.unroll)(state.params, rb.hidden0, rb.minibatch.obs, rb.reset)
-        logp = log_prob(True, dist, rb.minibatch.actions)
-        np.testing.assert_allclose(np.asarray(logp), np.asarray(rb.minibatch.old_log_probs),
+        assert rb.obs.shape[:2] == (MEMORY.num_steps, MEMORY.num_envs // 2)
+        assert rb.carry0.shape == (MEMORY.num_envs // 2, 8)
+        dist, v, _ = jax.jit(algo.unroll)(state.params, rb.carry0, rb.obs, rb.reset)
+        logp = log_prob(True, dist, rb.actions)
+        np.testing.assert_allclose(np.asarray(logp), np.asarray(rb.old_log_probs),
                                    rtol=0, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(v), np.asarray(rb.minibatch.old_values), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(v), np.asarray(rb.old_values), atol=1e-6)
         flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]) if x.ndim >= 2 else x,
-                            rb.minibatch)
+                            rb._replace(carry0=None))
         terms = ppo_loss_terms(
             True, dist._replace(loc=dist.loc.reshape(-1, 2)), v.reshape(-1), flat,
             clip_param=0.2, vf_clip_param=0.0, vf_coeff=0.5, entropy_coeff=0.0, kl_coeff=0.0,
@@ -114,7 +116,7 @@ def test_minibatches_do_not_depend_on_how_envs_are_split_over_devices():
     key = jax.random.PRNGKey(4)
     whole = algo.minibatch_indices(key, jnp.arange(8))
     # Two devices of 4 envs each (global ids 0-3 and 4-7), num_minibatches=2 per device.
-    algo2 = RecurrentAlgorithm(MEMORY, num_devices=2)
+    algo2 = Algorithm(jaxppo.resolve(MEMORY, Layout(2)))
     parts = [algo2.minibatch_indices(key, jnp.arange(4) + 4 * d) + 4 * d for d in range(2)]
     for j in range(2):
         assert set(np.asarray(whole[j]).tolist()) == set(
@@ -124,34 +126,53 @@ def test_minibatches_do_not_depend_on_how_envs_are_split_over_devices():
 def test_config_fields_and_errors():
     cfg = MEMORY.replace(num_envs=6, num_minibatches=4)
     with pytest.raises(jaxppo.ConfigError, match="num_minibatches=4 does not divide num_envs=6"):
-        cfg.validate()
+        jaxppo.resolve(cfg)
     # num_steps need not be a multiple of num_minibatches for recurrent minibatches.
-    MEMORY.replace(num_steps=15, total_timesteps=8 * 15).validate()
+    jaxppo.resolve(MEMORY.replace(num_steps=15, total_timesteps=8 * 15))
     with pytest.raises(jaxppo.ConfigError, match="recurrent_size"):
         MEMORY.replace(network=jaxppo.NetworkConfig(recurrent_size=-1)).validate()
-    with pytest.raises(jaxppo.ConfigError, match="must divide the envs on each device"):
-        RecurrentAlgorithm(MEMORY.replace(num_minibatches=8), num_devices=2)
+    with pytest.raises(jaxppo.ConfigError, match="does not divide the envs on each device"):
+        jaxppo.resolve(MEMORY.replace(num_minibatches=8), Layout(2))
+    jaxppo.resolve(MEMORY.replace(num_minibatches=8, sync="batch"), Layout(2))
     d = MEMORY.to_dict()
     assert d["network"]["recurrent_size"] == 8
     assert jaxppo.PPOConfig.from_dict(d).network.recurrent_size == 8
     assert jaxppo.PPOConfig().network.recurrent_size == 0
-    assert algorithm_class(MEMORY) is RecurrentAlgorithm
-    assert algorithm_class(jaxppo.PPOConfig()) is not RecurrentAlgorithm
+    assert isinstance(jaxppo.resolve(MEMORY).network, RecurrentActorCritic)
+    assert isinstance(jaxppo.resolve(jaxppo.PPOConfig()).network, ActorCritic)
 
 
-def test_train_runs_recurrent_and_policy_needs_hidden_state():
-    result = jaxppo.train(MEMORY.replace(eval_every=2, eval_episodes=4), progress=False)
-    assert isinstance(result._algorithm, RecurrentAlgorithm)
+def test_train_runs_recurrent_and_its_policy_carries_its_state(tmp_path):
+    run_dir = tmp_path / "gru"
+    result = jaxppo.train(MEMORY.replace(eval_every=2, eval_episodes=4), run_dir=run_dir,
+                          progress=False, plot=False)
+    assert result._algorithm.recurrent
     assert np.isfinite(result.metrics["eval_return_mean"][-1])
     assert np.all(np.isfinite(result.metrics["policy_loss"]))
     obs = jnp.zeros((3, 3))
-    with pytest.raises(TypeError, match="needs its hidden state"):
+    with pytest.raises(TypeError, match="needs its carry"):
         result.policy(obs, jax.random.PRNGKey(0))
     algo = result._algorithm
-    hidden = algo.initial_hidden((3,))
-    action, hidden = algo.act(result.state.params, result.state.obs_stats, obs, hidden,
-                              jax.random.PRNGKey(0))
-    assert action.shape == (3,) and hidden.shape == (3, 8)
+    carry = algo.initial_carry((3,))
+    action, carry = algo.policy_step(result.state.params, result.state.obs_stats, obs, carry,
+                                     jax.random.PRNGKey(0))
+    assert action.shape == (3,) and carry.shape == (3, 8)
+
+    # The saved policy acts step by step with its carry, and evaluates as the run does.
+    policy = jaxppo.load_policy(run_dir)
+    assert policy.recurrent and policy.initial_carry((3,)).shape == (3, 8)
+    with pytest.raises(TypeError, match="policy.step"):
+        policy(obs)
+    a1, c1 = policy.step(obs, policy.initial_carry((3,)))
+    a2, c2 = algo.policy_step(result.state.params, result.state.obs_stats, obs,
+                              algo.initial_carry((3,)), None, deterministic=True)
+    np.testing.assert_array_equal(np.asarray(a1), np.asarray(a2))
+    np.testing.assert_allclose(np.asarray(c1), np.asarray(c2), atol=1e-6)  # jit vs eager
+    _, c3 = policy.step(obs, c1)
+    assert not np.allclose(np.asarray(c3), np.asarray(c1))  # the carry moves on
+    ev = policy.evaluate(episodes=6, seed=1)
+    assert ev == result.evaluate(episodes=6, seed=1)
+    assert ev["episodes"] == 6 and set(ev["returns"]) <= {-1.0, 1.0}
 
 
 @pytest.mark.slow

@@ -281,11 +281,11 @@ def test_policy_and_value_shapes(one_seed, two_seeds):
 def test_policy_and_value_use_the_trained_params(one_seed, two_seeds):
     obs = jax.random.normal(jax.random.PRNGKey(2), (9, 4))
     net = one_seed._algorithm.network
-    dist, v = net.apply(one_seed.params, obs)
+    dist, v, _ = net.apply(one_seed.params, obs)
     np.testing.assert_array_equal(np.asarray(one_seed.policy(obs, deterministic=True)),
                                   np.asarray(jnp.argmax(dist.loc, -1)))
     np.testing.assert_allclose(np.asarray(one_seed.value(obs)), np.asarray(v), rtol=1e-5, atol=1e-6)
-    _, v1 = net.apply(seed_slice(two_seeds.params, 1), obs)
+    _, v1, _ = net.apply(seed_slice(two_seeds.params, 1), obs)
     np.testing.assert_allclose(np.asarray(two_seeds.value(obs, seed=1)), np.asarray(v1), rtol=1e-5, atol=1e-6)
 
 

@@ -13,7 +13,8 @@ import jaxppo
 from jaxppo.envs import make_env
 from jaxppo.transforms import (CountBonus, DiscreteActionEnv, DiscretizeActions, FrameStack,
                                FrameStackEnv, apply_reward_hooks, init_reward_hooks,
-                               resolve_transforms, transforms_to_list)
+                               resolve_transforms)
+from jaxppo.config import transforms_to_list
 
 
 # ---------------------------------------------------------------------- a clock env
@@ -138,8 +139,7 @@ def test_transforms_compose_in_order():
 
     cfg = jaxppo.PPOConfig(env="CartPole-v1", transforms=(
         {"frame_stack": {"k": 2}}, ("count_bonus", {"scale": 0.25}), double))
-    cfg.validate()
-    spec = make_env(cfg)
+    spec = jaxppo.resolve(cfg).spec
     assert spec.obs_shape == (4, 2)
     assert len(init_reward_hooks(cfg, spec)) == 2  # one state per reward hook
     cfg2 = cfg.replace(transforms=(cfg.transforms[1], jaxppo.transforms.FunctionHook(double, 0)))
@@ -160,13 +160,13 @@ def test_config_entries_and_errors():
                              ["frame_stack", {"k": 2}]])
     assert [type(t) for t in ts] == [FrameStack, CountBonus, FrameStack] and ts[2].k == 2
     with pytest.raises(jaxppo.ConfigError, match="did you mean 'frame_stack'"):
-        jaxppo.PPOConfig(transforms=["frame_stak"]).validate()
+        jaxppo.resolve(jaxppo.PPOConfig(transforms=["frame_stak"]))
     with pytest.raises(jaxppo.ConfigError, match="does not take"):
-        jaxppo.PPOConfig(transforms=[{"count_bonus": {"sclae": 1}}]).validate()
+        jaxppo.resolve(jaxppo.PPOConfig(transforms=[{"count_bonus": {"sclae": 1}}]))
     with pytest.raises(jaxppo.ConfigError, match="power of two"):
-        jaxppo.PPOConfig(transforms=[{"count_bonus": {"buckets": 1000}}]).validate()
+        jaxppo.resolve(jaxppo.PPOConfig(transforms=[{"count_bonus": {"buckets": 1000}}]))
     with pytest.raises(jaxppo.ConfigError, match="k=0"):
-        jaxppo.PPOConfig(transforms=[{"frame_stack": {"k": 0}}]).validate()
+        jaxppo.resolve(jaxppo.PPOConfig(transforms=[{"frame_stack": {"k": 0}}]))
     cfg = jaxppo.PPOConfig().with_overrides(['transforms=[{frame_stack: {k: 3}}, count_bonus]'])
     d = cfg.to_dict()
     assert d["transforms"] == [{"frame_stack": {"k": 3}}, "count_bonus"]
@@ -229,7 +229,7 @@ def test_discretize_actions_steps_the_env_with_the_mapped_action():
 
 def test_discretize_actions_errors_name_the_fix():
     with pytest.raises(jaxppo.ConfigError, match="bins=1 must be an integer >= 2"):
-        jaxppo.PPOConfig(transforms=[{"discretize_actions": {"bins": 1}}]).validate()
+        jaxppo.resolve(jaxppo.PPOConfig(transforms=[{"discretize_actions": {"bins": 1}}]))
     with pytest.raises(jaxppo.ConfigError, match="needs a continuous .Box. action space"):
         make_env(jaxppo.PPOConfig(env="CartPole-v1", transforms=["discretize_actions"]))
     with pytest.raises(jaxppo.ConfigError, match="65\\*\\*2 = 4225 joint actions .at most 4096.; use fewer bins"):

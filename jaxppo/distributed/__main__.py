@@ -8,7 +8,13 @@ import argparse
 import logging
 import os
 import sys
-import time
+
+import jax
+
+from jaxppo import runargs
+from jaxppo.distributed.cluster import DistributedError
+from jaxppo.distributed.launch import train_distributed
+from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -20,8 +26,7 @@ def _build_parser() -> argparse.ArgumentParser:
             "statistics are all-reduced inside the compiled iteration. Connects to RAY_ADDRESS "
             "when set (a submitted job has it), else starts a local Ray instance. num_envs is "
             "the global env count (split evenly over hosts x devices). "
-            "Config precedence as in `jaxppo train`: defaults < experiments/configs/<env>.yaml "
-            "< --config < --set."
+            f"Config precedence as in `jaxppo train`: {runargs.PRECEDENCE}."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -30,18 +35,12 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="after a host is lost, continue on fewer hosts (down to M; the envs are "
                         "re-split) when no node can replace it (default: --hosts, i.e. wait for "
                         "a node or stop)")
-    p.add_argument("--env", help="gymnax env name, e.g. CartPole-v1 (overrides the file's env)")
-    p.add_argument("--config", help="YAML or JSON file of PPOConfig fields")
-    p.add_argument("--defaults", action="store_true",
-                   help="ignore the tuned config in experiments/configs/ and start from defaults")
-    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
-                   metavar="KEY=VALUE", help="override config fields, e.g. --set num_envs=8")
+    runargs.add_config_flags(p)
     p.add_argument("--runs-dir", default="runs",
                    help="folder that receives the run folder (give an absolute path under "
                         "`ray job submit --working-dir`, whose cwd is a temporary copy)")
     p.add_argument("--run-name", help="run folder name (default <env>-ray<H>-<YYYYmmdd-HHMMSS>)")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else local)")
-    p.add_argument("--seeds", type=int, help="shortcut for --set num_seeds=N (vmapped on every host)")
     p.add_argument("--coordinator-port", type=int, default=0,
                    help="jax.distributed coordinator port on host 0's node (0: a free port)")
     p.add_argument("--gpus-per-host", type=float, default=0.0,
@@ -49,15 +48,6 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default="STRICT_SPREAD",
                    choices=("STRICT_SPREAD", "SPREAD", "PACK", "STRICT_PACK"),
                    help="placement of the learners; STRICT_SPREAD = one per node")
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue RUN_DIR from its newest checkpoint, with its config.yaml; --set "
-                        "may change fields such as total_timesteps (to extend the run), not "
-                        "shapes; --hosts may change if it divides num_envs")
-    p.add_argument("--stop-after", type=int, metavar="N",
-                   help="stop after N iterations of this call (a checkpoint is written); "
-                        "continue later with --resume")
-    p.add_argument("--no-progress", action="store_true", help="no progress lines")
-    p.add_argument("--no-plot", action="store_true", help="skip curve.png")
     return p
 
 
@@ -67,32 +57,14 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     logging.getLogger("jaxppo").setLevel(logging.INFO)
 
-    import jax
-
     # The driver runs no training step; keep it off accelerators so it never competes with a
     # learner for GPU memory on the head node (override with JAX_PLATFORMS).
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")
-
-    from jaxppo.checkpoint import CheckpointError
-    from jaxppo.cli import config_for, report
-    from jaxppo.config import ConfigError
-    from jaxppo.distributed.cluster import DistributedError
-    from jaxppo.distributed.launch import train_distributed
-    from jaxppo.rundir import fresh_run_dir
-    from jaxppo.train import TrainingDivergedError
-
-    if args.stop_after is not None and args.stop_after < 1:
-        print(f"error: --stop-after {args.stop_after} must be >= 1", file=sys.stderr)
-        return 2
     try:
-        config, source, run_dir = config_for(args)
-        if not args.resume:
-            run_dir = fresh_run_dir(args.runs_dir, args.run_name or
-                                    f"{config.env_name}-ray{args.hosts}-{time.strftime('%Y%m%d-%H%M%S')}")
+        config, source, run_dir = runargs.start(args, name_tag=f"-ray{args.hosts}")
     except (ConfigError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return runargs.fail(e)
 
     print(f"config: {source}; hosts: {args.hosts}; run folder: {run_dir.resolve()}",
           file=sys.stderr, flush=True)
@@ -105,12 +77,10 @@ def main(argv: list[str] | None = None) -> int:
             coordinator_port=args.coordinator_port,
         )
     except (DistributedError, ConfigError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return runargs.fail(e)
     except TrainingDivergedError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return report(result, resume_command=f"python -m jaxppo.distributed --resume {run_dir} "
+        return runargs.fail(e, 1)
+    return runargs.report(result, resume_command=f"python -m jaxppo.distributed --resume {run_dir} "
                                          f"--hosts {args.hosts}")
 
 

@@ -13,7 +13,8 @@ import warnings
 
 import ray
 
-from jaxppo.config import ConfigError
+from jaxppo.distributed.loopback import LOOPBACK_ENV
+from jaxppo.errors import ConfigError
 
 # ---------------------------------------------------------------------- errors
 class DistributedError(RuntimeError):
@@ -66,8 +67,6 @@ def keep_loopback(address: str | None, children: bool = False):
         return
     try:
         import ray._private.ray_constants as ray_constants
-
-        from jaxppo.distributed.loopback import LOOPBACK_ENV
     except ImportError:  # pragma: no cover - layout of a future Ray
         yield
         return

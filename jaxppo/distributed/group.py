@@ -28,7 +28,10 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jaxppo.config import PPOConfig
+from jaxppo.algorithm import Algorithm
+from jaxppo.errors import ConfigError
+from jaxppo.layouts import join_parts, shard_state
+from jaxppo.resolve import Layout, Resolved
 from jaxppo.distributed.cluster import (DistributedError, HostsConfigError, NotEnoughNodesError,
                                         _node_summary)
 from jaxppo.distributed.learner import HostLearner, versions
@@ -47,8 +50,9 @@ class HostLost(Exception):
         self.dead = dead
 
 
-def check_hosts(config: PPOConfig, hosts: int, min_hosts: int | None = None) -> None:
-    """HostsConfigError unless `config` can be split over `hosts` (and `min_hosts`) hosts."""
+def check_hosts(run: Resolved, hosts: int, min_hosts: int | None = None) -> None:
+    """HostsConfigError unless the run can be split over `hosts` (and `min_hosts`) hosts."""
+    config = run.config
     for name, value in (("hosts", hosts), ("min_hosts", min_hosts)):
         if value is None and name == "min_hosts":
             continue
@@ -70,10 +74,7 @@ def check_hosts(config: PPOConfig, hosts: int, min_hosts: int | None = None) -> 
         )
     # The program must also be buildable with one shard per host (e.g. a recurrent policy's
     # minibatches of whole env sequences): the same check a local pmap makes.
-    from jaxppo.envs import make_env
-    from jaxppo.recurrent import algorithm_class
-
-    algorithm_class(config)(config, make_env(config), num_devices=hosts)
+    run.with_layout(Layout(1, hosts))
 
 
 class HostGroup:
@@ -83,20 +84,17 @@ class HostGroup:
     config's seed). Ray must be connected (jaxppo.distributed.cluster.connect).
     """
 
-    def __init__(self, config: PPOConfig, hp, hosts: int, *, chunk_len: int,
+    def __init__(self, run: Resolved, hp, hosts: int, *, chunk_len: int,
                  restored=None, start_iter: int = 0, min_hosts: int | None = None,
                  strategy: str = "STRICT_SPREAD", gpus_per_host: float = 0,
                  placement_timeout_s: float = 60.0, init_timeout_s: int = 60,
                  coordinator_port: int = 0, max_restarts: int = 8,
                  pin_cpus: list[list[int]] | None = None,
                  learner_env: dict[str, str] | None = None, snapshot_every_s: float = 0.0):
-        from jaxppo.envs import make_env
-        from jaxppo.recurrent import algorithm_class
-
         if strategy not in STRATEGIES:
             raise HostsConfigError(f"strategy={strategy!r} must be one of {', '.join(STRATEGIES)} "
                                    "(STRICT_SPREAD, the default, puts one host on each node)")
-        self.config = config
+        self.config = run.config
         self.hp = jax.tree.map(np.asarray, hp)
         self.requested = hosts
         self.min_hosts = hosts if min_hosts is None else min_hosts
@@ -109,7 +107,7 @@ class HostGroup:
         self.max_restarts = max_restarts
         self.pin_cpus = pin_cpus
         self.learner_env = dict(learner_env or {})
-        self.algorithm = algorithm_class(config)(config, make_env(config))
+        self.algorithm = Algorithm(run)
         self.snapshot_every_s = snapshot_every_s
         self.snapshot_state = restored
         # The run's iteration (what the loop has), the newest snapshot's, and where the
@@ -121,7 +119,7 @@ class HostGroup:
         self.host_info: list[dict] = []
         self.pg = None
         self.hosts = 0
-        self.num_devices = 0
+        self.shards = 0
         self.compile_seconds = 0.0
 
     # -------------------------------------------------------------- runner interface
@@ -154,9 +152,7 @@ class HostGroup:
 
     def _keep(self, parts) -> None:
         """Keep the unsharded state joined from every host's part."""
-        from jaxppo.layouts import join_parts
-
-        state = join_parts(parts, self.num_devices, self.config.num_seeds)
+        state = join_parts(parts, self.shards, self.config.num_seeds)
         self.snapshot_state, self.snapshot_iter = state, self.iteration
         self.snapshot_time = time.monotonic()
 
@@ -169,11 +165,9 @@ class HostGroup:
             self.learners_at = nxt
 
     def final_state(self):
-        from jaxppo.layouts import shard_state
-
         state = self.snapshot()
-        if self.num_devices > 1:
-            return shard_state(state, self.num_devices, self.config.num_seeds)
+        if self.shards > 1:
+            return shard_state(state, self.shards, self.config.num_seeds)
         return state
 
     def close(self) -> None:
@@ -253,7 +247,7 @@ class HostGroup:
             raise DistributedError(
                 f"the hosts have different numbers of devices ({sorted(local)}); every host needs "
                 "the same: set num_devices to the smallest, or use alike nodes")
-        self.num_devices = hosts * local.pop()
+        self.shards = hosts * local.pop()
         self._get([a.start.remote(self.snapshot_state, self.chunk_len) for a in self.learners],
                   None, "compiling the program")
         self.learners_at = self.snapshot_iter
@@ -390,8 +384,6 @@ def _short_reason(e: BaseException) -> str:
 def _task_error(e: RayTaskError, what: str) -> Exception:
     """A learner's exception as the driver raises it: config errors as they are, anything
     else as a DistributedError naming what failed."""
-    from jaxppo.config import ConfigError
-
     cause = getattr(e, "cause", None) or e
     if isinstance(cause, (ConfigError, DistributedError)):
         return cause

@@ -5,10 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import sys
+
 import ray
 
+from jaxppo import checkpoint as ckpt
 from jaxppo.algorithm import HyperParams
 from jaxppo.config import PPOConfig
+from jaxppo.loop import chunk_length, open_folder, restore_checkpoint, run_loop
+from jaxppo.train import prepare
 from jaxppo.distributed.cluster import connect
 from jaxppo.distributed.group import HostGroup, check_hosts
 
@@ -59,18 +64,15 @@ def train_distributed(
     cannot be resumed, ClusterUnreachableError, NotEnoughNodesError, DistributedError, and
     TrainingDivergedError on NaN/inf; nothing is started or written before the checks pass.
     """
-    from jaxppo import checkpoint as ckpt
-    from jaxppo.loop import chunk_length, open_folder, restore_checkpoint, run_loop
-    from jaxppo.train import prepare
-
     config, run_dir, store, step, meta = ckpt.begin_resume("train_distributed", config, run_dir, resume)
     try:
-        config = prepare(config, run_dir, meta, stop_after_iterations, "python -m jaxppo.distributed")
-        check_hosts(config, hosts, min_hosts)
+        run = prepare(config, run_dir, meta, stop_after_iterations, "python -m jaxppo.distributed")
+        config = run.config
+        check_hosts(run, hosts, min_hosts)
         hp = hparams if hparams is not None else HyperParams.from_config(config)
         restored, start_iter, wall_offset = None, 0, 0.0
         if store is not None:
-            restored, start_iter, wall_offset = restore_checkpoint(store, step, config, run_dir, hp)
+            restored, start_iter, wall_offset = restore_checkpoint(store, step, run, run_dir, hp)
     finally:
         if store is not None:
             store.close()
@@ -78,7 +80,7 @@ def train_distributed(
     started = connect(address, timeout_s=connect_timeout_s)
     group = folder = None
     try:
-        group = HostGroup(config, hp, hosts, chunk_len=chunk_length(config), restored=restored,
+        group = HostGroup(run, hp, hosts, chunk_len=chunk_length(config), restored=restored,
                           start_iter=start_iter, min_hosts=min_hosts, strategy=strategy,
                           gpus_per_host=gpus_per_host, placement_timeout_s=placement_timeout_s,
                           init_timeout_s=init_timeout_s, coordinator_port=coordinator_port,
@@ -86,8 +88,6 @@ def train_distributed(
                           snapshot_every_s=snapshot_every_s)
         group.start()
         if progress is not False:
-            import sys
-
             for h in group.host_info:
                 print(f"host {h['host_index']}: node {h['node_ip']} ({h['node_id'][:8]}), pid "
                       f"{h['pid']}, {h['backend']} devices {', '.join(h['devices'])}",

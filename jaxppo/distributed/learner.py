@@ -14,6 +14,16 @@ import socket
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import jaxlib
+import ray
+from jax.experimental import multihost_utils
+
+from jaxppo.layouts import ChunkRunner, build_program
+from jaxppo.resolve import resolve
+from jaxppo.runtime import __version__, enable_compilation_cache
+
 logger = logging.getLogger("jaxppo.distributed")
 
 # Set JAXPPO_GLOO_POLLER_IDLE=0 to leave gloo's network thread at normal priority.
@@ -21,11 +31,6 @@ POLLER_ENV = "JAXPPO_GLOO_POLLER_IDLE"
 
 
 def versions() -> dict:
-    import jax
-    import jaxlib
-
-    from jaxppo import __version__
-
     return {"python": sys.version.split()[0], "jax": jax.__version__,
             "jaxlib": jaxlib.__version__, "jaxppo": __version__}
 
@@ -47,9 +52,6 @@ def collective_burst(size: int = 16, reps: int = 100):
     """A compiled function that runs `reps` all-reduces (pmean) of `size` floats over every
     device of the group, one after the other, and returns its wall time in seconds per
     all-reduce. A collective: every host must call it at the same time."""
-    import jax
-    import jax.numpy as jnp
-
     n = jax.local_device_count()
 
     def body(x):
@@ -157,8 +159,6 @@ class HostLearner:
             pin_to_cpus(cpus)
 
     def info(self) -> dict:
-        import ray
-
         ctx = ray.get_runtime_context()
         return {"host_index": self.host_index, "node_id": ctx.get_node_id(),
                 "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
@@ -166,8 +166,6 @@ class HostLearner:
 
     def coordinator_address(self, port: int = 0) -> str:
         """host:port for jax.distributed's coordinator on this node: `port`, or a free one."""
-        import ray
-
         ip = ray.util.get_node_ip_address()
         with socket.socket() as s:
             try:
@@ -180,10 +178,6 @@ class HostLearner:
 
     def initialize(self, coordinator: str, timeout_s: int) -> dict:
         """Join the jax.distributed group (collectives: gloo on CPU) and check the layout."""
-        import jax
-
-        from jaxppo.layouts import host_layout
-
         if not self.use_gpu and not os.environ.get("JAX_PLATFORMS"):
             # No GPU reserved for this learner: stay off any GPU the node has.
             jax.config.update("jax_platforms", "cpu")
@@ -200,27 +194,21 @@ class HostLearner:
                 f"JAX (platforms: {platforms}): {type(e).__name__}: {e or 'no message'}. Check "
                 "that the node's JAX install has that platform (jax[cuda12] for GPUs; "
                 "JAX_PLATFORMS, --gpus-per-host) and that it can reach the coordinator") from None
-        self.layout = host_layout(self.config)
-        return {"process_index": jax.process_index(), "local_devices": self.layout.local_devices,
-                "devices": [str(d) for d in jax.local_devices()[:self.layout.local_devices]],
+        self.run_spec = resolve(self.config, "hosts")
+        local_devices = self.run_spec.layout.local_devices
+        return {"process_index": jax.process_index(), "local_devices": local_devices,
+                "devices": [str(d) for d in jax.local_devices()[:local_devices]],
                 "backend": jax.default_backend()}
 
     def start(self, restored, chunk_len: int) -> float:
         """Build and compile the program; start from `restored` (an unsharded state) or from
         the run's seed. Returns the seconds it took."""
-        import jax
-        from jax.experimental import multihost_utils
-
-        from jaxppo.envs import make_env
-        from jaxppo.layouts import ChunkRunner, build_program
-        from jaxppo.train import enable_compilation_cache
-
         t0 = time.perf_counter()
         enable_compilation_cache(self.config.compilation_cache_dir)
-        program = build_program(self.config, make_env(self.config), self.hp, self.layout, chunk_len)
+        program = build_program(self.run_spec, self.hp, chunk_len)
         self.runner = ChunkRunner(program, self.hp, jax.random.PRNGKey(self.config.seed), restored)
         multihost_utils.sync_global_devices("jaxppo learners ready")
-        if self.layout.num_processes > 1 and jax.default_backend() == "cpu":
+        if self.run_spec.layout.num_processes > 1 and jax.default_backend() == "cpu":
             self.collectives = quiet_gloo_poller()
         return time.perf_counter() - t0
 
@@ -237,8 +225,6 @@ class HostLearner:
 
     def leave(self) -> None:
         """Leave the jax.distributed group (every host calls it together)."""
-        import jax
-
         jax.distributed.shutdown()
 
     def stats(self) -> dict:

@@ -1,0 +1,24 @@
+"""The errors jaxppo raises on purpose. Each message names the problem and the fix.
+
+A leaf module: everything else imports from here, and it imports nothing from jaxppo.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """An impossible or unknown configuration value; the message names field, value and fix."""
+
+
+class CheckpointError(RuntimeError):
+    """A run folder or checkpoint that cannot be resumed or loaded; the message names the
+    path and what to do. Nothing in the run folder was changed."""
+
+
+class TrainingDivergedError(RuntimeError):
+    """A loss, gradient or parameter became NaN/inf; metrics up to that point are kept."""
+
+    def __init__(self, message: str, iteration: int, last_finite: dict | None):
+        super().__init__(message)
+        self.iteration = iteration
+        self.last_finite = last_finite

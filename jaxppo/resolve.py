@@ -1,0 +1,167 @@
+"""`resolve(config)`: everything a run derives from its config, worked out and checked once.
+
+`PPOConfig.validate` checks each field on its own. What needs more than the config (the env
+and its spaces, the transforms, the network's torso, the devices the envs are split over,
+the bound on an evaluation episode) is worked out here, once per run, by `train`,
+`make_train`, `load_policy` and the multi-host entry; the rest of the package takes the
+`Resolved` it returns and checks nothing again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from jaxppo import networks
+from jaxppo.config import PPOConfig, divisors
+from jaxppo.envs import EnvSpec, make_env
+from jaxppo.errors import ConfigError
+from jaxppo.evaluation import eval_max_steps
+from jaxppo.transforms import resolve_transforms
+
+
+@dataclass(frozen=True)
+class Layout:
+    """`local_devices` devices on each of `num_processes` processes; this is `process_index`.
+    The envs are split into `shards = local_devices * num_processes` equal parts."""
+
+    local_devices: int = 1
+    num_processes: int = 1
+    process_index: int = 0
+
+    @property
+    def shards(self) -> int:
+        return self.local_devices * self.num_processes
+
+    @property
+    def first_shard(self) -> int:
+        return self.process_index * self.local_devices
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A checked config and what it derives: the env, the network, the device layout."""
+
+    config: PPOConfig
+    spec: EnvSpec
+    network: Any  # a flax module with __call__(obs, carry, reset) -> (dist, value, carry)
+    layout: Layout
+    eval_max_steps: int | None  # bound on an evaluation episode; None if the env has none
+
+    def with_layout(self, layout: Layout | None) -> "Resolved":
+        """The same run on another layout (None: one device), checked for it."""
+        layout = layout or Layout()
+        _check_split(self.config, layout)
+        _check_minibatches(self.config, self.recurrent, layout)
+        return dataclasses.replace(self, layout=layout)
+
+    @property
+    def recurrent(self) -> bool:
+        """True when the network carries a state from step to step (a GRU core)."""
+        return bool(self.network.carry_size)
+
+    @property
+    def num_iterations(self) -> int:
+        return self.config.num_iterations
+
+    @property
+    def local_envs(self) -> int:
+        """Envs on each shard (device) of the layout."""
+        return self.config.num_envs // self.layout.shards
+
+
+def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
+    """Check `config` completely and derive what a run needs; ConfigError otherwise.
+
+    layout: None (one device: `make_train`, `load_policy`), "local" (config.num_devices of
+    this host's devices, default all), "hosts" (the same on every process of a
+    `jax.distributed` group) or a `Layout`.
+    """
+    config = config.validate()
+    if config.transforms:
+        resolve_transforms(config.transforms)
+    spec = make_env(config)
+    network = networks.make_network(config, spec)
+    if layout is None:
+        layout = Layout()
+    elif layout == "local":
+        layout = _local_layout(config)
+    elif layout == "hosts":
+        layout = _host_layout(config)
+    _check_split(config, layout)
+    _check_minibatches(config, bool(network.carry_size), layout)
+    bound = None
+    if config.eval_every or config.eval_max_steps is not None or hasattr(
+            spec.env_params, "max_steps_in_episode"):
+        bound = eval_max_steps(config, spec.env_params)
+    return Resolved(config, spec, network, layout, bound)
+
+
+def _local_layout(config: PPOConfig) -> Layout:
+    available = jax.local_device_count()
+    n = config.num_devices if config.num_devices is not None else available
+    if config.num_devices is not None:
+        _check_split(config, Layout(n))
+    if n > available:
+        raise ConfigError(
+            f"num_devices={n} but this host has {available} local device(s) "
+            f"({jax.default_backend()}); set num_devices <= {available} or leave it unset")
+    if config.num_devices is None and config.num_envs % n:
+        raise ConfigError(
+            f"num_envs={config.num_envs} cannot be split evenly over this host's {n} devices; "
+            f"set num_devices explicitly (from {divisors(n)}) or use num_envs a multiple of {n}")
+    return Layout(n)
+
+
+def _host_layout(config: PPOConfig) -> Layout:
+    available = jax.local_device_count()
+    n = config.num_devices if config.num_devices is not None else available
+    if n > available:
+        raise ConfigError(
+            f"num_devices={n} but host {jax.process_index()} has {available} local device(s) "
+            f"({jax.default_backend()}); set num_devices <= {available} or leave it unset")
+    return Layout(n, jax.process_count(), jax.process_index())
+
+
+def _check_split(config: PPOConfig, layout: Layout) -> None:
+    """The envs split evenly over the layout's shards."""
+    shards = layout.shards
+    if config.num_envs % shards == 0:
+        return
+    where = (f"num_devices={shards}" if layout.num_processes == 1 else
+             f"{layout.num_processes} hosts x {layout.local_devices} device(s) = {shards} shards")
+    raise ConfigError(
+        f"num_envs={config.num_envs} cannot be split evenly over {where}; use a num_envs "
+        f"that is a multiple of {shards} (e.g. {shards * max(1, config.num_envs // shards)})"
+        + (f" or num_devices from {divisors(config.num_envs)}" if layout.num_processes == 1 else ""))
+
+
+def _check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout) -> None:
+    """Minibatches are cut so that the global minibatch is the same set of transitions on
+    any layout: feed-forward ones take num_steps/M steps of every env, recurrent ones whole
+    env sequences, one env of every M consecutive ones on each shard (or of all the envs,
+    with sync="batch", where each shard updates on the whole batch)."""
+    M = config.num_minibatches
+    if not recurrent:
+        if config.num_steps % M:
+            options = [d for d in divisors(config.num_steps) if d <= 64]
+            raise ConfigError(
+                f"num_minibatches={M} does not divide the batch of num_envs*num_steps = "
+                f"{config.num_envs}*{config.num_steps} = {config.batch_size} transitions into "
+                f"minibatches of whole rollout steps (num_steps={config.num_steps} must be a "
+                f"multiple of num_minibatches); choose num_minibatches from {options} or "
+                "change num_steps")
+        return
+    split = layout.shards > 1 and config.sync != "batch"
+    envs = config.num_envs // layout.shards if split else config.num_envs
+    if envs % M == 0:
+        return
+    where = (f"the envs on each device (num_envs={config.num_envs} / {layout.shards} "
+             f"devices = {envs})" if split else f"num_envs={config.num_envs}")
+    raise ConfigError(
+        f"num_minibatches={M} does not divide {where}: with network.recurrent_size="
+        f"{config.network.recurrent_size} each minibatch holds whole env sequences; choose "
+        f"num_minibatches from {divisors(envs)}" + (", or sync='batch'" if split else ""))

@@ -1,0 +1,127 @@
+"""What `jaxppo train` and `python -m jaxppo.distributed` share: the config flags, the config
+and run folder they give, and the lines that close a run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from jaxppo.checkpoint import load_run_config
+from jaxppo.config import PPOConfig, read_config_file, tuned_config_path
+from jaxppo.errors import CheckpointError, ConfigError
+from jaxppo.rundir import fresh_run_dir
+
+PRECEDENCE = ("defaults < the packaged tuned config of the env (unless --defaults) < --config "
+              "file < --set pairs")
+
+
+def add_config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", help="gymnax env name, e.g. CartPole-v1 (overrides the file's env)")
+    p.add_argument("--config", help="YAML or JSON file of PPOConfig fields")
+    p.add_argument("--defaults", action="store_true",
+                   help="start from the library defaults, not the env's tuned config")
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE",
+                   help="override config fields, e.g. --set lr=3e-4 num_envs=8 "
+                        "network.hidden_sizes=[128,128]")
+    p.add_argument("--seeds", type=int, help="shortcut for --set num_seeds=N")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue RUN_DIR from its newest checkpoint, with its config.yaml; --set "
+                        "may change fields such as total_timesteps (to extend the run), not shapes")
+    p.add_argument("--stop-after", type=int, metavar="N",
+                   help="stop after N iterations of this call (a checkpoint is written); "
+                        "continue later with --resume")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.add_argument("--no-plot", action="store_true", help="skip curve.png")
+
+
+def _overrides(args) -> list[str]:
+    return list(args.overrides) + ([f"num_seeds={args.seeds}"] if args.seeds is not None else [])
+
+
+def new_config(args) -> tuple[PPOConfig, str]:
+    """(config, where it came from) of a new run: defaults < the env's tuned config < --config
+    < --set, the env being --env or the --config file's."""
+    file_values = read_config_file(args.config) if args.config else {}
+    env = args.env or file_values.get("env")
+    config, sources = PPOConfig(), ["defaults"]
+    tuned = tuned_config_path(env) if isinstance(env, str) and not args.defaults else None
+    if tuned is not None:
+        config = PPOConfig.from_file(tuned, config)
+        sources.append(f"tuned {env}")
+    if args.config:
+        config = PPOConfig.from_dict(file_values, config)
+        sources.append(args.config)
+    if args.env:
+        config = config.replace(env=args.env)
+    overrides = _overrides(args)
+    if overrides:
+        config = config.with_overrides(overrides)
+        sources.append("--set")
+    return config.validate(), " < ".join(sources)
+
+
+def resumed_config(args) -> tuple[PPOConfig, Path]:
+    """The config of a run folder being resumed: its config.yaml, then --set pairs."""
+    clashing = [flag for flag, given in (("--config", args.config), ("--env", args.env),
+                                         ("--defaults", args.defaults), ("--run-name", args.run_name))
+                if given]
+    if clashing:
+        raise ConfigError(
+            f"{clashing[0]} cannot be combined with --resume: a resumed run keeps its folder and "
+            "its config.yaml; change fields with --set (e.g. --set total_timesteps=1000000)")
+    run_dir = Path(args.resume)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
+    config = load_run_config(run_dir)
+    overrides = _overrides(args)
+    if overrides:
+        config = config.with_overrides(overrides)
+    return config.validate(), run_dir
+
+
+def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
+    """(config, its source, run folder) from the flags: --resume's folder, or a new
+    runs_dir/<run-name or env[-tag]-time>. ConfigError / CheckpointError otherwise."""
+    if args.stop_after is not None and args.stop_after < 1:
+        raise ConfigError(f"--stop-after {args.stop_after} must be >= 1")
+    if args.resume:
+        config, run_dir = resumed_config(args)
+        return config, f"{run_dir / 'config.yaml'} (resumed)", run_dir
+    config, source = new_config(args)
+    name = args.run_name or f"{config.env_name}{name_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return config, source, fresh_run_dir(args.runs_dir, name)
+
+
+def fail(err: Exception, code: int = 2) -> int:
+    print(f"error: {err}", file=sys.stderr)
+    return code
+
+
+def report(result, resume_command: str) -> int:
+    """The last lines of a run: stopped early, nothing to do, or done with its summary."""
+    config, run_dir, summary = result.config, result.run_dir, result.summary
+    if not result.completed:
+        print(f"stopped after iteration {result.iterations_done} of {config.num_iterations} "
+              f"(checkpoint written); continue with: {resume_command}", file=sys.stderr)
+        return 0
+    if result.resumed_from is not None and result.resumed_from == result.iterations_done:
+        print(f"nothing to do: {run_dir} is already complete at iteration {result.iterations_done}; "
+              "extend it with --set total_timesteps=N", file=sys.stderr)
+        return 0
+    ev = summary.get("final_eval_return_mean")
+    where = f" on {result.hosts} hosts" if result.hosts > 1 else ""
+    failures = (f"; host failures: {len(result.host_failures)}" if result.hosts > 1
+                or result.host_failures else "")
+    print(
+        f"done: final return {summary['final_return_mean']:.1f} ± {summary['final_return_std']:.1f} "
+        f"(last 10 iterations, {config.num_seeds} seed(s)); "
+        + (f"final eval return {ev:.1f}; " if ev is not None else "")
+        + f"{summary['env_steps']:,} env steps in "
+        f"{summary['train_seconds']:.1f}s ({summary['sps']:,.0f} steps/s) + "
+        f"{summary['compile_seconds']:.1f}s compile{where}{failures}; run folder {run_dir}",
+        file=sys.stderr,
+    )
+    return 0

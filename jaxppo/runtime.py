@@ -1,0 +1,36 @@
+"""Process-level facts and settings: the package version, process uptime, the persistent
+compilation cache. A leaf module (imports nothing from jaxppo)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+
+__version__ = "0.1.0"
+
+_IMPORT_TIME = time.perf_counter()
+
+
+def process_uptime() -> float:
+    """Seconds since this process started (from /proc where available)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = float(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORT_TIME
+
+
+def enable_compilation_cache(path: str | None) -> None:
+    """Turn on JAX's persistent compilation cache so a repeated run skips most compiling."""
+    if not path:
+        return
+    path = os.path.expanduser(path)
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
