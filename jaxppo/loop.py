@@ -161,11 +161,13 @@ def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, res
     last_finite: dict | None = None
     it, saved_at, wall = start_iter, start_iter if resumed else None, wall_offset
 
+    config_record = config.to_dict()
+
     def save(iteration):
         folder.save_checkpoint(iteration, runner.snapshot(), {
             "env_steps": iteration * config.batch_size, "num_devices": runner.shards,
             "hosts": runner.hosts, "num_seeds": seeds,
-            "wall_time": wall, "config": config.to_dict(), "env": config.env_name,
+            "wall_time": wall, "config": config_record, "env": config.env_name,
             "jaxppo_version": __version__,
         })
 

@@ -154,7 +154,7 @@ class HostLearner:
         self.use_gpu = use_gpu
         self.runner = None
         self.collectives: dict = {}
-        self.nice_zero = undo_worker_niceness()
+        undo_worker_niceness()
         if cpus:
             pin_to_cpus(cpus)
 
