@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make train ENV=CartPole-v1 [ARGS='--set lr=3e-4 --seeds 4']  train, write runs/<env>-<time>/"
 	@echo "make test                                                  the whole test suite (CPU)"
-	@echo "make bench                                                 benchmarks -> experiments/results/*.json"
+	@echo "make bench [BENCH_ARGS=--only-side-by-side]                side by side with PureJaxRL + own benchmarks -> experiments/results/bench-<date>.json"
 	@echo "make experiments [EXPERIMENT_ARGS=...]                     tuned configs x 4 seeds -> README table"
 	@echo "make ray-cluster | ray-submit ENV=... HOSTS=2 | ray-stop     a loopback Ray cluster and a job on it"
 	@echo "make ray-bench                                             multi-host vs one process -> experiments/results/ray-bench.json"
@@ -38,7 +38,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python experiments/bench.py
+	$(BIN)/python experiments/bench.py $(BENCH_ARGS)
 
 # Tuned configs x 4 seeds -> experiments/results/<env>.json/.png and the README table.
 # EXPERIMENT_ARGS='--env CartPole-v1 --max-steps 2e6' to select envs or cap budgets.

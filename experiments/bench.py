@@ -3,6 +3,11 @@
     make bench            # or: .venv/bin/python experiments/bench.py [--repeats 3]
 
 Writes experiments/results/bench-<date>.json and prints it. Measures:
+  * side by side with PureJaxRL (../shared/bench/side_by_side.py, which runs PureJaxRL's own
+    ppo.py from ../shared/anchors/purejaxrl next to `jaxppo.make_train` at the same config,
+    alternating fresh processes): the ratios jaxppo / PureJaxRL of steps/s, compile, whole
+    process, import and peak memory, at PureJaxRL's CartPole config and at Breakout-MinAtar
+    with 64 envs. Skipped, with a message, where ../shared/anchors is absent (a user's clone);
   * PureJaxRL's CartPole config exactly (4 envs x 128 steps, 4 epochs x 4 minibatches,
     64-64 tanh, 5e5 steps): steps/s of the compiled run and compile seconds, cold (empty
     persistent cache) and warm, each in a fresh process, `--repeats` times;
@@ -137,17 +142,62 @@ print(json.dumps({"env_only_sps": n_iter * cfg.num_envs * cfg.num_steps / dt}))
 """
 
 
+SIDE_BY_SIDE = ROOT.parent / "shared" / "bench" / "side_by_side.py"
+ANCHOR = ROOT.parent / "shared" / "anchors" / "purejaxrl"
+# (name, extra side_by_side.py arguments, rounds)
+SIDE_BY_SIDE_CASES = [
+    ("cartpole_purejaxrl_config", [], 5),
+    ("breakout_minatar_64_envs", ["--env", "Breakout-MinAtar", "--num-envs", "64"], 3),
+]
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def side_by_side(work: Path, rounds_scale: float = 1.0) -> dict:
+    """jaxppo / PureJaxRL ratios from ../shared/bench/side_by_side.py, or why it was skipped."""
+    if not (SIDE_BY_SIDE.exists() and ANCHOR.is_dir()):
+        msg = (f"skipped: the PureJaxRL reference ({ANCHOR}) and its side-by-side script "
+               f"({SIDE_BY_SIDE}) are not on this machine; they come with the project's "
+               "development setup, not with a clone of the repository")
+        print(f"side by side: {msg}", file=sys.stderr)
+        return {"skipped": msg}
+    out = {}
+    for name, extra, rounds in SIDE_BY_SIDE_CASES:
+        rounds = max(1, round(rounds * rounds_scale))
+        path = work / f"{name}.json"
+        print(f"side by side: {name}, {rounds} rounds ...", file=sys.stderr, flush=True)
+        subprocess.run([PY, str(SIDE_BY_SIDE), "--python", PY, "--rounds", str(rounds),
+                        "--out", str(path), *extra], cwd=ROOT, check=True)
+        res = json.loads(path.read_text())
+        out[name] = {"rounds": rounds, "config": res["config"], "medians": res["medians"],
+                     "ratio_jaxppo_over_purejaxrl": res["ratio_jaxppo_over_purejaxrl"],
+                     "per_round": res["rounds"]}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-make", action="store_true", help="skip the make train timings")
+    parser.add_argument("--only-side-by-side", action="store_true",
+                        help="run only the side-by-side comparison with PureJaxRL")
+    parser.add_argument("--side-by-side-rounds", type=float, default=1.0, metavar="SCALE",
+                        help="scale the side-by-side rounds (5 CartPole, 3 MinAtar)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="jaxppo-bench-"))
     runs_dir = str(work / "runs")
     out: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(),
                     "load_avg_at_start": os.getloadavg()},
     }
@@ -155,6 +205,13 @@ def main() -> int:
 
     out["machine"]["jax"] = jax.__version__
     out["machine"]["backend"] = jax.default_backend()
+
+    # 0. Side by side with PureJaxRL: ratios, the only speed claims that carry across machines.
+    out["side_by_side"] = side_by_side(work, args.side_by_side_rounds)
+    if args.only_side_by_side:
+        return _write(out, work, {name: case["ratio_jaxppo_over_purejaxrl"]
+                                  for name, case in out["side_by_side"].items()
+                                  if isinstance(case, dict)})
 
     # 1. PureJaxRL's config, cold and warm persistent cache, fresh processes.
     cold, warm = [], []
@@ -204,10 +261,18 @@ def main() -> int:
             "make_train_process_seconds_cold_median": med([r["process_wall_seconds"] for r in mk["cold_cache"]]),
             "make_train_peak_rss_mb_median": med([r["peak_rss_mb"] for r in mk["cold_cache"] + mk["warm_cache"]]),
         })
+    for name, case in out["side_by_side"].items():
+        if isinstance(case, dict):
+            out["summary"][f"side_by_side_{name}_ratio"] = case["ratio_jaxppo_over_purejaxrl"]
+    return _write(out, work, out["summary"])
+
+
+def _write(out: dict, work: Path, summary: dict) -> int:
+    out["summary"] = summary
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"bench-{time.strftime('%Y-%m-%d')}.json"
     path.write_text(json.dumps(out, indent=2))
-    print(json.dumps(out["summary"], indent=2))
+    print(json.dumps(summary, indent=2))
     print(f"wrote {path}")
     shutil.rmtree(work, ignore_errors=True)
     return 0

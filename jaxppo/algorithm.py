@@ -105,8 +105,18 @@ def _schedule_points(value, kind: str, total_timesteps: int) -> jax.Array:
 
 
 def schedule_value(points: jax.Array, env_steps: jax.Array) -> jax.Array:
-    """Piecewise-linear interpolation, constant beyond the first and last points."""
-    return jnp.interp(env_steps.astype(jnp.float32), points[:, 0], points[:, 1])
+    """Piecewise-linear interpolation, constant beyond the first and last points.
+
+    The arithmetic of `jnp.interp`, whose search over the points is a while loop; a
+    schedule has a few points, so comparing against all of them is cheaper to compile and
+    to run, and gives the same numbers."""
+    x = env_steps.astype(jnp.float32)
+    xp, fp = points[:, 0], points[:, 1]
+    i = jnp.clip(jnp.searchsorted(xp, x, side="right", method="compare_all"), 1, len(xp) - 1)
+    df, dx, delta = fp[i] - fp[i - 1], xp[i] - xp[i - 1], x - xp[i - 1]
+    flat = jnp.abs(dx) <= np.spacing(np.finfo(np.float32).eps)
+    f = jnp.where(flat, fp[i - 1], fp[i - 1] + (delta / jnp.where(flat, 1, dx)) * df)
+    return jnp.where(x > xp[-1], fp[-1], jnp.where(x < xp[0], fp[0], f))
 
 
 # ---------------------------------------------------------------------- state
@@ -640,10 +650,9 @@ class Algorithm:
         """num_epochs x num_minibatches gradient steps; grads averaged over devices."""
         ax = self.axis_name
 
-        def minibatch_step(carry, idx):
+        def minibatch_step(carry, mb):
             params, opt_state = carry
-            grads, terms = self.loss_and_grads(params, self.gather_minibatch(batch, idx), hp,
-                                               ent_coeff, kl_coeff)
+            grads, terms = self.loss_and_grads(params, mb, hp, ent_coeff, kl_coeff)
             # One all-reduce per minibatch: the flat gradient and the loss terms together.
             flat_grads = ravel_pytree(grads)[0]
             n = flat_grads.shape[0]
@@ -657,7 +666,11 @@ class Algorithm:
             )
 
         def epoch(carry, k):
-            return jax.lax.scan(minibatch_step, carry, self.minibatch_indices(k, env_ids))
+            # Every minibatch of the epoch in one gather (the minibatches stacked [M, ...]),
+            # rather than one gather per field in every minibatch step.
+            minibatches = jax.vmap(lambda idx: self.gather_minibatch(batch, idx))(
+                self.minibatch_indices(k, env_ids))
+            return jax.lax.scan(minibatch_step, carry, minibatches)
 
         keys = jax.random.split(key, self.config.num_epochs)
         return jax.lax.scan(epoch, (params, opt_state), keys)

@@ -3,6 +3,7 @@
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -49,3 +50,20 @@ def test_train_with_swept_hparams_gives_one_seed_per_setting():
     assert result.metrics["policy_loss"].shape == (2, 3)
     with pytest.raises(jaxppo.ConfigError, match="one entry per seed"):
         jaxppo.train(TINY.replace(num_seeds=3), hparams=sweep, progress=False)
+
+
+@pytest.mark.parametrize("points", [[[0.0, 2.5e-4]], [[0.0, 2.5e-4], [5e5, 0.0]],
+                                    [[0, 1e-3], [1e5, 5e-4], [3e5, 5e-4], [1e6, 1e-5]],
+                                    [[1000, 0.1], [1000, 0.2], [2000, 0.0]]])
+def test_schedule_value_equals_jnp_interp(points):
+    """The schedule's own interpolation gives jnp.interp's numbers, at and between points,
+    before the first and past the last."""
+    from jaxppo.algorithm import schedule_value
+
+    p = jnp.asarray(points, jnp.float32)
+    steps = np.concatenate([np.random.default_rng(0).integers(0, 2_000_000, 500),
+                            np.asarray(points)[:, 0].astype(int), [0, 999, 1001, 2001]])
+    xs = jnp.asarray(steps, jnp.int32)
+    ours = jax.jit(jax.vmap(lambda x: schedule_value(p, x)))(xs)
+    ref = jax.jit(jax.vmap(lambda x: jnp.interp(x.astype(jnp.float32), p[:, 0], p[:, 1])))(xs)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(ref))

@@ -120,3 +120,19 @@ def test_state_dependent_std_batch_replays_the_rollout_and_trains(recurrent):
     head = "log_std_head"
     assert not np.allclose(np.asarray(new_state.params["params"][head]["kernel"]),
                            np.asarray(state.params["params"][head]["kernel"]))
+
+
+@pytest.mark.parametrize("shape,scale", [((4, 64), np.sqrt(2.0)), ((64, 64), 1.0), ((64, 2), 0.01),
+                                         ((300, 20), 1.0), ((3, 3, 5), 1.0)])
+def test_orthogonal_init_is_orthogonal_with_its_scale_and_the_same_under_vmap(shape, scale):
+    from jaxppo.networks import orthogonal
+
+    init = orthogonal(float(scale))
+    w = np.asarray(init(jax.random.PRNGKey(3), shape), np.float64).reshape(-1, shape[-1])
+    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+    np.testing.assert_allclose(gram, scale ** 2 * np.eye(len(gram)), atol=1e-5 * max(1.0, scale ** 2))
+    keys = jax.random.split(jax.random.PRNGKey(4), 3)
+    batched = jax.vmap(lambda k: init(k, shape))(keys)
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(init(keys[i], shape)))
+    assert not np.allclose(np.asarray(batched[0]), np.asarray(batched[1]))
