@@ -313,16 +313,25 @@ class Algorithm:
         return self.network.apply(params, self._obs_in(obs_stats, raw_obs), carry)[1]
 
     # ------------------------------------------------------------------ rollout
-    def step_keys(self, k_step: jax.Array, env_ids: jax.Array):
-        """(action keys [E], env keys [E]) from the global env index: the same env sees the
-        same randomness whether it lives on 1 device, N devices or H hosts."""
-        keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(k_step, i)))(env_ids)
-        return keys[:, 0], keys[:, 1]
+    def rollout_noise(self, key: jax.Array, env_ids: jax.Array):
+        """Every random number a rollout needs, drawn before it in one go: for each env and
+        step, the noise that samples its action ([T, E, A] Gumbel for logits, [T, E, D]
+        normal for a Gaussian) and the key of its env step ([T, E] keys). Env e's draws come
+        from its global index alone, so it sees the same randomness whether it lives on 1
+        device, N devices or H hosts."""
+        T, A = self.config.num_steps, self.spec.action_dim
 
-    def sample_actions(self, dist: DistParams, act_keys: jax.Array):
-        """One action per env from its own key; returns (actions, log_probs)."""
-        action = jax.vmap(lambda d, k: networks.sample(self.discrete, d, k))(
-            DistParams(dist.loc, jnp.broadcast_to(dist.log_std, dist.loc.shape)), act_keys)
+        def one_env(i):
+            k_act, k_env = jax.random.split(jax.random.fold_in(key, i))
+            return (networks.sampling_noise(self.discrete, k_act, (T, A)),
+                    jax.random.split(k_env, T))
+
+        noise, env_keys = jax.vmap(one_env)(env_ids)
+        return jnp.swapaxes(noise, 0, 1), jnp.swapaxes(env_keys, 0, 1)
+
+    def sample_actions(self, dist: DistParams, noise: jax.Array):
+        """One action per env from its noise [E, A|D]; returns (actions, log_probs)."""
+        action = networks.sample_with_noise(self.discrete, dist, noise)
         return action, networks.log_prob(self.discrete, dist, action)
 
     def step_envs(self, st: TrainState, dist: DistParams, action, logp, env_keys, hp: HyperParams):
@@ -354,21 +363,19 @@ class Algorithm:
         return st, tr, done
 
     def rollout(self, state: TrainState, hp: HyperParams):
-        def step(loop, _):
-            st, rng = loop
-            rng, k_step = jax.random.split(rng)
-            act_keys, env_keys = self.step_keys(k_step, st.env_ids)
+        def step(st, xs):
+            noise, env_keys = xs
             obs_in = self._obs_in(st.obs_stats, st.last_obs)
             dist, _, carry = self.network.apply(st.params, obs_in, st.carry.state, st.carry.reset)
-            action, logp = self.sample_actions(dist, act_keys)
+            action, logp = self.sample_actions(dist, noise)
             reset = st.carry.reset
             st, tr, done = self.step_envs(st, dist, action, logp, env_keys, hp)
             st = st.replace(carry=PolicyCarry(carry, done if self.recurrent else None))
-            return (st, rng), tr._replace(reset=reset)
+            return st, tr._replace(reset=reset)
 
         carry0 = state.carry.state
         rng, k_roll = jax.random.split(state.rng)
-        (state, _), traj = jax.lax.scan(step, (state, k_roll), None, length=self.config.num_steps)
+        state, traj = jax.lax.scan(step, state, self.rollout_noise(k_roll, state.env_ids))
         return state.replace(rng=rng), traj._replace(carry0=carry0)
 
     # ------------------------------------------------------------------ one iteration

@@ -42,9 +42,20 @@ class DistParams(NamedTuple):
 
 # ---------------------------------------------------------------- distributions
 def sample(discrete: bool, dist: DistParams, key: jax.Array) -> jax.Array:
+    return sample_with_noise(discrete, dist, sampling_noise(discrete, key, dist.loc.shape))
+
+
+def sampling_noise(discrete: bool, key: jax.Array, shape) -> jax.Array:
+    """The noise that turns distribution parameters of `shape` into a sample: Gumbel for
+    logits (the Gumbel-max trick), standard normal for a Gaussian's mean."""
+    return jax.random.gumbel(key, shape) if discrete else jax.random.normal(key, shape)
+
+
+def sample_with_noise(discrete: bool, dist: DistParams, noise: jax.Array) -> jax.Array:
+    """A sample from `dist` given `sampling_noise` of its shape: argmax(logits + Gumbel)
+    (what jax.random.categorical computes), or mean + std * normal."""
     if discrete:
-        return jax.random.categorical(key, dist.loc)
-    noise = jax.random.normal(key, dist.loc.shape)
+        return jnp.argmax(dist.loc + noise, axis=-1)
     return dist.loc + jnp.exp(dist.log_std) * noise
 
 

@@ -136,3 +136,15 @@ def test_orthogonal_init_is_orthogonal_with_its_scale_and_the_same_under_vmap(sh
     for i in range(3):
         np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(init(keys[i], shape)))
     assert not np.allclose(np.asarray(batched[0]), np.asarray(batched[1]))
+
+
+def test_sampling_from_noise_is_jax_categorical_and_normal():
+    from jaxppo.networks import sample
+
+    key = jax.random.PRNGKey(5)
+    logits = jax.random.normal(jax.random.PRNGKey(6), (7, 5))
+    np.testing.assert_array_equal(np.asarray(sample(True, DistParams(logits, jnp.zeros(5)), key)),
+                                  np.asarray(jax.random.categorical(key, logits)))
+    loc, log_std = jnp.ones((7, 2)), jnp.array([-0.5, 0.3])
+    np.testing.assert_allclose(np.asarray(sample(False, DistParams(loc, log_std), key)),
+                               np.asarray(loc + jnp.exp(log_std) * jax.random.normal(key, (7, 2))))
