@@ -94,7 +94,9 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     # --- loss ---
     clip_param: float = 0.2
-    vf_clip_param: float | None = None  # None = unclipped value loss
+    # Value-loss clipping around the acting value, as PureJaxRL (CLIP_EPS) and RLlib do;
+    # None = unclipped. At PureJaxRL's CartPole config it keeps late training stable.
+    vf_clip_param: float | None = 0.2
     vf_coeff: float = 0.5
     entropy_coeff: Schedule = 0.01
     entropy_schedule: str = "constant"  # "constant" | "linear"; ignored for a list
