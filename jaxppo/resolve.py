@@ -112,7 +112,8 @@ def _local_layout(config: PPOConfig) -> Layout:
     if config.num_devices is None and config.num_envs % n:
         raise ConfigError(
             f"num_envs={config.num_envs} cannot be split evenly over this host's {n} devices; "
-            f"set num_devices explicitly (from {divisors(n)}) or use num_envs a multiple of {n}")
+            f"set num_devices to one of {[d for d in divisors(n) if config.num_envs % d == 0]} or "
+            f"use num_envs a multiple of {n}")
     return Layout(n)
 
 
