@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from jaxppo import runargs
@@ -13,6 +14,7 @@ from jaxppo.envs import registered_env_names
 from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError
 from jaxppo.plotting import plot_runs
 from jaxppo.policy import load_policy
+from jaxppo.runlog import read_metrics
 from jaxppo.train import train
 
 
@@ -62,6 +64,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    # Library warnings (e.g. a total_timesteps that is not a whole number of batches) as
+    # one-line notes, not Python's file:line form.
+    warnings.formatwarning = lambda message, *_args, **_kw: f"note: {message}\n"
     if args.command == "envs":
         print("\n".join(registered_env_names()))
         return 0
@@ -75,6 +80,16 @@ def main(argv: list[str] | None = None) -> int:
         if no_metrics:
             print(f"error: {no_metrics[0]} has no metrics.jsonl; is it a run folder?", file=sys.stderr)
             return 2
+        for r in args.runs:
+            try:
+                rows = read_metrics(r)
+            except (ValueError, UnicodeDecodeError, OSError) as e:
+                print(f"error: {r} is not a jaxppo metrics file ({str(e)[:120]})", file=sys.stderr)
+                return 2
+            if not any(isinstance(row, dict) and "env_steps" in row for row in rows):
+                print(f"error: {r} holds no metric rows (an empty or foreign file; a run "
+                      "writes one row per iteration)", file=sys.stderr)
+                return 2
         print(plot_runs(args.runs, args.output))
         return 0
     if args.command == "eval":

@@ -29,6 +29,7 @@ SCHEDULE_KINDS = ("constant", "linear")
 SYNC_KINDS = ("gradients", "batch")
 
 
+MAX_TIMESTEPS = 2**31 - 1  # env steps per seed: the step counter is int32
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
 
 # Tuned configs shipped with the package: configs/<env>.yaml.
@@ -62,8 +63,14 @@ class NetworkConfig:
     state_dependent_std: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
-        object.__setattr__(self, "conv_channels", tuple(int(c) for c in self.conv_channels))
+        for name in ("hidden_sizes", "conv_channels"):
+            v = getattr(self, name)
+            if isinstance(v, (list, tuple)):  # whole numbers become ints; others stay for validate
+                object.__setattr__(self, name, tuple(_whole(_plain(x)) for x in v))
+        for f in dataclasses.fields(self):
+            if f.name not in ("hidden_sizes", "conv_channels"):
+                v = _plain(getattr(self, f.name))
+                object.__setattr__(self, f.name, _whole(v) if f.name in _NET_INT_FIELDS else v)
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,11 @@ class PPOConfig:
                     list(p) if isinstance(p, (list, tuple)) else p for p in v])
         if isinstance(self.transforms, list):
             object.__setattr__(self, "transforms", tuple(self.transforms))
+        for f in dataclasses.fields(self):  # numpy / jax scalars become Python numbers
+            v = _plain(getattr(self, f.name))
+            if f.name in _INT_FIELDS:
+                v = _whole(v)
+            object.__setattr__(self, f.name, v)
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -198,10 +210,6 @@ class PPOConfig:
                     f"network={net!r} must be a mapping such as "
                     "{'hidden_sizes': [64, 64], 'activation': 'tanh', 'shared_trunk': False}"
                 )
-        for name, v in values.items():
-            # YAML/JSON write 5e5 as a float; integer fields take it when it is whole.
-            if name in _INT_FIELDS and isinstance(v, float) and v.is_integer():
-                values[name] = int(v)
         return dataclasses.replace(base, **values)
 
     @classmethod
@@ -280,9 +288,10 @@ class PPOConfig:
         _check_int(self, "eval_episodes", 1)
         if self.eval_max_steps is not None:
             _check_int(self, "eval_max_steps", 1)
-        for name in ("eval_deterministic", "tensorboard"):
+        for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false (a "
+                                  "YAML boolean, not a string)")
         if self.sync not in SYNC_KINDS:
             raise ConfigError(
                 f"sync={self.sync!r} is not one of {SYNC_KINDS}: 'gradients' all-reduces each "
@@ -291,6 +300,11 @@ class PPOConfig:
             _check_int(self, "num_devices", 1)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed={self.seed!r} must be an integer")
+        if self.total_timesteps > MAX_TIMESTEPS:
+            raise ConfigError(
+                f"total_timesteps={self.total_timesteps} is more than {MAX_TIMESTEPS} "
+                "(2**31 - 1), the most env steps per seed the int32 step counter holds; "
+                "use more seeds (num_seeds) or shorter runs")
         if self.total_timesteps < self.batch_size:
             raise ConfigError(
                 f"total_timesteps={self.total_timesteps} is smaller than one iteration "
@@ -320,7 +334,11 @@ class PPOConfig:
         net = self.network
         if not isinstance(net, NetworkConfig):
             raise ConfigError(f"network={net!r} must be a NetworkConfig")
-        if not net.hidden_sizes or any(h < 1 for h in net.hidden_sizes):
+        if not isinstance(net.shared_trunk, bool):
+            raise ConfigError(f"network.shared_trunk={net.shared_trunk!r} must be true or false "
+                              "(a YAML boolean, not a string)")
+        if not isinstance(net.hidden_sizes, tuple) or not net.hidden_sizes or any(
+                not _is_int(h) or h < 1 for h in net.hidden_sizes):
             raise ConfigError(
                 f"network.hidden_sizes={list(net.hidden_sizes)} must be a non-empty list of "
                 "positive layer widths, e.g. [64, 64]"
@@ -335,7 +353,9 @@ class PPOConfig:
                 f"network.torso={net.torso!r} is not one of {TORSOS}"
                 f"{_did_you_mean(net.torso, TORSOS)}"
             )
-        if not net.conv_channels or any(c < 1 for c in net.conv_channels) or net.conv_kernel < 1:
+        if (not isinstance(net.conv_channels, tuple) or not net.conv_channels
+                or any(not _is_int(c) or c < 1 for c in net.conv_channels)
+                or not _is_int(net.conv_kernel) or net.conv_kernel < 1):
             raise ConfigError(
                 f"network.conv_channels={list(net.conv_channels)} / conv_kernel={net.conv_kernel} "
                 "must be positive, e.g. conv_channels=[16], conv_kernel=3"
@@ -468,6 +488,27 @@ def transforms_to_list(entries) -> list:
         else:
             out.append(entry)
     return out
+
+
+_NET_INT_FIELDS = ("conv_kernel", "recurrent_size")
+_BOOL_FIELDS = ("use_kl_loss", "normalize_advantages", "normalize_observations",
+                "normalize_rewards", "eval_deterministic", "tensorboard")
+
+
+def _plain(v):
+    """A numpy or jax scalar (or 0-d array) as the Python number it holds; anything else as is."""
+    if hasattr(v, "ndim") and hasattr(v, "item") and getattr(v, "ndim", None) == 0:
+        return v.item()
+    return v
+
+
+def _whole(v):
+    """A float with a whole value (YAML writes 5e5 as one) as an int; anything else as is."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_number(v) -> bool:

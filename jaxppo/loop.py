@@ -92,9 +92,13 @@ class TrainResult:
         return self._algorithm.spec.env_params
 
     def _seed_slice(self, tree, seed):
+        seeds = self.config.num_seeds
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < seeds:
+            raise ValueError(f"seed={seed!r}, but the run trained {seeds} seed(s): use a seed "
+                             f"index from 0 to {seeds - 1}")
         if self.num_devices > 1:  # params are replicated: any device's copy will do
             tree = jax.tree.map(lambda x: x[0], tree)
-        if self.config.num_seeds == 1:
+        if seeds == 1:
             return tree
         return jax.tree.map(lambda x: x[seed], tree)
 

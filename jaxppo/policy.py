@@ -85,6 +85,12 @@ def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, s
     """Host-side evaluation: one episode in each of `episodes` envs reset from
     PRNGKey(seed), each carrying its policy's carry. Returns return/length mean and std
     (floats) and the per-episode arrays."""
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
+        raise ValueError(f"episodes={episodes!r} must be an integer >= 1")
+    if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)
+                                  or max_steps < 1):
+        raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1 (or None for the "
+                         "env's time limit)")
     bound = max_steps if max_steps is not None else algorithm.eval_bound()
 
     def play(params, obs_stats, key):
@@ -142,9 +148,10 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
         saved = load_params_dict(path)
         params, obs_stats = saved["params"], saved["obs_stats"]
         seeds = config.num_seeds
+    if not isinstance(seed_index, int) or isinstance(seed_index, bool) or not 0 <= seed_index < seeds:
+        raise ValueError(f"seed_index={seed_index!r}, but {run_dir} holds {seeds} seed(s): use "
+                         f"a seed index from 0 to {seeds - 1}")
     if seeds > 1:
-        if not 0 <= seed_index < config.num_seeds:
-            raise ValueError(f"seed_index={seed_index} but the run has num_seeds={config.num_seeds}")
         params, obs_stats = jax.tree.map(lambda x: x[seed_index], (params, obs_stats))
     obs_stats = RunningStats(jnp.asarray(obs_stats["mean"]), jnp.asarray(obs_stats["var"]),
                              jnp.asarray(obs_stats["count"]))

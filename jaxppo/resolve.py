@@ -10,6 +10,7 @@ the bound on an evaluation episode) is worked out here, once per run, by `train`
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,12 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
         layout = _host_layout(config)
     _check_split(config, layout)
     _check_minibatches(config, bool(network.carry_size), layout)
+    if config.total_timesteps % config.batch_size:
+        warnings.warn(
+            f"total_timesteps={config.total_timesteps} is not a multiple of the batch "
+            f"(num_envs*num_steps = {config.batch_size}): the run does {config.num_iterations} "
+            f"iteration(s) = {config.num_iterations * config.batch_size} env steps per seed",
+            stacklevel=2)
     bound = None
     if config.eval_every or config.eval_max_steps is not None or hasattr(
             spec.env_params, "max_steps_in_episode"):

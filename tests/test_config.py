@@ -6,6 +6,7 @@ import dataclasses
 import json
 import re
 
+import numpy as np
 import pytest
 import yaml
 
@@ -428,3 +429,44 @@ def test_yaml_file_scientific_notation(tmp_path):
 def test_derived_sizes():
     cfg = PPOConfig(num_envs=8, num_steps=32, num_minibatches=4, total_timesteps=1000)
     assert cfg.batch_size == 256 and cfg.minibatch_size == 64 and cfg.num_iterations == 3
+
+
+# ------------------------------------------------------------------ strict scalar types
+@pytest.mark.parametrize("field", ["use_kl_loss", "normalize_advantages", "normalize_observations",
+                                   "normalize_rewards", "eval_deterministic", "tensorboard"])
+@pytest.mark.parametrize("value", ["false", "maybe", "abc", 1, 0, None])
+def test_booleans_take_only_booleans(field, value):
+    bad(rf"^{field}={re.escape(repr(value))} must be true or false", **{field: value})
+
+
+def test_network_booleans_and_sizes_are_strict():
+    bad(r"^network\.shared_trunk='abc' must be true or false", network=NetworkConfig(shared_trunk="abc"))
+    bad(r"^network\.state_dependent_std='yes' must be true or false",
+        network=NetworkConfig(state_dependent_std="yes"))
+    bad(r"^network\.hidden_sizes=\[64\.7\] must be", network=NetworkConfig(hidden_sizes=[64.7]))
+    bad(r"^network\.hidden_sizes=\['abc'\] must be", network=NetworkConfig(hidden_sizes=["abc"]))
+    bad(r"^network\.conv_channels=\[16\.5\]", network=NetworkConfig(conv_channels=[16.5]))
+    assert NetworkConfig(hidden_sizes=[64.0, np.int64(32)]).hidden_sizes == (64, 32)
+
+
+def test_integers_take_whole_numbers_and_numpy_or_jax_scalars():
+    import jax.numpy as jnp
+
+    cfg = BASE.replace(num_envs=np.int64(8), num_steps=jnp.int32(16), total_timesteps=2048.0,
+                       gamma=np.float32(0.98), lr=jnp.float32(1e-3), use_kl_loss=np.bool_(True))
+    resolve(cfg)
+    assert (cfg.num_envs, cfg.num_steps, cfg.total_timesteps) == (8, 16, 2048)
+    assert all(type(v) is int for v in (cfg.num_envs, cfg.num_steps, cfg.total_timesteps))
+    assert type(cfg.gamma) is float and type(cfg.lr) is float and cfg.use_kl_loss is True
+    bad(r"^num_envs=4\.5 must be an integer >= 1", num_envs=4.5)
+    bad(r"^num_envs='4' must be an integer >= 1", num_envs="4")
+    bad(r"^gamma=nan must be a number in \[0, 1\]", gamma=float("nan"))
+
+
+def test_total_timesteps_beyond_the_int32_counter_is_refused_and_a_partial_batch_is_said():
+    msg = bad(r"^total_timesteps=2147483648 is more than 2147483647", total_timesteps=2**31)
+    assert "int32 step counter" in msg
+    resolve(BASE.replace(total_timesteps=2**31 - 64))  # a whole number of batches
+    with pytest.warns(UserWarning, match=r"total_timesteps=1000 is not a multiple of the batch "
+                                         r"\(num_envs\*num_steps = 64\): the run does 15 iteration\(s\) = 960"):
+        resolve(BASE.replace(total_timesteps=1000))

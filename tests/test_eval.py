@@ -268,3 +268,18 @@ def test_tensorboard_event_files_per_seed(trained):
         assert [s for s, _ in evals] == [3 * 64, 4 * 64]
         assert evals[-1][1] == pytest.approx(float(ev.metrics["eval_return_mean"][seed, -1]))
         assert len(ret) >= 1 and all(s % 64 == 0 for s, _ in ret)
+
+
+def test_seed_indices_and_bounds_out_of_range_are_errors(trained, capsys):
+    seeds = CFG.num_seeds
+    with pytest.raises(ValueError, match=f"seed_index={seeds}, but .* holds {seeds} seed"):
+        jaxppo.load_policy(trained["run"], seed_index=seeds)
+    obs = np.zeros((2, 4), np.float32)
+    with pytest.raises(ValueError, match=f"seed=7, but the run trained {seeds} seed"):
+        trained["plain"].policy(obs, deterministic=True, seed=7)
+    with pytest.raises(ValueError, match="max_steps=0 must be an integer >= 1"):
+        jaxppo.load_policy(trained["run"]).evaluate(episodes=2, max_steps=0)
+    assert cli.main(["eval", str(trained["run"]), "--max-steps", "0"]) == 2
+    assert cli.main(["eval", str(trained["run"]), "--seed-index", str(seeds + 2)]) == 2
+    err = capsys.readouterr().err
+    assert "max_steps=0 must be" in err and f"seed_index={seeds + 2}" in err

@@ -106,3 +106,17 @@ def test_runlog_resume_keeps_rows_up_to_the_checkpoint(tmp_path):
     rows = read_metrics(run)
     assert [r["iteration"] for r in rows] == [1, 1, 2, 2, 3, 3, 4]
     assert rows[-1]["episode_return_mean"] is None  # NaN is written as null
+
+
+def test_plot_of_an_empty_or_foreign_file_is_an_error(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text('{"loss": 1}\n{"loss": 2}\n')
+    binary = tmp_path / "img.png"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    for path in (empty, foreign, binary):
+        assert cli.main(["plot", str(path), "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert "holds no metric rows" in err and "not a jaxppo metrics file" in err
+    assert not (tmp_path / "x.png").exists()
