@@ -8,7 +8,7 @@ Single-host training never imports Ray; `jaxppo.distributed` does, on demand.
 
 from jaxppo.algorithm import Algorithm, HyperParams, TrainState
 from jaxppo.config import NetworkConfig, PPOConfig, tuned_env_names
-from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError
+from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError, TrainingInterrupted
 from jaxppo.loop import TrainResult
 from jaxppo.policy import Policy, load_policy
 from jaxppo.resolve import Resolved, resolve
@@ -27,6 +27,7 @@ __all__ = [
     "tuned_env_names",
     "ConfigError",
     "TrainingDivergedError",
+    "TrainingInterrupted",
     "CheckpointError",
     "Policy",
     "load_policy",

@@ -11,7 +11,7 @@ from pathlib import Path
 from jaxppo import runargs
 from jaxppo.config import tuned_env_names
 from jaxppo.envs import registered_env_names
-from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError
+from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError, TrainingInterrupted
 from jaxppo.plotting import plot_runs
 from jaxppo.policy import load_policy
 from jaxppo.runlog import read_metrics
@@ -162,6 +162,8 @@ def _train(args) -> int:
                        resume=run_dir if args.resume else None,
                        progress=False if args.no_progress else None,
                        stop_after_iterations=args.stop_after, plot=not args.no_plot)
+    except TrainingInterrupted as e:
+        return runargs.interrupted(e)
     except TrainingDivergedError as e:
         return runargs.fail(e, 1)
     except (ConfigError, CheckpointError) as e:

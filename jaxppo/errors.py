@@ -15,6 +15,18 @@ class CheckpointError(RuntimeError):
     path and what to do. Nothing in the run folder was changed."""
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM stopped training once the running chunk had finished; the
+    run folder then holds a checkpoint of that iteration, the params and summary.json.
+    `result` is the TrainResult so far; `signal_name` says which signal it was. (A
+    KeyboardInterrupt, so `except Exception` does not swallow it.)"""
+
+    def __init__(self, message: str, signal_name: str, result=None):
+        super().__init__(message)
+        self.signal_name = signal_name
+        self.result = result
+
+
 class TrainingDivergedError(RuntimeError):
     """A loss, gradient or parameter became NaN/inf; metrics up to that point are kept."""
 

@@ -16,7 +16,9 @@ one jaxppo.rundir.RunFolder.
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ import numpy as np
 from jaxppo import checkpoint as ckpt
 from jaxppo.algorithm import METRIC_KEYS, Algorithm, TrainState
 from jaxppo.config import PPOConfig
-from jaxppo.errors import TrainingDivergedError
+from jaxppo.errors import TrainingDivergedError, TrainingInterrupted
 from jaxppo.evaluation import EVAL_METRIC_KEYS
 from jaxppo.layouts import auto_chunk, build_program
 from jaxppo.policy import evaluate_policy
@@ -60,7 +62,8 @@ class TrainResult:
     iterations_done / completed: how far the run got (completed is False after
     stop_after_iterations); resumed_from: the checkpoint iteration it started from, if any.
     hosts: processes the run was spread over (1 unless jaxppo.distributed); host_failures:
-    the hosts lost and replaced during the run; summary: summary.json's content (run folder).
+    the hosts lost and replaced during the run; summary: summary.json's content (run folder);
+    interrupted: the signal (SIGINT, SIGTERM) that stopped the run early, if one did.
     """
 
     config: PPOConfig
@@ -81,6 +84,7 @@ class TrainResult:
     hosts: int = 1
     host_failures: list = field(default_factory=list)
     summary: dict | None = None
+    interrupted: str | None = None
 
     @property
     def env(self):
@@ -148,12 +152,42 @@ def restore_checkpoint(store, step: int, run: Resolved, run_dir, hp):
     return ckpt.restore_for_resume(store, step, abstract, config, run_dir)
 
 
+class StopSignals:
+    """While active (a context manager, in the main thread), SIGINT and SIGTERM do not kill
+    the process: they are recorded, and the run loop stops after the chunk that is running,
+    with everything saved. A second SIGINT stops at once (KeyboardInterrupt), as usual."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        print(f"\n{self.received}: stopping after the running chunk, then saving a checkpoint "
+              "(Ctrl-C again to stop at once, without saving)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
 def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, resumed: bool = False,
              wall_offset: float = 0.0, stop_after_iterations: int | None = None,
              progress: bool | None = None, callback: Callable[[list[dict]], None] | None = None,
              label: str | None = None):
     """Run chunks from `start_iter` to the end (or stop_after_iterations more); returns a
-    TrainResult. Raises TrainingDivergedError on NaN/inf (metrics so far are kept)."""
+    TrainResult. Raises TrainingDivergedError on NaN/inf (metrics so far are kept). On
+    SIGINT/SIGTERM it stops after the running chunk, checkpoints, and returns a result whose
+    `interrupted` names the signal (the caller finishes the run folder and raises)."""
     n_iter = config.num_iterations
     seeds = config.num_seeds
     chunk_len = chunk_length(config)
@@ -175,8 +209,9 @@ def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, res
             "jaxppo_version": __version__,
         })
 
+    signals = StopSignals().__enter__()
     try:
-        while it < end_iter:
+        while it < end_iter and signals.received is None:
             stop = min(end_iter, it + chunk_len)
             if config.checkpoint_every:
                 stop = min(stop, (it // config.checkpoint_every + 1) * config.checkpoint_every)
@@ -227,6 +262,7 @@ def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, res
         if folder is not None and saved_at != it:
             save(it)
     finally:
+        signals.__exit__()
         reporter.close()
     train_seconds = time.perf_counter() - t_train
 
@@ -242,7 +278,7 @@ def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, res
         _policy_fn=jax.jit(algo.act, static_argnames=("deterministic",)),
         _value_fn=jax.jit(algo.value), iterations_done=it, completed=it >= n_iter,
         resumed_from=start_iter if resumed else None,
-        host_failures=list(getattr(runner, "host_failures", [])),
+        host_failures=list(getattr(runner, "host_failures", [])), interrupted=signals.received,
     )
 
 
@@ -330,6 +366,21 @@ class _Reporter:
     def close(self):
         if self.bar is not None:
             self.bar.stop()
+
+
+def finish_run(result: TrainResult, folder, resume_command: str, **finish) -> TrainResult:
+    """Write the run folder's final files (params, summary, plot) and return the result, or
+    raise TrainingInterrupted when a signal stopped the run (the files are written first)."""
+    if folder is not None:
+        result.summary = folder.finish(result, **finish)
+    if result.interrupted:
+        saved = (f"checkpoint, params and summary of iteration {result.iterations_done} are in "
+                 f"{folder.path}; continue with: {resume_command} --resume {folder.path}"
+                 if folder is not None else "no run folder was given, so nothing was saved")
+        raise TrainingInterrupted(
+            f"{result.interrupted} stopped training after iteration {result.iterations_done} of "
+            f"{result.config.num_iterations}: {saved}", result.interrupted, result)
+    return result
 
 
 def open_folder(run_dir: str | Path | None, config: PPOConfig, resume_iteration: int | None):

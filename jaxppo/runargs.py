@@ -4,6 +4,7 @@ and run folder they give, and the lines that close a run."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -98,6 +99,13 @@ def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
 def fail(err: Exception, code: int = 2) -> int:
     print(f"error: {err}", file=sys.stderr)
     return code
+
+
+def interrupted(err) -> int:
+    """A run stopped by a signal: what was saved and how to continue; the shell's exit code
+    for that signal (130 for SIGINT, 143 for SIGTERM)."""
+    print(f"stopped: {err}", file=sys.stderr)
+    return 128 + int(getattr(signal, err.signal_name, signal.SIGINT))
 
 
 def report(result, resume_command: str) -> int:

@@ -17,7 +17,8 @@ from jaxppo.algorithm import Algorithm, HyperParams
 from jaxppo.config import PPOConfig
 from jaxppo.errors import ConfigError
 from jaxppo.layouts import ChunkRunner, build_program
-from jaxppo.loop import TrainResult, chunk_length, open_folder, restore_checkpoint, run_loop
+from jaxppo.loop import (TrainResult, chunk_length, finish_run, open_folder, restore_checkpoint,
+                         run_loop)
 from jaxppo.resolve import Layout, Resolved, resolve
 from jaxppo.runtime import enable_compilation_cache
 
@@ -49,7 +50,9 @@ def train(
     progress: show a progress bar (default: when stderr is a terminal, else a line per chunk).
     callback: called with the metric rows of each finished chunk.
     Raises ConfigError for a bad config, CheckpointError for a run folder that cannot be
-    resumed (nothing in it is changed then) and TrainingDivergedError on NaN/inf.
+    resumed (nothing in it is changed then) and TrainingDivergedError on NaN/inf. SIGINT
+    (Ctrl-C) or SIGTERM stops after the running chunk: checkpoint, params and summary are
+    written, then TrainingInterrupted is raised (its `result` holds the TrainResult).
     """
     config, run_dir, resume_store, resume_step, resume_meta = ckpt.begin_resume(
         "train", config, run_dir, resume)
@@ -75,12 +78,10 @@ def train(
                           resumed=resume is not None, wall_offset=wall_offset,
                           stop_after_iterations=stop_after_iterations, progress=progress,
                           callback=callback)
-        if folder is not None:
-            result.summary = folder.finish(result, plot=plot)
+        return finish_run(result, folder, "jaxppo train", plot=plot)
     finally:
         if folder is not None:
             folder.close()
-    return result
 
 
 def prepare(config: PPOConfig, run_dir, resume_meta: dict | None, stop_after_iterations,

@@ -275,3 +275,65 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_intact(tmp_path):
         state, meta = store.restore(1)
     np.testing.assert_array_equal(state["w"], np.arange(1000, dtype=np.float32))
     assert meta["note"] == "first"
+
+
+# ---------------------------------------------------------------------- interrupts
+def test_sigint_stops_after_the_chunk_saves_everything_and_resumes_exactly(runs, tmp_path):
+    """Ctrl-C (SIGINT) during the first chunk: training stops once that chunk is done,
+    writes a checkpoint of its last iteration, params and summary, then raises
+    TrainingInterrupted; resuming ends with the numbers of an uninterrupted run."""
+    import os
+    import signal
+
+    run = tmp_path / "run"
+    sent = []
+
+    def interrupt(rows):
+        if not sent:
+            sent.append(rows[-1]["iteration"])
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(jaxppo.TrainingInterrupted, match=r"SIGINT stopped training after "
+                       r"iteration 3 of 8: .* continue with: jaxppo train --resume") as info:
+        jaxppo.train(CFG, run_dir=run, progress=False, callback=interrupt)
+    assert sent == [3] and info.value.signal_name == "SIGINT"
+    assert info.value.result.iterations_done == 3 and not info.value.result.completed
+    assert find_latest(run)[1] == 3
+    assert (run / "params.msgpack").exists()
+    assert json.loads((run / "summary.json").read_text())["iterations"] == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    resumed = jaxppo.train(None, resume=run, progress=False)
+    assert _tree_equal(runs["full"].state, resumed.state)
+    assert [r["iteration"] for r in _rows(run)] == list(range(1, CFG.num_iterations + 1))
+
+
+def test_cli_sigterm_saves_and_exits_143(tmp_path):
+    """SIGTERM to `jaxppo train` (what a scheduler sends) mid-run: exit code 143, a
+    checkpoint at the last finished iteration, and the resume command on stderr."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxppo", "train", "--env", "CartPole-v1", "--defaults",
+         "--set", "num_envs=4", "num_steps=16", "num_minibatches=2", "total_timesteps=200000",
+         "log_every=1", "network.hidden_sizes=[16,16]", "compilation_cache_dir=null",
+         "--runs-dir", str(tmp_path), "--run-name", "run", "--no-progress", "--no-plot"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (
+            (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    done = len(_rows(run))
+    assert 2 <= done < 3125
+    assert find_latest(run)[1] == done
+    assert (run / "params.msgpack").exists() and (run / "summary.json").exists()
+    assert f"SIGTERM stopped training after iteration {done} of 3125" in err
+    assert f"jaxppo train --resume {run}" in err

@@ -14,7 +14,7 @@ import jax
 from jaxppo import runargs
 from jaxppo.distributed.cluster import DistributedError
 from jaxppo.distributed.launch import train_distributed
-from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError
+from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError, TrainingInterrupted
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (DistributedError, ConfigError, CheckpointError) as e:
         return runargs.fail(e)
+    except TrainingInterrupted as e:
+        return runargs.interrupted(e)
     except TrainingDivergedError as e:
         return runargs.fail(e, 1)
     return runargs.report(result, resume_command=f"python -m jaxppo.distributed --resume {run_dir} "

@@ -12,7 +12,7 @@ import ray
 from jaxppo import checkpoint as ckpt
 from jaxppo.algorithm import HyperParams
 from jaxppo.config import PPOConfig
-from jaxppo.loop import chunk_length, open_folder, restore_checkpoint, run_loop
+from jaxppo.loop import chunk_length, finish_run, open_folder, restore_checkpoint, run_loop
 from jaxppo.train import prepare
 from jaxppo.distributed.cluster import connect
 from jaxppo.distributed.group import HostGroup, check_hosts
@@ -101,12 +101,10 @@ def train_distributed(
                           resumed=resume is not None, wall_offset=wall_offset,
                           stop_after_iterations=stop_after_iterations, progress=progress,
                           callback=callback, label=f"{config.env_name} x{hosts} hosts")
-        if folder is not None:
-            result.summary = folder.finish(
-                result, plot=plot, label=f"{config.env_name} ({hosts} hosts)",
-                extra_summary={"envs_per_host": config.num_envs // group.hosts,
-                               "host_failures": result.host_failures})
-        return result
+        return finish_run(result, folder, f"python -m jaxppo.distributed --hosts {hosts}", plot=plot,
+                          label=f"{config.env_name} ({hosts} hosts)",
+                          extra_summary={"envs_per_host": config.num_envs // group.hosts,
+                                         "host_failures": result.host_failures})
     finally:
         if folder is not None:
             folder.close()
