@@ -4,7 +4,7 @@ One Algorithm for every network. A network is `apply(params, obs, carry, reset) 
 value, carry)`: feed-forward ones keep an empty carry; a recurrent one (a GRU core) carries
 its state from step to step in `TrainState.carry`, zeroed where an episode ended. What a
 recurrent network changes is small and local: the rollout records each env's carry at its
-start and the resets, values and the loss replay the network over whole sequences, and a
+start and the resets; values and the loss replay the network over whole sequences; and a
 minibatch is whole env sequences [T, E/M] instead of num_steps/M steps of every env.
 
 Nothing here touches files, Ray or the CLI. `axis_name` names a pmap axis when the iteration
