@@ -30,6 +30,7 @@ from flax import serialization
 
 from jaxppo.config import PPOConfig
 from jaxppo.errors import CheckpointError, ConfigError
+from jaxppo.runlog import METRICS_FILE, read_metrics
 
 CHECKPOINT_DIR = "checkpoints"
 FORMAT_VERSION = 1
@@ -273,6 +274,11 @@ def load_run_config(run_dir: str | Path, meta: dict | None = None):
         data = dict(meta["config"])
     else:
         raise ConfigError(f"run folder {run_dir} has no config.yaml; it is not a jaxppo run folder")
+    if not data and path.exists():
+        raise ConfigError(
+            f"{path} is empty, so the run's config is unknown (resuming would train with the "
+            "library defaults); restore the file, or delete it to resume with the config the "
+            "newest checkpoint recorded")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of config fields")
     if data.get("env_params") is not None:
@@ -303,6 +309,31 @@ def check_resumable(saved: dict, config, run_dir: str | Path) -> None:
                 f"Resume with {name}={old_v!r} (only fields such as total_timesteps, lr or "
                 "eval_every may change), or start a new run. Nothing was changed."
             )
+
+
+def check_metrics_file(run_dir: str | Path, iteration: int, num_seeds: int) -> None:
+    """CheckpointError unless RUN_DIR/metrics.jsonl holds a row for every iteration up to the
+    checkpoint's (for every seed): resuming would otherwise leave a hole in the record."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        raise CheckpointError(
+            f"{path} is missing, but the checkpoint is at iteration {iteration}: resuming would "
+            "leave iterations without metrics. Restore the file (or start a new run). Nothing "
+            "was changed.")
+    try:
+        rows = read_metrics(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} cannot be read ({str(e)[:160]}); restore it. Nothing "
+                              "was changed.") from None
+    have = {(r.get("iteration"), r.get("seed", 0)) for r in rows if isinstance(r, dict)}
+    missing = sorted({it for it in range(1, iteration + 1) for s in range(num_seeds)
+                      if (it, s) not in have})
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        raise CheckpointError(
+            f"{path} has no rows for iteration(s) {shown} of the {iteration} the checkpoint "
+            "holds: resuming would leave a hole in the record. Restore the file (or start a new "
+            "run). Nothing was changed.")
 
 
 def begin_resume(caller: str, config, run_dir, resume):

@@ -96,6 +96,7 @@ def prepare(config: PPOConfig, run_dir, resume_meta: dict | None, stop_after_ite
                           "integer >= 1 (or None to run to the end)")
     if resume_meta is not None:
         ckpt.check_resumable(resume_meta.get("config") or {}, run.config, run_dir)
+        ckpt.check_metrics_file(run_dir, int(resume_meta["iteration"]), run.config.num_seeds)
     else:
         ckpt.refuse_checkpointed_run_dir(run_dir, resume_command)
     enable_compilation_cache(run.config.compilation_cache_dir)

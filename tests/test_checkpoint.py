@@ -337,3 +337,22 @@ def test_cli_sigterm_saves_and_exits_143(tmp_path):
     assert (run / "params.msgpack").exists() and (run / "summary.json").exists()
     assert f"SIGTERM stopped training after iteration {done} of 3125" in err
     assert f"jaxppo train --resume {run}" in err
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda run: (run / "config.yaml").write_text(""), r"config\.yaml is empty, so the run's config is unknown"),
+    (lambda run: (run / "metrics.jsonl").unlink(), r"metrics\.jsonl is missing, but the checkpoint is at iteration 4"),
+    (lambda run: (run / "metrics.jsonl").write_text(
+        "\n".join((run / "metrics.jsonl").read_text().splitlines()[2:]) + "\n"),
+     r"metrics\.jsonl has no rows for iteration\(s\) 1, 2 of the 4"),
+    (lambda run: (run / "metrics.jsonl").write_text(
+        "garbage\n" + (run / "metrics.jsonl").read_text()), r"metrics\.jsonl cannot be read"),
+], ids=["empty-config", "no-metrics", "missing-rows", "garbage-row"])
+def test_resume_refuses_a_damaged_record_and_changes_nothing(stopped_copy, damage, match, capsys):
+    damage(stopped_copy)
+    before = _folder_digest(stopped_copy)
+    with pytest.raises((ConfigError, CheckpointError), match=match):
+        jaxppo.train(None, resume=stopped_copy, progress=False)
+    assert cli.main(["train", "--resume", str(stopped_copy), "--no-progress"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert _folder_digest(stopped_copy) == before
