@@ -13,7 +13,9 @@ Nothing is created before the run has passed every check (`RunFolder` is opened 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -26,13 +28,26 @@ from jaxppo.runlog import RunLog
 from jaxppo.runtime import process_uptime
 
 
+LOCK_FILE = ".lock"
+
+
 class RunFolder:
-    """An open run folder: metrics log, checkpoint store, and the final files."""
+    """An open run folder: metrics log, checkpoint store, and the final files. It holds an
+    exclusive lock on the folder (RUN_DIR/.lock) until closed, so a second process cannot
+    write the same run: it gets a ConfigError and writes nothing."""
 
     def __init__(self, path: str | Path, config: PPOConfig, *, resume_iteration: int | None = None):
         self.path = Path(path)
         self.config = config
         self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_folder(self.path)
+        try:
+            self._open(config, resume_iteration)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def _open(self, config: PPOConfig, resume_iteration: int | None) -> None:
         write_config(self.path, config, overwrite=resume_iteration is not None)
         self.log = RunLog(
             self.path, tensorboard=config.tensorboard, num_seeds=config.num_seeds,
@@ -67,7 +82,30 @@ class RunFolder:
         try:
             self.log.close()
         finally:
-            self.store.close()  # waits for a save still being written
+            try:
+                self.store.close()  # waits for a save still being written
+            finally:
+                self._lock.close()  # closing the file releases the lock
+
+
+def _lock_folder(path: Path):
+    """An exclusive, non-blocking lock on RUN_DIR/.lock (released when the returned file is
+    closed, or when the process ends however it ends); ConfigError if another process has it."""
+    f = open(path / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(
+            f"run folder {path} is in use by {holder}: two processes cannot write one run. Wait "
+            "for it to finish (then --resume), or choose another run folder") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"process {os.getpid()}")
+    f.flush()
+    return f
 
 
 def write_config(run_dir: Path, config: PPOConfig, overwrite: bool) -> None:

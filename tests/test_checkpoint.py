@@ -356,3 +356,32 @@ def test_resume_refuses_a_damaged_record_and_changes_nothing(stopped_copy, damag
     assert cli.main(["train", "--resume", str(stopped_copy), "--no-progress"]) == 2
     assert "Traceback" not in capsys.readouterr().err
     assert _folder_digest(stopped_copy) == before
+
+
+def test_a_run_folder_in_use_is_refused_and_left_alone(stopped_copy, tmp_path, capsys):
+    """A second process cannot write a run folder another one holds (RUN_DIR/.lock): resuming
+    it is a ConfigError naming the holder, and nothing in the folder changes."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); f.seek(0); f.truncate(); f.write('process 4242'); f.flush(); "
+         "print('held', flush=True); "
+         "time.sleep(60)", str(stopped_copy / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _folder_digest(stopped_copy)
+        with pytest.raises(ConfigError, match=r"is in use by process 4242: two processes cannot "
+                                              r"write one run"):
+            jaxppo.train(None, resume=stopped_copy, progress=False)
+        assert cli.main(["train", "--resume", str(stopped_copy), "--no-progress"]) == 2
+        assert "in use by process 4242" in capsys.readouterr().err
+        assert _folder_digest(stopped_copy) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # Released with its holder: the resume now runs to the end, and leaves the lock free.
+    res = jaxppo.train(None, resume=stopped_copy, progress=False, plot=False)
+    assert res.completed
+    jaxppo.train(None, resume=stopped_copy, progress=False, plot=False)  # free again
