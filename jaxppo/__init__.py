@@ -8,7 +8,8 @@ Single-host training never imports Ray; `jaxppo.distributed` does, on demand.
 
 from jaxppo.algorithm import Algorithm, HyperParams, TrainState
 from jaxppo.config import NetworkConfig, PPOConfig, tuned_env_names
-from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError, TrainingInterrupted
+from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, TrainingDivergedError,
+                           TrainingInterrupted)
 from jaxppo.loop import TrainResult
 from jaxppo.policy import Policy, load_policy
 from jaxppo.resolve import Resolved, resolve
@@ -29,6 +30,7 @@ __all__ = [
     "TrainingDivergedError",
     "TrainingInterrupted",
     "CheckpointError",
+    "RunFolderError",
     "Policy",
     "load_policy",
     "train",

@@ -84,6 +84,9 @@ class CheckpointStore:
             )
             self.manager = ocp.CheckpointManager(self.directory.absolute(), item_names=_ITEMS,
                                                  options=options)
+        if not read_only:
+            _drop_background_save_tracebacks()
+            _ignore_closed_loop_reports()  # a failed save's late reports, as for a failed restore
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -192,6 +195,24 @@ def _ignore_closed_loop_reports() -> None:
 
     hook._jaxppo_closed_loop_filter = True
     sys.unraisablehook = hook
+
+
+class _BackgroundSaveErrors(logging.Filter):
+    """Orbax logs a save that fails in its background threads (a full disk) as several ERROR
+    records with tracebacks, then raises the same error in the caller at the next save, wait
+    or close, where the run folder turns it into one clear RunFolderError. Drop those records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or "orbax" not in record.pathname:
+            return True
+        text = str(record.msg).lower()
+        return not ("raised an exception" in text or "failed" in text)
+
+
+def _drop_background_save_tracebacks() -> None:
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _BackgroundSaveErrors) for f in logger.filters):
+        logger.addFilter(_BackgroundSaveErrors())
 
 
 @contextlib.contextmanager

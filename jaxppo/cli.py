@@ -5,17 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
-from jaxppo import runargs
+from jaxppo import runargs, sweep
 from jaxppo.config import tuned_env_names
 from jaxppo.envs import registered_env_names
-from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError, TrainingInterrupted
+from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, TrainingDivergedError,
+                           TrainingInterrupted)
 from jaxppo.plotting import plot_runs
 from jaxppo.policy import load_policy
 from jaxppo.runlog import read_metrics
 from jaxppo.train import train
+
+
+class _DefaultsKeepEpilog(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Flag defaults shown, and the epilog (the config keys, one per line) kept as written."""
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -28,12 +34,13 @@ def _build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser(
         "train",
         help="train a policy and write a run folder",
-        description=(
+        description=textwrap.fill(
             f"Train PPO. Config precedence: {runargs.PRECEDENCE}. Tuned configs ship for "
             f"{', '.join(tuned_env_names())}. The run folder runs/<env>-<time>/ gets "
-            "config.yaml, metrics.jsonl, checkpoints/, params.msgpack, summary.json and curve.png."
-        ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            "config.yaml, metrics.jsonl, checkpoints/, params.msgpack, summary.json and curve.png.",
+            width=88, break_on_hyphens=False),
+        epilog=runargs.config_keys_help(),
+        formatter_class=_DefaultsKeepEpilog,
     )
     runargs.add_config_flags(t)
     t.add_argument("--runs-dir", default="runs", help="folder that receives the run folder")
@@ -51,14 +58,18 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="sample actions instead of taking the most likely one")
     e.add_argument("--seed", type=int, default=0, help="seed of the eval envs (and sampling)")
     e.add_argument("--max-steps", type=int, help="bound on an episode (default: the env's limit)")
-    e.add_argument("--seed-index", type=int, default=0, help="which seed of a multi-seed run")
+    e.add_argument("--seed-index", type=int, default=0,
+                   help="which seed of a multi-seed run (member of a sweep)")
+    e.add_argument("--env", metavar="MODULE:CLASS",
+                   help="the env, for a run of a custom env that config.yaml names only by name")
     e.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("plot", help="plot return curves of one or more run folders")
     p.add_argument("runs", nargs="+", help="run folders (or metrics.jsonl files)")
     p.add_argument("-o", "--output", default="curves.png", help="PNG file to write")
 
-    sub.add_parser("envs", help="list the registered gymnax environments")
+    v = sub.add_parser("envs", help="list the gymnax environments: spaces and tuned configs")
+    v.add_argument("--names", action="store_true", help="only the names, one per line")
     return parser
 
 
@@ -68,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     # one-line notes, not Python's file:line form.
     warnings.formatwarning = lambda message, *_args, **_kw: f"note: {message}\n"
     if args.command == "envs":
-        print("\n".join(registered_env_names()))
+        print("\n".join(registered_env_names()) if args.names else _env_table())
         return 0
     if args.command == "plot":
         missing = [r for r in args.runs if not Path(r).exists()]
@@ -86,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             except (ValueError, UnicodeDecodeError, OSError) as e:
                 print(f"error: {r} is not a jaxppo metrics file ({str(e)[:120]})", file=sys.stderr)
                 return 2
+            try:
+                sweep.read_record(r)
+            except CheckpointError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
             if not any(isinstance(row, dict) and "env_steps" in row for row in rows):
                 print(f"error: {r} holds no metric rows (an empty or foreign file; a run "
                       "writes one row per iteration)", file=sys.stderr)
@@ -97,24 +113,68 @@ def main(argv: list[str] | None = None) -> int:
     return _train(args)
 
 
+# Envs that download data when built (gymnax fetches MNIST from the internet): listed, not built.
+_DOWNLOADS = {"MNISTBandit-bsuite": "downloads MNIST when first built"}
+
+
+def _env_table() -> str:
+    """Every registered gymnax env: observation and action space, and whether jaxppo ships a
+    tuned config for it (`train --env NAME` then starts from that config)."""
+    import gymnax
+
+    tuned = set(tuned_env_names())
+    rows = [("env", "observation", "action", "tuned config")]
+    for name in registered_env_names():
+        if name in _DOWNLOADS:
+            rows.append((name, "-", "-", _DOWNLOADS[name]))
+            continue
+        try:
+            env, params = gymnax.make(name)
+            obs, act = env.observation_space(params), env.action_space(params)
+        except Exception as e:  # an env gymnax cannot build here: say so, list the rest
+            rows.append((name, "-", "-", f"cannot be built: {str(e)[:60]}"))
+            continue
+        rows.append((name, _space(obs), _space(act), "yes" if name in tuned else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip()
+                     for r in rows)
+
+
+def _space(space) -> str:
+    kind = type(space).__name__
+    if kind == "Discrete":
+        return f"Discrete({space.n})"
+    shape = "x".join(str(d) for d in getattr(space, "shape", ())) or "scalar"
+    return f"{kind}({shape})"
+
+
 def _eval(args) -> int:
     if args.episodes < 1:
         print(f"error: --episodes {args.episodes} must be >= 1", file=sys.stderr)
         return 2
     try:
-        policy = load_policy(args.run, seed_index=args.seed_index)
+        policy = load_policy(args.run, seed_index=args.seed_index, env=args.env)
+        record = sweep.read_record(args.run)
         out = policy.evaluate(episodes=args.episodes, seed=args.seed,
                               deterministic=not args.stochastic, max_steps=args.max_steps)
     except (CheckpointError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out.update(run=str(args.run), env=policy.config.env_name, iteration=policy.iteration,
-               deterministic=not args.stochastic, seed=args.seed)
+               deterministic=not args.stochastic, seed=args.seed, seed_index=args.seed_index)
+    member = ""
+    if record is not None and args.seed_index < len(record["labels"]):
+        # A sweep's member: name the hyperparameters it trained with.
+        out.update(member=record["labels"][args.seed_index],
+                   hparams=record["hparams"][args.seed_index])
+        member = f" [{out['member']}]"
     if args.json:
         print(json.dumps(out))
         return 0
     where = f"checkpoint iteration {policy.iteration}" if policy.iteration is not None else "params.msgpack"
-    print(f"{out['env']} ({args.run}, {where}): return {out['return_mean']:.2f} ± "
+    if policy.config.num_seeds > 1:
+        where = f"seed index {args.seed_index}, {where}"
+    print(f"{out['env']}{member} ({args.run}, {where}): return {out['return_mean']:.2f} ± "
           f"{out['return_std']:.2f}, length {out['length_mean']:.1f} ± {out['length_std']:.1f} over "
           f"{out['episodes']} episodes ({'stochastic' if args.stochastic else 'deterministic'} "
           f"policy, seed {args.seed})")
@@ -164,7 +224,7 @@ def _train(args) -> int:
                        stop_after_iterations=args.stop_after, plot=not args.no_plot)
     except TrainingInterrupted as e:
         return runargs.interrupted(e)
-    except TrainingDivergedError as e:
+    except (TrainingDivergedError, RunFolderError) as e:
         return runargs.fail(e, 1)
     except (ConfigError, CheckpointError) as e:
         return runargs.fail(e)

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import json
 import math
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, Union
@@ -50,17 +51,17 @@ def tuned_env_names() -> list[str]:
 class NetworkConfig:
     """Actor-critic MLP shape."""
 
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
+    hidden_sizes: tuple[int, ...] = (64, 64)  # widths of the MLP layers (of each torso)
+    activation: str = "tanh"  # tanh | relu | gelu | silu | elu
     shared_trunk: bool = False  # one torso for actor and critic, two heads
     torso: str = "auto"  # "mlp", "cnn" (image observations), or "auto": cnn for [H, W, C] obs
     conv_channels: tuple[int, ...] = (16,)  # cnn torso: channels of each 3x3 conv layer
-    conv_kernel: int = 3
+    conv_kernel: int = 3  # cnn torso: kernel size
     recurrent_size: int = 0  # 0 = feed-forward; > 0 = a GRU core of this size
     # continuous actions: the Gaussian's initial log std, and whether the std is a learned
     # vector shared by all states (False) or a head on the actor's features (True)
-    log_std_init: float = 0.0
-    state_dependent_std: bool = False
+    log_std_init: float = 0.0  # continuous actions: the Gaussian's initial log std
+    state_dependent_std: bool = False  # continuous actions: std from the actor's features
 
     def __post_init__(self):
         for name in ("hidden_sizes", "conv_channels"):
@@ -83,61 +84,65 @@ class PPOConfig:
 
     # --- environment ---
     env: Any = "CartPole-v1"  # a gymnax-registered name, or an env object with the gymnax API
-    env_kwargs: dict = field(default_factory=dict)
-    env_params: Any = None  # gymnax EnvParams override; None = the env's defaults
+    env_kwargs: dict = field(default_factory=dict)  # env constructor args and env params
+    env_params: Any = None  # gymnax EnvParams override; null = the env's defaults
     # --- batch shape ---
-    num_envs: int = 4
+    num_envs: int = 4  # parallel envs (global: split over devices and hosts)
     num_steps: int = 128  # rollout length per env per iteration
-    total_timesteps: int = 500_000
-    num_epochs: int = 4
-    num_minibatches: int = 4
+    total_timesteps: int = 500_000  # env steps per seed
+    num_epochs: int = 4  # passes over each batch
+    num_minibatches: int = 4  # minibatches per epoch
     # --- returns ---
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
+    gamma: float = 0.99  # discount
+    gae_lambda: float = 0.95  # GAE lambda
     # --- optimisation ---
-    lr: Schedule = 2.5e-4
+    lr: Schedule = 2.5e-4  # a number, or [[env_step, value], ...] (piecewise linear)
     lr_schedule: str = "linear"  # "constant" | "linear" (anneal to 0); ignored for a list
-    adam_eps: float = 1e-5
-    max_grad_norm: float = 0.5
+    adam_eps: float = 1e-5  # Adam epsilon
+    max_grad_norm: float = 0.5  # global-norm gradient clipping
     # --- loss ---
-    clip_param: float = 0.2
+    clip_param: float = 0.2  # PPO's ratio clip epsilon
     # Value-loss clipping around the acting value, as PureJaxRL (CLIP_EPS) and RLlib do;
     # None = unclipped. At PureJaxRL's CartPole config it keeps late training stable.
-    vf_clip_param: float | None = 0.2
-    vf_coeff: float = 0.5
-    entropy_coeff: Schedule = 0.01
+    vf_clip_param: float | None = 0.2  # clip of the value change; null = unclipped
+    vf_coeff: float = 0.5  # weight of the value loss
+    entropy_coeff: Schedule = 0.01  # a number or a schedule, as lr
     entropy_schedule: str = "constant"  # "constant" | "linear"; ignored for a list
-    use_kl_loss: bool = False
+    use_kl_loss: bool = False  # add an adaptive KL(old||new) penalty (RLlib's)
     kl_coeff: float = 0.2  # initial coefficient of the KL penalty
-    kl_target: float = 0.01
-    normalize_advantages: bool = True
+    kl_target: float = 0.01  # the KL the coefficient adapts towards
+    normalize_advantages: bool = True  # standardise advantages over the whole batch
     # --- normalisation ---
-    normalize_observations: bool = False
-    normalize_rewards: bool = False
+    normalize_observations: bool = False  # running mean/std of observations
+    normalize_rewards: bool = False  # scale rewards by the std of the discounted return
     # --- network ---
     network: NetworkConfig = field(default_factory=NetworkConfig)
     # --- user transforms (jaxppo.transforms): observation wrappers and reward hooks, in order,
     # e.g. [{"frame_stack": {"k": 4}}, {"count_bonus": {"scale": 0.1}}] ---
-    transforms: tuple = ()
+    transforms: tuple = ()  # observation wrappers and reward hooks, in order
     # --- devices ---
-    num_devices: int | None = None  # local devices to pmap over; None = all of them
+    num_devices: int | None = None  # local devices to pmap over; null = all of them
     # How shards (devices, hosts) combine: "gradients" all-reduces every minibatch's gradient
     # (the update's compute is split); "batch" all-gathers the rollout once per iteration and
     # every shard runs the whole update (one collective per iteration instead of one per
     # minibatch: for small networks where collectives are slow, e.g. CPU hosts).
-    sync: str = "gradients"
+    sync: str = "gradients"  # "gradients" (per minibatch) | "batch" (per iteration)
     # --- run ---
-    seed: int = 0
-    num_seeds: int = 1
+    seed: int = 0  # seed of the run (seed i of num_seeds derives from it)
+    num_seeds: int = 1  # seeds trained together in one vmapped program
     log_every: int = 0  # iterations per compiled chunk between progress updates; 0 = auto
-    compilation_cache_dir: str | None = "~/.cache/jaxppo/xla"  # None disables the cache
+    compilation_cache_dir: str | None = "~/.cache/jaxppo/xla"  # null disables the cache
     # --- run lifecycle (checkpoints, evaluation, logs) ---
-    checkpoint_every: int = 0  # iterations between checkpoints in RUN_DIR/checkpoints; 0 = at the end only
+    checkpoint_every: int = 0  # iterations between checkpoints in RUN_DIR/checkpoints; 0 = none by count
+    # Minutes of training between checkpoints (at the end of the chunk that passes the mark),
+    # so a long run keeps recent state whatever checkpoint_every says; 0 = none by time. A
+    # run always checkpoints at its end and when stopped by SIGINT/SIGTERM.
+    checkpoint_minutes: float = 5.0  # minutes between checkpoints; 0 = none by time
     keep_checkpoints: int = 3  # newest checkpoints kept; older ones are deleted after a save
     eval_every: int = 0  # iterations between evaluations (and at the last one); 0 = no evaluation
     eval_episodes: int = 8  # eval envs, each runs one full episode per evaluation
     eval_deterministic: bool = True  # act with the policy's mode rather than sampling
-    eval_max_steps: int | None = None  # bound on an eval episode; None = env's max_steps_in_episode
+    eval_max_steps: int | None = None  # bound on an eval episode; null = env's max_steps_in_episode
     tensorboard: bool = False  # also write TensorBoard event files to RUN_DIR/tensorboard
 
     def __post_init__(self):
@@ -172,8 +177,10 @@ class PPOConfig:
 
     @property
     def env_name(self) -> str:
+        """A short readable name of the env (run folder names, labels): the registered name,
+        the class of a "module:Class" env, or an env object's `name` (else its class name)."""
         if isinstance(self.env, str):
-            return self.env
+            return self.env.rpartition(":")[2].rpartition(".")[2] or self.env
         return getattr(self.env, "name", type(self.env).__name__)
 
     # ------------------------------------------------------------------ construction
@@ -238,7 +245,7 @@ class PPOConfig:
                 raise ConfigError(f"--set {pair!r} must have the form key=value, e.g. lr=3e-4")
             key, raw = pair.split("=", 1)
             key = key.strip()
-            value = load_yaml(raw) if raw.strip() else None
+            value = load_yaml(raw, where=f"--set {pair!r}") if raw.strip() else None
             if key.startswith("network."):
                 values.setdefault("network", {})[key[len("network."):]] = value
             else:
@@ -249,7 +256,8 @@ class PPOConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        """A JSON-friendly dict that `from_dict` reads back (env objects become their name)."""
+        """A JSON-friendly dict that `from_dict` reads back. An env object becomes
+        "module:Class" when that rebuilds it (`env_record`), else its name."""
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
@@ -259,7 +267,7 @@ class PPOConfig:
             elif f.name == "transforms":
                 v = transforms_to_list(v)
             elif f.name == "env":
-                v = self.env_name
+                v = env_record(self.env, self.env_kwargs) or self.env_name
             elif f.name == "env_params":
                 v = None if v is None else repr(v)
             elif isinstance(v, tuple):
@@ -283,6 +291,7 @@ class PPOConfig:
         _check_int(self, "num_seeds", 1)
         _check_int(self, "log_every", 0)
         _check_int(self, "checkpoint_every", 0)
+        _check_nonneg(self, "checkpoint_minutes")
         _check_int(self, "keep_checkpoints", 1)
         _check_int(self, "eval_every", 0)
         _check_int(self, "eval_episodes", 1)
@@ -403,7 +412,17 @@ def _yaml_loader():
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node, deep=False):
+            seen = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise _DuplicateKey(
+                        f"key {key!r} is given twice (lines {seen[key] + 1} and "
+                        f"{key_node.start_mark.line + 1}); keep one")
+                if isinstance(key, (str, int, float, bool)):
+                    seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
 
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
@@ -417,21 +436,85 @@ def _yaml_loader():
 
 
 def read_config_file(path: str | Path) -> dict:
-    """The mapping of field: value a YAML or JSON config file holds."""
+    """The mapping of field: value a YAML or JSON config file holds; ConfigError for a path
+    that is not a readable file, malformed YAML/JSON, a key given twice, or a file whose
+    aliases expand to more values than any config holds."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {str(path)!r} does not exist; check the path")
-    text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else load_yaml(text) or {}
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory; give the YAML or JSON "
+                          "file itself (e.g. a run folder's config.yaml)")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(path)!r} cannot be read as text: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text, object_pairs_hook=_unique_json_keys)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid JSON: {e.msg} at line "
+                              f"{e.lineno}, column {e.colno}") from None
+        except _DuplicateKey as e:
+            raise ConfigError(f"config file {str(path)!r}: {e}") from None
+        _check_size(data, f"config file {str(path)!r}")
+    else:
+        data = load_yaml(text, where=f"config file {str(path)!r}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
     return data
 
 
-def load_yaml(text: str):
+# More values than any config holds: a file beyond this is refused before anything reads it
+# through (aliases can make a few lines expand to billions of values).
+MAX_CONFIG_VALUES = 100_000
+
+
+def load_yaml(text: str, where: str = "the value"):
+    """YAML (1.2 floats, safe tags only) -> Python values; ConfigError, naming `where` and
+    the line, for malformed YAML, a key given twice, or an alias bomb."""
     import yaml
 
-    return yaml.load(text, Loader=_yaml_loader())
+    try:
+        data = yaml.load(text, Loader=_yaml_loader())
+    except _DuplicateKey as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where} is not valid YAML: {problem}{at}") from None
+    _check_size(data, where)
+    return data
+
+
+def _check_size(data, where: str) -> None:
+    """Count values through every alias, stopping at MAX_CONFIG_VALUES (time stays bounded)."""
+    stack, seen = [data], 0
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{where} expands to more than {MAX_CONFIG_VALUES:,} values (YAML "
+                              "aliases?); a config is a few dozen fields: write it out plainly")
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_json_keys(pairs):
+    keys = [k for k, _ in pairs]
+    dup = next((k for k in keys if keys.count(k) > 1), None)
+    if dup is not None:
+        raise _DuplicateKey(f"key {dup!r} is given twice in one JSON object; keep one")
+    return dict(pairs)
 
 
 def _suggest_field(key: str, names) -> str:
@@ -488,6 +571,92 @@ def transforms_to_list(entries) -> list:
         else:
             out.append(entry)
     return out
+
+
+def require_config(value) -> "PPOConfig":
+    """`value` if it is a PPOConfig; else a ConfigError saying how to make one of it."""
+    if isinstance(value, PPOConfig):
+        return value
+    got = f"{type(value).__name__} {_short_repr(value)}"
+    if isinstance(value, (str, Path)) and Path(value).suffix in (".yaml", ".yml", ".json"):
+        fix = f"jaxppo.PPOConfig.from_file({str(value)!r})"
+    elif isinstance(value, str):
+        fix = f"jaxppo.PPOConfig(env={value!r}) (the library defaults)"
+        if tuned_config_path(value) is not None:
+            fix += f" or jaxppo.PPOConfig.tuned({value!r}) (the env's tuned settings)"
+    elif isinstance(value, dict):
+        fix = "jaxppo.PPOConfig.from_dict(values) or jaxppo.PPOConfig(**values)"
+    elif value is not None and hasattr(value, "step") and hasattr(value, "reset"):
+        fix = "jaxppo.PPOConfig(env=your_env, ...)"
+    else:
+        fix = "jaxppo.PPOConfig(env='CartPole-v1', ...) or jaxppo.PPOConfig.tuned('CartPole-v1')"
+    raise ConfigError(f"the config must be a jaxppo.PPOConfig, got {got}; pass {fix}")
+
+
+def _short_repr(x) -> str:
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_ENV_RECORDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def env_record(env, env_kwargs: dict | None = None) -> str | None:
+    """How config.yaml can name `env` so that a new process rebuilds it: a string as given;
+    for an env object, "module:Class" when Class is importable at that path (not __main__,
+    not a local class) and `Class()` builds an object with the same attributes (so no
+    constructor argument is lost) taking none of env_kwargs; None otherwise (then only the
+    env's name can be recorded and loading the run needs env=)."""
+    if isinstance(env, str):
+        return env
+    try:
+        return _ENV_RECORDS[env]
+    except (KeyError, TypeError):  # not seen yet, or not weak-referenceable
+        pass
+    path = _importable_path(env, env_kwargs or {})
+    try:
+        _ENV_RECORDS[env] = path
+    except TypeError:
+        pass
+    return path
+
+
+def _importable_path(env, env_kwargs: dict) -> str | None:
+    import importlib
+    import inspect
+
+    cls = type(env)
+    module, qualname = getattr(cls, "__module__", None), getattr(cls, "__qualname__", "")
+    if not module or module in ("__main__", "builtins") or "<locals>" in qualname:
+        return None
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        if obj is not cls:
+            return None
+        takes = inspect.signature(cls).parameters
+        if any(k in takes for k in env_kwargs):  # rebuilding would pass them to Class()
+            return None
+        fresh = cls()
+    except Exception:  # not importable there, or Class() needs arguments: record the name
+        return None
+    if not _same_attrs(getattr(env, "__dict__", {}), getattr(fresh, "__dict__", {})):
+        return None
+    return f"{module}:{qualname}"
+
+
+def _same_attrs(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        try:
+            eq = a[k] == b[k]
+            if not (eq if isinstance(eq, bool) else bool(eq.all())):
+                return False
+        except Exception:
+            return False
+    return True
 
 
 _NET_INT_FIELDS = ("conv_kernel", "recurrent_size")

@@ -15,6 +15,12 @@ class CheckpointError(RuntimeError):
     path and what to do. Nothing in the run folder was changed."""
 
 
+class RunFolderError(RuntimeError):
+    """The run folder could not be written (a full disk, a read-only folder, permissions); the
+    message names the file, the system's reason, what is already saved there and how to
+    continue. Nothing already saved is removed."""
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT (Ctrl-C) or SIGTERM stopped training once the running chunk had finished; the
     run folder then holds a checkpoint of that iteration, the params and summary.json.

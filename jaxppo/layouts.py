@@ -226,6 +226,7 @@ class ChunkRunner:
         self.hp = hp
         t0 = time.perf_counter()
         self.state, self.compiled = initialise_and_compile(program, key, hp)
+        check_memory(self.compiled, self.config, self.layout)
         if restored is not None:
             self.state = from_unsharded(restored, self.state, self.layout, self.config.num_seeds)
         self.compile_seconds = time.perf_counter() - t0
@@ -251,6 +252,48 @@ class ChunkRunner:
 
     def close(self) -> None:
         pass
+
+
+def check_memory(compiled, config, layout: Layout) -> None:
+    """Before the first call: a ConfigError when the compiled program needs more memory than
+    the device has free (XLA's own figure from compiling; running would fail with an
+    allocation error deep inside, or get the process killed)."""
+    try:
+        m = compiled.memory_analysis()
+        needed = int(m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
+    except Exception:  # noqa: BLE001 - no analysis on this backend: nothing to check
+        return
+    if jax.devices()[0].platform == "cpu":  # CPU "devices" share the host's memory
+        needed *= layout.local_devices
+    free = free_memory()
+    if free is None or needed <= free:
+        return
+    per_transition = needed / (config.batch_size * config.num_seeds)
+    fits = max(1, int(free / per_transition / config.num_steps))
+    raise ConfigError(
+        f"the training program needs about {needed / 2**30:.1f} GiB of working memory beyond "
+        f"its state (num_envs*num_steps = {config.batch_size:,} transitions per iteration"
+        + (f" x {config.num_seeds} seeds" if config.num_seeds > 1 else "")
+        + f", about {per_transition / 1024:.1f} KiB each with this env and network), but "
+        f"{free / 2**30:.1f} GiB is free on {jax.devices()[0].device_kind}; lower num_envs "
+        f"(about {fits} would fit), num_steps or num_seeds")
+
+
+def free_memory() -> int | None:
+    """Bytes free for the program: the accelerator's free memory, or the host's available
+    memory on a CPU; None where it cannot be known."""
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        if "bytes_limit" in stats:
+            return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def auto_chunk(num_iterations: int) -> int:

@@ -183,21 +183,25 @@ class StopSignals:
 def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, resumed: bool = False,
              wall_offset: float = 0.0, stop_after_iterations: int | None = None,
              progress: bool | None = None, callback: Callable[[list[dict]], None] | None = None,
-             label: str | None = None):
+             label: str | None = None, member_labels: list[str] | None = None):
     """Run chunks from `start_iter` to the end (or stop_after_iterations more); returns a
     TrainResult. Raises TrainingDivergedError on NaN/inf (metrics so far are kept). On
     SIGINT/SIGTERM it stops after the running chunk, checkpoints, and returns a result whose
-    `interrupted` names the signal (the caller finishes the run folder and raises)."""
+    `interrupted` names the signal (the caller finishes the run folder and raises).
+    member_labels: for a sweep, each seed index's hyperparameters ("lr=0.001"), which the
+    progress shows instead of a mean over seeds."""
     n_iter = config.num_iterations
     seeds = config.num_seeds
     chunk_len = chunk_length(config)
     keys = metric_keys(config)
     history = _history_from_rows(folder.previous_rows if folder else [], keys, seeds)
     end_iter = n_iter if stop_after_iterations is None else min(n_iter, start_iter + stop_after_iterations)
-    reporter = _Reporter(config, n_iter, progress, start=start_iter, label=label)
+    reporter = _Reporter(config, n_iter, progress, start=start_iter, label=label,
+                         member_labels=member_labels)
     t_train = time.perf_counter()
     last_finite: dict | None = None
     it, saved_at, wall = start_iter, start_iter if resumed else None, wall_offset
+    saved_time = time.monotonic()
 
     config_record = config.to_dict()
 
@@ -253,9 +257,12 @@ def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, res
             if folder is not None:
                 folder.write_rows(rows)
             it = stop
-            if folder is not None and config.checkpoint_every and it % config.checkpoint_every == 0:
+            if folder is not None and (
+                    (config.checkpoint_every and it % config.checkpoint_every == 0)
+                    or (config.checkpoint_minutes and it < end_iter and time.monotonic()
+                        - saved_time >= 60 * config.checkpoint_minutes)):
                 save(it)
-                saved_at = it
+                saved_at, saved_time = it, time.monotonic()
             if callback is not None:
                 callback(rows)
             reporter.update(it, rows, sps)
@@ -311,14 +318,18 @@ def _short(row: dict | None) -> str:
 
 class _Reporter:
     """Progress between chunks: a rich bar on a terminal, a plain line otherwise; both show
-    the recent return, steps/s, the ETA and the last evaluation."""
+    the recent return, steps/s, the ETA and the last evaluation. The return is the mean over
+    seeds; for a sweep (member_labels) the best and the worst setting instead, each the mean
+    of the members with that label, e.g. "best lr=0.001: 480.2, worst lr=0.0001: 21.0"."""
 
     def __init__(self, config: PPOConfig, n_iter: int, progress: bool | None, start: int = 0,
-                 label: str | None = None):
+                 label: str | None = None, member_labels: list[str] | None = None):
         self.n_iter = n_iter
         self.start = start
         self.config = config
         self.label = label or config.env_name
+        self.member_labels = member_labels
+        self.member_return: dict[int, float] = {}  # seed index -> recent return
         self.interactive = sys.stderr.isatty() if progress is None else progress
         self.quiet = progress is False
         self.last_return = float("nan")
@@ -342,17 +353,48 @@ class _Reporter:
                                           sps="-", eval="-")
             self.bar.start()
 
+    def _by_setting(self, per_seed: dict[int, float]) -> list[tuple[float, str]]:
+        """(value, label) per distinct member label, best first; members that share a label
+        (seeds of one setting) are averaged."""
+        groups: dict[str, list[float]] = {}
+        for s, v in per_seed.items():
+            groups.setdefault(self.member_labels[s], []).append(v)
+        return sorted(((float(np.mean(v)), k) for k, v in groups.items()), reverse=True)
+
+    def return_text(self) -> str:
+        """The return the progress shows: the mean over seeds, or a sweep's best and worst."""
+        if not self.member_labels:
+            return f"{self.last_return:.1f}"
+        ranked = self._by_setting(self.member_return)
+        if not ranked:
+            return "-"
+        (best, best_lab), (worst, worst_lab) = ranked[0], ranked[-1]
+        if len(ranked) == 1:
+            return f"{best_lab}: {best:.1f}"
+        return f"best {best_lab}: {best:.1f}, worst {worst_lab}: {worst:.1f}"
+
     def update(self, done_iters: int, rows: list[dict], sps: float):
         rets = [r["episode_return_mean"] for r in rows if math.isfinite(r["episode_return_mean"])]
         if rets:
             self.last_return = float(np.mean(rets[-max(1, self.config.num_seeds) * 10:]))
+        if self.member_labels:
+            for s in range(len(self.member_labels)):
+                own = [r["episode_return_mean"] for r in rows if r.get("seed", 0) == s
+                       and math.isfinite(r["episode_return_mean"])]
+                if own:
+                    self.member_return[s] = float(np.mean(own[-10:]))
         evals = [r for r in rows if math.isfinite(r.get("eval_return_mean", float("nan")))]
         if evals:
             last = evals[-1]["iteration"]
-            vals = [r["eval_return_mean"] for r in evals if r["iteration"] == last]
-            self.last_eval = f"{np.mean(vals):.1f}@{last}"
+            at_last = [r for r in evals if r["iteration"] == last]
+            if self.member_labels:
+                value, lab = self._by_setting(
+                    {r.get("seed", 0): r["eval_return_mean"] for r in at_last})[0]
+                self.last_eval = f"best {lab}: {value:.1f}@{last}"
+            else:
+                self.last_eval = f"{np.mean([r['eval_return_mean'] for r in at_last]):.1f}@{last}"
         if self.bar is not None:
-            self.bar.update(self.task, completed=done_iters, ret=f"{self.last_return:.1f}",
+            self.bar.update(self.task, completed=done_iters, ret=self.return_text(),
                             sps=f"{sps:,.0f}", eval=self.last_eval)
         elif not self.quiet:
             steps = done_iters * self.config.batch_size
@@ -360,7 +402,7 @@ class _Reporter:
             eta = elapsed / max(done_iters - self.start, 1) * (self.n_iter - done_iters)
             ev = f"  eval {self.last_eval}" if self.config.eval_every else ""
             print(f"[{self.label}] iter {done_iters}/{self.n_iter}  "
-                  f"steps {steps:,}  return {self.last_return:.1f}{ev}  {sps:,.0f} steps/s  "
+                  f"steps {steps:,}  return {self.return_text()}{ev}  {sps:,.0f} steps/s  "
                   f"ETA {eta:.0f}s", file=sys.stderr, flush=True)
 
     def close(self):

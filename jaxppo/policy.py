@@ -12,6 +12,7 @@ actions come back ready for `env.step` (continuous ones clipped to the action bo
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ import numpy as np
 from jaxppo.algorithm import Algorithm
 from jaxppo.checkpoint import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir, load_params_dict,
                                load_run_config)
-from jaxppo.errors import CheckpointError
+from jaxppo.envs import check_recorded_env
+from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.evaluation import run_episodes, summarize
 from jaxppo.resolve import resolve
 from jaxppo.running_stats import RunningStats
@@ -34,7 +36,8 @@ class Policy:
     A recurrent policy keeps a carry from step to step: `policy.step(obs, carry, key=None)`
     -> (actions, carry), starting each episode from `policy.initial_carry(batch_shape)`
     (`step` works for feed-forward policies too, with an empty carry).
-    Attributes: config (PPOConfig of the run), spec (EnvSpec), params, obs_stats,
+    Attributes: config (PPOConfig of the run), spec (EnvSpec), env and env_params (the env it
+    trained on), params, obs_stats,
     iteration (of the checkpoint it came from; None for params.msgpack), recurrent.
     """
 
@@ -48,6 +51,15 @@ class Policy:
         self.obs_stats = obs_stats
         self.iteration = iteration
         self._step = jax.jit(algorithm.policy_step, static_argnames=("deterministic",))
+
+    @property
+    def env(self):
+        """The env the run trained on (with its observation transforms)."""
+        return self.spec.env
+
+    @property
+    def env_params(self):
+        return self.spec.env_params
 
     def __call__(self, obs, key: jax.Array | None = None):
         if self.recurrent:
@@ -112,9 +124,11 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
     """The trained policy of RUN_DIR as a callable `act(obs, key=None)`.
 
     seed_index: which seed of a multi-seed run. step: a checkpoint iteration (default: the
-    newest). env: the env object, for runs of a custom (unregistered) env that config.yaml
-    can only name.
-    Raises CheckpointError for a missing or unreadable run folder or checkpoint.
+    newest). env: the env (an object or "module:Class"), for runs of a custom env that
+    config.yaml can only name (one whose class is not importable; importable ones are
+    recorded as "module:Class" and rebuilt).
+    Raises CheckpointError for a missing or unreadable run folder or checkpoint, ConfigError
+    for an env that cannot be rebuilt.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -135,7 +149,20 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
     config = load_run_config(run_dir, meta)
     if env is not None:
         config = config.replace(env=env)
-    algorithm = Algorithm(resolve(config))
+    else:
+        check_recorded_env(config, run_dir, (
+            f"Pass the env: jaxppo.load_policy({str(run_dir)!r}, env=YourEnv()) (or "
+            f"`jaxppo eval {run_dir} --env module:Class`)"))
+    try:
+        with warnings.catch_warnings():  # notes about the training budget mean nothing here
+            warnings.filterwarnings("ignore", message="total_timesteps=")
+            resolved = resolve(config)
+    except ConfigError as e:
+        if env is None and str(e).startswith(f"env={config.env!r}"):  # "module:Class" failed
+            raise ConfigError(f"{e}. (This is the env {run_dir}/config.yaml records; or pass "
+                              "it: load_policy(run_dir, env=YourEnv()))") from e
+        raise
+    algorithm = Algorithm(resolved)
     if state is not None:
         params, obs_stats = state["params"], state["obs_stats"]
         seeds = int(meta.get("num_seeds", 1))

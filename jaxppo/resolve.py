@@ -10,6 +10,7 @@ the bound on an evaluation episode) is worked out here, once per run, by `train`
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import jax
 
 from jaxppo import networks
-from jaxppo.config import PPOConfig, divisors
+from jaxppo.config import PPOConfig, divisors, require_config
 from jaxppo.envs import EnvSpec, make_env
 from jaxppo.errors import ConfigError
 from jaxppo.evaluation import eval_max_steps
@@ -81,10 +82,12 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     this host's devices, default all), "hosts" (the same on every process of a
     `jax.distributed` group) or a `Layout`.
     """
-    config = config.validate()
+    config = require_config(config).validate()
+    _check_backend()
     if config.transforms:
         resolve_transforms(config.transforms)
     spec = make_env(config)
+    _check_for_env(config, spec)
     network = networks.make_network(config, spec)
     if layout is None:
         layout = Layout()
@@ -105,6 +108,49 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
             spec.env_params, "max_steps_in_episode"):
         bound = eval_max_steps(config, spec.env_params)
     return Resolved(config, spec, network, layout, bound)
+
+
+def _check_backend() -> None:
+    """JAX's backend starts, or a ConfigError that says why (JAX's own error for a platform
+    this machine lacks, e.g. JAX_PLATFORMS=cuda without a GPU, can be a bare AssertionError)."""
+    try:
+        jax.devices()
+    except Exception as e:  # noqa: BLE001 - any failure here means the same to the user
+        platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or ""
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ConfigError(
+            "JAX cannot start a backend" + (f" for JAX_PLATFORMS={platforms!r}" if platforms else "")
+            + f" ({reason}). Unset JAX_PLATFORMS (or set it to cpu) to train on this machine's "
+            "CPU, or install jax for that platform (e.g. pip install 'jax[cuda12]' for an NVIDIA "
+            "GPU)") from None
+
+
+def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
+    """Options that mean nothing for this env are errors, not silently ignored."""
+    net = config.network
+    if spec.discrete:
+        given = [f"network.{name}={getattr(net, name)!r}" for name, default in
+                 (("state_dependent_std", False), ("log_std_init", 0.0))
+                 if getattr(net, name) != default]
+        if given:
+            raise ConfigError(
+                f"{' and '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to the "
+                "Gaussian of continuous actions, but "
+                f"{config.env_name} has {spec.action_dim} discrete actions; remove "
+                f"{'them' if len(given) > 1 else 'it'}")
+    steps = getattr(spec.env_params, "max_steps_in_episode", None)
+    if steps is not None and int(steps) < 1:
+        raise ConfigError(
+            f"max_steps_in_episode={int(steps)} (env_kwargs/env_params) must be >= 1: it is "
+            f"the episode's time limit (the {config.env_name} default is "
+            f"{_default_limit(config)})")
+
+
+def _default_limit(config: PPOConfig):
+    try:
+        return int(make_env(config.replace(env_kwargs={}, env_params=None)).env_params.max_steps_in_episode)
+    except Exception:  # noqa: BLE001 - only for the message
+        return "unknown"
 
 
 def _local_layout(config: PPOConfig) -> Layout:

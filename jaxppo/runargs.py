@@ -4,13 +4,17 @@ and run folder they give, and the lines that close a run."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
+import re
 import signal
 import sys
 import time
 from pathlib import Path
 
 from jaxppo.checkpoint import load_run_config
-from jaxppo.config import PPOConfig, read_config_file, tuned_config_path
+from jaxppo.config import NetworkConfig, PPOConfig, read_config_file, tuned_config_path
+from jaxppo.envs import check_recorded_env
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.rundir import fresh_run_dir
 
@@ -19,7 +23,8 @@ PRECEDENCE = ("defaults < the packaged tuned config of the env (unless --default
 
 
 def add_config_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--env", help="gymnax env name, e.g. CartPole-v1 (overrides the file's env)")
+    p.add_argument("--env", help="gymnax env name, e.g. CartPole-v1, or module:Class of your "
+                                 "own env (overrides the file's env)")
     p.add_argument("--config", help="YAML or JSON file of PPOConfig fields")
     p.add_argument("--defaults", action="store_true",
                    help="start from the library defaults, not the env's tuned config")
@@ -36,6 +41,45 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                         "continue later with --resume")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--no-plot", action="store_true", help="skip curve.png")
+
+
+def config_keys_help() -> str:
+    """Every config key with its default and what it means, for `train --help`: read from the
+    comments beside (or above) each field in jaxppo/config.py, so the two cannot drift apart."""
+    out = ["config keys (--set KEY=VALUE, or a --config YAML/JSON file; README, Configuration, "
+           "has more):"]
+    for cls, prefix in ((PPOConfig, ""), (NetworkConfig, "network.")):
+        defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}
+        section, above = None, []
+        for line in inspect.getsource(cls).splitlines():
+            text = line.strip()
+            if text.startswith("# ---"):
+                section, above = re.split(r"[(:]| ---", text.strip("# -"))[0].strip(), []
+            elif text.startswith("#"):
+                above.append(text.lstrip("# "))
+            elif m := re.match(r"(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", text):
+                name = m.group(1)
+                if name in defaults and not (name == "network" and not prefix):
+                    if section:
+                        out.append(f"  {section}:")
+                        section = None
+                    meaning = m.group(2) or re.split(r"(?<=\.) ", " ".join(above))[0]
+                    out.append(f"    {prefix}{name} = {defaults[name]}"
+                               + (f"  -- {meaning}" if meaning else ""))
+                above = []
+        if prefix:
+            out.insert(-len(defaults), "  network:")
+    return "\n".join(out)
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        return "{}" if value == {} else "(see network.*)" if f.name == "network" else repr(value)
+    value = f.default
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(list(value)) if isinstance(value, tuple) else str(value)
 
 
 def _overrides(args) -> list[str]:
@@ -77,6 +121,10 @@ def resumed_config(args) -> tuple[PPOConfig, Path]:
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
     config = load_run_config(run_dir)
+    check_recorded_env(config, run_dir, (
+        "The command line cannot resume it; resume from Python with the env: jaxppo.train("
+        f"jaxppo.PPOConfig.from_file({str(run_dir / 'config.yaml')!r}).replace(env=YourEnv()), "
+        f"resume={str(run_dir)!r})"))
     overrides = _overrides(args)
     if overrides:
         config = config.with_overrides(overrides)

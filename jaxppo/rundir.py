@@ -4,28 +4,36 @@
     RUN_DIR/metrics.jsonl      one row per iteration (and seed), appended as training goes
     RUN_DIR/checkpoints/<it>/  the whole TrainState, unsharded (see jaxppo.layouts)
     RUN_DIR/params.msgpack     the trained params and observation statistics
-    RUN_DIR/summary.json       final return, evaluation, speed
+    RUN_DIR/summary.json       final return, evaluation, speed (per member, for a sweep)
+    RUN_DIR/sweep.json         a vmapped sweep's hyperparameters per member (jaxppo.sweep)
     RUN_DIR/curve.png          return vs env steps and vs wall time
     RUN_DIR/tensorboard/       with `tensorboard: true`
 
-Nothing is created before the run has passed every check (`RunFolder` is opened after).
+Nothing is created before the run has passed every check (`RunFolder` is opened after). A
+write that fails (a full disk, a read-only folder) is a RunFolderError naming the file, what
+is already saved and how to continue; it never removes what was saved before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import logging
 import os
+import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from jaxppo.checkpoint import CheckpointStore, save_params, write_text_atomic
+from jaxppo.checkpoint import CHECKPOINT_DIR, CheckpointStore, save_params, write_text_atomic
 from jaxppo.config import PPOConfig
-from jaxppo.errors import ConfigError
+from jaxppo.errors import ConfigError, RunFolderError
 from jaxppo.plotting import plot_runs
 from jaxppo.runlog import RunLog
 from jaxppo.runtime import process_uptime
+from jaxppo.sweep import SWEEP_FILE
 
 
 LOCK_FILE = ".lock"
@@ -39,10 +47,14 @@ class RunFolder:
     def __init__(self, path: str | Path, config: PPOConfig, *, resume_iteration: int | None = None):
         self.path = Path(path)
         self.config = config
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock_folder(self.path)
+        self.sweep: dict | None = None
+        self.log = self.store = None
+        with self._writing("the run folder"):
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock = _lock_folder(self.path)
         try:
-            self._open(config, resume_iteration)
+            with self._writing("config.yaml and metrics.jsonl"):
+                self._open(config, resume_iteration)
         except BaseException:
             self._lock.close()
             raise
@@ -60,32 +72,104 @@ class RunFolder:
         return self.log.previous_rows
 
     def write_rows(self, rows: list[dict]) -> None:
-        self.log.write(rows)
+        with self._writing("metrics.jsonl"):
+            self.log.write(rows)
+
+    def record_sweep(self, record: dict | None) -> None:
+        """sweep.json: the hyperparameters of each member of a vmapped sweep
+        (`jaxppo.sweep.make_record`); with None (every member trains with the same ones) an
+        earlier sweep.json is removed, so the folder describes the run as it now trains."""
+        self.sweep = record
+        path = self.path / SWEEP_FILE
+        with self._writing(SWEEP_FILE):
+            if record is not None:
+                write_text_atomic(path, json.dumps(record, indent=2))
+            elif path.exists():
+                path.unlink()
 
     def save_checkpoint(self, iteration: int, state, meta: dict) -> None:
-        self.store.save(iteration, state, meta)
+        # orbax writes in the background: a failure shows here at the next save, or at close
+        with self._writing(f"the checkpoint of iteration {iteration}"):
+            self.store.save(iteration, state, meta)
 
     def finish(self, result, *, plot: bool = True, label: str | None = None,
                extra_summary: dict | None = None) -> dict:
-        """params.msgpack, summary.json and (with plot) curve.png; returns the summary."""
-        save_params(self.path / "params.msgpack", result)
-        info = summary(result)
+        """params.msgpack, summary.json and (with plot) curve.png; returns the summary. A plot
+        that cannot be drawn or written is a warning: the run's results are already saved."""
+        with self._writing("params.msgpack"):
+            save_params(self.path / "params.msgpack", result)
+        info = summary(result, self.sweep)
         info.update(extra_summary or {})
-        write_text_atomic(self.path / "summary.json", json.dumps(info, indent=2))
+        with self._writing("summary.json"):
+            write_text_atomic(self.path / "summary.json", json.dumps(info, indent=2))
         if plot:
             name = self.config.env_name
-            plot_runs([self.path], self.path / "curve.png", labels=[label or name],
-                      title=f"{name}: return vs env steps")
+            title = (name if self.sweep is None
+                     else f"{name}: sweep of {', '.join(self.sweep['differing'])}")
+            try:
+                plot_runs([self.path], self.path / "curve.png", labels=[label or name], title=title)
+            except (OSError, ValueError) as e:
+                warnings.warn(f"curve.png was not written ({_reason(e)}); draw it later with "
+                              f"`jaxppo plot {self.path}`", stacklevel=2)
         return info
 
     def close(self) -> None:
+        """Wait for a checkpoint still being written, then release the folder. When another
+        error is already on its way out, a failure here is only logged (it must not hide it)."""
+        failing = sys.exc_info()[1] is not None
         try:
-            self.log.close()
+            with self._writing("metrics.jsonl"):
+                if self.log is not None:
+                    self.log.close()
+            with self._writing("the last checkpoint"):
+                if self.store is not None:
+                    self.store.close()  # waits for a save still being written
+        except RunFolderError as e:
+            if not failing:
+                raise
+            logging.getLogger("jaxppo").debug("%s", e)
         finally:
+            self._lock.close()  # closing the file releases the lock
+
+    @contextlib.contextmanager
+    def _writing(self, what: str):
+        """Turn a failed write into a RunFolderError that says what is saved and what to do."""
+        try:
+            yield
+        except (RunFolderError, ConfigError):
+            raise
+        except (OSError, ValueError, RuntimeError) as e:  # orbax reports write errors as ValueError
+            raise RunFolderError(f"could not write {what} in {self.path}: {_reason(e)}. "
+                                 + self._what_next()) from e
+
+    def _what_next(self) -> str:
+        """What the folder holds that a resume can use (read from the disk, not from orbax),
+        and how to go on."""
+        if self.store is not None:
             try:
-                self.store.close()  # waits for a save still being written
-            finally:
-                self._lock.close()  # closing the file releases the lock
+                self.store.wait()  # a save still being written counts, once it is complete
+            except Exception:  # noqa: BLE001 - that save failed too; the older ones stand
+                pass
+        folder = self.path / CHECKPOINT_DIR
+        steps = sorted(int(p.name) for p in folder.iterdir()
+                       if p.name.isdigit() and p.is_dir()) if folder.is_dir() else []
+        if steps:
+            return (f"Saved and intact: the checkpoint of iteration {steps[-1]}. Free space (or "
+                    f"fix the folder's permissions), then continue with --resume {self.path}")
+        return ("No checkpoint had been saved yet, so there is nothing to resume: free space "
+                "(or fix the permissions) and start again, or choose another --runs-dir")
+
+
+def _reason(err: BaseException) -> str:
+    """The system's reason for a failed write, in one line (orbax wraps it in a long one)."""
+    text = str(err)
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}" + (f" ({err.filename})" if err.filename else "")
+    for marker in ("No space left on device", "Read-only file system", "Permission denied",
+                   "Disk quota exceeded"):
+        if marker in text:
+            return marker
+    return (text.strip().splitlines() or [repr(err)])[0][:200]
 
 
 def _lock_folder(path: Path):
@@ -128,8 +212,10 @@ def fresh_run_dir(runs_dir: str | Path, name: str) -> Path:
     return run_dir
 
 
-def summary(result) -> dict:
-    """summary.json of a TrainResult: final return per seed, the last evaluation, speed."""
+def summary(result, sweep: dict | None = None) -> dict:
+    """summary.json of a TrainResult: final return per seed, the last evaluation, speed; for
+    a sweep (`sweep`, sweep.json's record) also `members`: per seed index its label,
+    differing hyperparameters, final return and last evaluation."""
     r = np.atleast_2d(result.metrics["episode_return_mean"])
     tail = []
     for seed_curve in r:
@@ -165,4 +251,13 @@ def summary(result) -> dict:
             out["final_eval_return_std"] = float(np.std(per_seed))
             out["final_eval_return_per_seed"] = per_seed
             out["final_eval_iteration"] = int(np.atleast_2d(result.metrics["iteration"])[0, idx])
+    if sweep is not None:
+        out["members"] = []
+        for i, label in enumerate(sweep["labels"]):
+            member = {"seed_index": i, "label": label,
+                      "hparams": {k: v[i] for k, v in sweep["differing"].items()},
+                      "final_return": tail[i]}
+            if "final_eval_return_per_seed" in out:
+                member["final_eval_return"] = out["final_eval_return_per_seed"][i]
+            out["members"].append(member)
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import jax
 
@@ -26,11 +27,23 @@ def process_uptime() -> float:
 
 
 def enable_compilation_cache(path: str | None) -> None:
-    """Turn on JAX's persistent compilation cache so a repeated run skips most compiling."""
+    """Turn on JAX's persistent compilation cache so a repeated run skips most compiling. A
+    folder that cannot be created or written (a read-only HOME) leaves the cache off, with a
+    warning: training does not need it."""
     if not path:
         return
     path = os.path.expanduser(path)
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+        reason = "not writable"
+    except OSError as e:
+        writable, reason = False, e.strerror or str(e)
+    if not writable:
+        warnings.warn(f"the compilation cache is off for this run: {path} cannot be used ({reason}); "
+                      "set compilation_cache_dir to a writable folder, or null to silence this",
+                      stacklevel=2)
+        return
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)

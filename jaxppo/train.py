@@ -13,6 +13,7 @@ from typing import Callable
 import jax
 
 from jaxppo import checkpoint as ckpt
+from jaxppo import sweep
 from jaxppo.algorithm import Algorithm, HyperParams
 from jaxppo.config import PPOConfig
 from jaxppo.errors import ConfigError
@@ -37,10 +38,15 @@ def train(
     """Train PPO as configured on this host's devices; `num_seeds > 1` trains the seeds in one
     vmapped program. (Several hosts: `jaxppo.distributed.train_distributed`, same loop.)
 
+    hparams: the tunable scalars (default: from the config); a `HyperParams.stack` of
+    num_seeds settings is a sweep, member i training with the i-th: the run folder then gets
+    sweep.json (`jaxppo.sweep`), and progress, summary and plots name members by the
+    hyperparameters that differ. Resuming a sweep without hparams uses sweep.json's.
+
     run_dir: if given, the run folder (jaxppo.rundir): config.yaml, metrics.jsonl (appended as
-    training goes), checkpoints/ (every `checkpoint_every` iterations and at the end),
-    params.msgpack, summary.json, curve.png (unless plot=False) and, with `tensorboard`,
-    tensorboard/. Nothing is created before every check has passed.
+    training goes), checkpoints/ (every `checkpoint_minutes`, every `checkpoint_every`
+    iterations and at the end), params.msgpack, summary.json, curve.png (unless plot=False)
+    and, with `tensorboard`, tensorboard/. Nothing is created before every check has passed.
     resume: a run folder to continue from its newest checkpoint; metrics.jsonl is cut back to
     the checkpoint and appended to. `config` may be None (the folder's config.yaml is used);
     a given config may change fields like total_timesteps, but not shapes (ConfigError). The
@@ -60,7 +66,13 @@ def train(
         run = prepare(config, run_dir, resume_meta, stop_after_iterations, "jaxppo train",
                       layout="local")
         config = run.config
+        if hparams is None and resume is not None:
+            # A resumed sweep trains each member with its recorded hyperparameters (the
+            # checkpoint holds the state, not the hyperparameters).
+            record = sweep.read_record(run_dir)
+            hparams = sweep.hparams_from_record(record) if record is not None else None
         hp = hparams if hparams is not None else HyperParams.from_config(config)
+        record = sweep.make_record(hp, config.num_seeds)
         restored, start_iter, wall_offset = None, 0, 0.0
         if resume_store is not None:  # read and check the checkpoint before compiling
             restored, start_iter, wall_offset = restore_checkpoint(
@@ -74,10 +86,13 @@ def train(
     # Every check has passed: from here on the run folder may be written to.
     folder = open_folder(run_dir, config, start_iter if resume is not None else None)
     try:
+        if folder is not None:
+            folder.record_sweep(record)
         result = run_loop(runner, config, folder=folder, start_iter=start_iter,
                           resumed=resume is not None, wall_offset=wall_offset,
                           stop_after_iterations=stop_after_iterations, progress=progress,
-                          callback=callback)
+                          callback=callback,
+                          member_labels=None if record is None else record["labels"])
         return finish_run(result, folder, "jaxppo train", plot=plot)
     finally:
         if folder is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -277,6 +278,18 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_intact(tmp_path):
     assert meta["note"] == "first"
 
 
+def test_time_based_checkpoints_by_default_change_no_number(runs, tmp_path):
+    """checkpoint_minutes (on by default) saves at the end of every chunk that passes the
+    mark, without checkpoint_every, and changes nothing the run computes."""
+    assert PPOConfig().checkpoint_minutes == 5 and PPOConfig().checkpoint_every == 0
+    cfg = CFG.replace(checkpoint_every=0, checkpoint_minutes=1e-9, keep_checkpoints=10)
+    result = jaxppo.train(cfg, run_dir=tmp_path / "run", progress=False)
+    store, step = find_latest(tmp_path / "run")
+    with store:
+        assert store.steps() == [3, 6, 8]  # chunks of log_every=3, and the end
+    assert _tree_equal(runs["full"].state, result.state)
+
+
 # ---------------------------------------------------------------------- interrupts
 def test_sigint_stops_after_the_chunk_saves_everything_and_resumes_exactly(runs, tmp_path):
     """Ctrl-C (SIGINT) during the first chunk: training stops once that chunk is done,
@@ -385,3 +398,118 @@ def test_a_run_folder_in_use_is_refused_and_left_alone(stopped_copy, tmp_path, c
     res = jaxppo.train(None, resume=stopped_copy, progress=False, plot=False)
     assert res.completed
     jaxppo.train(None, resume=stopped_copy, progress=False, plot=False)  # free again
+
+
+# ---------------------------------------------------------------------- a failing disk
+def test_a_full_disk_mid_run_is_a_clear_error_and_the_run_resumes(runs, tmp_path, monkeypatch):
+    """metrics.jsonl cannot be appended after iteration 6 (No space left on device): a
+    RunFolderError names the file, the reason and the intact checkpoint; once there is room
+    again, --resume ends with the numbers of an uninterrupted run."""
+    import errno
+
+    from jaxppo.runlog import RunLog
+
+    real_write, calls = RunLog.write, []
+
+    def write(self, rows):
+        calls.append(rows[-1]["iteration"])
+        if rows[-1]["iteration"] > 6:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, rows)
+
+    monkeypatch.setattr(RunLog, "write", write)
+    run = tmp_path / "run"
+    with pytest.raises(jaxppo.RunFolderError, match=(
+            rf"could not write metrics\.jsonl in {run}: No space left on device\. Saved and "
+            rf"intact: the checkpoint of iteration 6\. .* continue with --resume {run}")):
+        jaxppo.train(CFG, run_dir=run, progress=False)
+    monkeypatch.setattr(RunLog, "write", real_write)
+    assert find_latest(run)[1] == 6
+    resumed = jaxppo.train(None, resume=run, progress=False, plot=False)
+    assert _tree_equal(runs["full"].state, resumed.state)
+    assert [r["iteration"] for r in _rows(run)] == list(range(1, CFG.num_iterations + 1))
+
+
+def test_a_plot_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch):
+    """The results (params, summary, checkpoint) are saved before the plot; a failing plot
+    only warns, naming how to draw it later."""
+    import errno
+
+    from jaxppo import rundir
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rundir, "plot_runs", no_room)
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match=rf"curve\.png was not written \(No space left on device\); "
+                                         rf"draw it later with `jaxppo plot {run}`"):
+        res = jaxppo.train(CFG.replace(total_timesteps=2 * 64), run_dir=run, progress=False)
+    assert res.completed and (run / "params.msgpack").exists() and (run / "summary.json").exists()
+
+
+def _small_tmpfs(path: Path, size: str) -> bool:
+    """A tmpfs of `size` at `path` (root only); False where it cannot be mounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    disk = tmp_path / "disk"
+    if not _small_tmpfs(disk, "48k"):
+        pytest.skip("needs root to mount a small tmpfs")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_cli_on_a_really_full_disk_and_a_read_only_folder(tiny_disk, tmp_path):
+    """A real 48 KiB file system: the CLI stops with one clear line naming the file and the
+    reason (no traceback, no orbax log), and exit code 1; the same for a read-only one."""
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    argv = [sys.executable, "-m", "jaxppo", "train", "--env", "CartPole-v1", "--defaults",
+            "--set", "num_envs=4", "num_steps=16", "num_minibatches=2", "total_timesteps=40000",
+            "network.hidden_sizes=[16,16]", "compilation_cache_dir=null", "checkpoint_every=20",
+            "--runs-dir", str(tiny_disk), "--run-name", "run", "--no-progress"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ERROR:absl" not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(rf"error: could not write .* in {tiny_disk / 'run'}: No space left on device",
+                     proc.stderr), proc.stderr[-3000:]
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_disk)], check=True)
+    proc = subprocess.run(argv[:-5] + ["--runs-dir", str(tiny_disk), "--run-name", "other",
+                                       "--no-progress"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert re.search(r"error: could not write the run folder in .*other: Read-only file system",
+                     proc.stderr), proc.stderr[-3000:]
+
+
+def test_an_unusable_compilation_cache_folder_is_a_warning(tmp_path):
+    """A cache folder that cannot be created (here under a file; a read-only HOME alike)
+    leaves the cache off with a note; nothing is created elsewhere."""
+    from jaxppo.runtime import enable_compilation_cache
+
+    (tmp_path / "file").write_text("")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.warns(UserWarning, match=r"the compilation cache is off for this run: .*file/xla "
+                                         r"cannot be used \(Not a directory\)"):
+        enable_compilation_cache(str(tmp_path / "file" / "xla"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_program_too_big_for_the_memory_is_refused_before_it_runs(tmp_path, monkeypatch):
+    """XLA's figure for the compiled program against the free memory (here 1 KiB): a
+    ConfigError with the need, the free memory and a num_envs that fits; no folder."""
+    from jaxppo import layouts
+
+    monkeypatch.setattr(layouts, "free_memory", lambda: 1024)
+    with pytest.raises(ConfigError, match=r"the training program needs about [\d.]+ GiB of working "
+                                          r"memory .*num_envs\*num_steps = 64 transitions per "
+                                          r"iteration.* but 0\.0 GiB is free on .*; lower num_envs"):
+        jaxppo.train(CFG, run_dir=tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

@@ -21,8 +21,8 @@ REQUIRED_KEYS = {
 }
 
 
-def run_cli(*args, timeout=300, cwd=None):
-    env = dict(os.environ)
+def run_cli(*args, timeout=300, cwd=None, extra_env=None):
+    env = dict(os.environ, **(extra_env or {}))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "jaxppo", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or REPO, env=env)
@@ -168,6 +168,19 @@ def test_train_help_mentions_every_option():
     assert {"--env", "--config", "--set", "--seeds", "--runs-dir", "--run-name", "--no-progress"} <= set(options)
     for opt in options:
         assert opt in proc.stdout, opt
+    # every config key, with its default, under "config keys"
+    import dataclasses
+
+    from jaxppo.config import NetworkConfig, PPOConfig
+
+    keys = proc.stdout.split("config keys", 1)[1]
+    for f in dataclasses.fields(PPOConfig):
+        if f.name != "network":
+            assert f"\n    {f.name} = " in keys, f.name
+    for f in dataclasses.fields(NetworkConfig):
+        assert f"\n    network.{f.name} = " in keys, f.name
+    assert "    checkpoint_minutes = 5.0  -- minutes between checkpoints" in keys
+    assert "    use_kl_loss = false  -- " in keys and "    num_devices = null  -- " in keys
 
 
 def test_top_level_help_lists_commands():
@@ -177,11 +190,17 @@ def test_top_level_help_lists_commands():
         assert cmd in proc.stdout
 
 
-def test_envs_lists_registered_names():
+def test_envs_lists_registered_names_spaces_and_tuned_configs():
     proc = run_cli("envs", timeout=120)
-    assert proc.returncode == 0
-    names = proc.stdout.split()
-    assert "CartPole-v1" in names and "Pendulum-v1" in names
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[1:]}
+    assert rows["CartPole-v1"] == ["Box(4)", "Discrete(2)", "yes"]
+    assert rows["Pendulum-v1"] == ["Box(3)", "Box(1)", "yes"]
+    assert rows["Breakout-MinAtar"] == ["Box(10x10x4)", "Discrete(3)", "yes"]
+    assert rows["UmbrellaChain-bsuite"] == ["Box(3)", "Discrete(2)"]  # no tuned config
+    assert "downloads MNIST" in " ".join(rows["MNISTBandit-bsuite"])  # listed, never built
+    names = run_cli("envs", "--names", timeout=120).stdout.split()
+    assert names[0] == "CartPole-v1" and "Pendulum-v1" in names and len(names) == len(rows)
 
 
 def test_config_precedence_defaults_tuned_file_set(tmp_path):
@@ -208,3 +227,19 @@ def test_config_precedence_defaults_tuned_file_set(tmp_path):
     assert cfg.num_envs == PPOConfig().num_envs and cfg.lr == 0.005 and source == f"defaults < {path}"
     cfg, _ = runargs.new_config(parser.parse_args(["--env", "Acrobot-v1", "--config", str(path)]))
     assert cfg.env == "Acrobot-v1" and cfg.num_envs == PPOConfig.tuned("Acrobot-v1").num_envs
+
+
+def test_a_platform_this_machine_lacks_is_a_clear_error(tmp_path):
+    """JAX_PLATFORMS=cuda on a machine without a GPU: JAX's own error is a bare
+    AssertionError from deep inside; jaxppo names the variable and the fix, creates nothing."""
+    import jax
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("this machine has an accelerator")
+    proc = run_cli("train", "--env", "CartPole-v1", "--runs-dir", str(tmp_path / "runs"),
+                   extra_env={"JAX_PLATFORMS": "cuda"}, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "JAX cannot start a backend for JAX_PLATFORMS='cuda'" in proc.stderr
+    assert "Unset JAX_PLATFORMS (or set it to cpu)" in proc.stderr
+    assert not (tmp_path / "runs").exists()

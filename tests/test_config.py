@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -470,3 +471,70 @@ def test_total_timesteps_beyond_the_int32_counter_is_refused_and_a_partial_batch
     with pytest.warns(UserWarning, match=r"total_timesteps=1000 is not a multiple of the batch "
                                          r"\(num_envs\*num_steps = 64\): the run does 15 iteration\(s\) = 960"):
         resolve(BASE.replace(total_timesteps=1000))
+
+
+# ------------------------------------------------------------------ config files and --set text
+_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("name,text,match", [
+    ("bad.yaml", "lr: [1,\n", r"is not valid YAML: expected the node content, but found '<stream "
+                              r"end>' at line 2, column 1"),
+    ("bad.json", '{"lr": 1', r"is not valid JSON: Expecting ',' delimiter at line 1, column 9"),
+    ("dup.yaml", "lr: 1e-3\nnum_envs: 8\nlr: 2e-3\n", r"key 'lr' is given twice \(lines 1 and 3\); keep one"),
+    ("dup.json", '{"lr": 1, "lr": 2}', r"key 'lr' is given twice in one JSON object"),
+    ("netdup.yaml", "network:\n  activation: relu\n  activation: tanh\n", r"key 'activation' is given twice"),
+    ("bomb.yaml", _BOMB, r"expands to more than 100,000 values \(YAML aliases\?\)"),
+    ("bomb_in_field.yaml", _BOMB.replace("i:", "transforms:"), r"expands to more than 100,000 values"),
+    ("python.yaml", "lr: !!python/object/apply:os.system ['touch /tmp/jaxppo-pwned']\n",
+     r"is not valid YAML: .*python/object/apply:os\.system"),
+    ("binary.yaml", b"\xff\xfe\x00lr", r"cannot be read as text"),
+], ids=lambda v: v if isinstance(v, str) and v.endswith(("yaml", "json")) else "")
+def test_bad_config_files_are_clear_errors(tmp_path, capsys, name, text, match):
+    """Malformed YAML/JSON, duplicate keys, alias bombs (bounded: refused before anything
+    walks the values), python tags (never executed) and binary files: one ConfigError naming
+    the file and the problem, from the API and from the CLI (exit 2, no traceback)."""
+    from jaxppo import cli
+
+    path = tmp_path / name
+    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    with pytest.raises(ConfigError, match=match):
+        PPOConfig.from_file(path)
+    assert cli.main(["train", "--config", str(path), "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "Traceback" not in err and len(err.splitlines()) <= 3, err
+    assert not (tmp_path / "runs").exists() and not Path("/tmp/jaxppo-pwned").exists()
+
+
+def test_a_directory_as_config_file_and_broken_set_values(tmp_path, capsys):
+    from jaxppo import cli
+
+    with pytest.raises(ConfigError, match=r"is a directory; give the YAML or JSON file itself"):
+        PPOConfig.from_file(tmp_path)
+    with pytest.raises(ConfigError, match=r"--set 'lr=\[1,' is not valid YAML: .* at line 1, column 4"):
+        PPOConfig().with_overrides(["lr=[1,"])
+    with pytest.raises(ConfigError, match=r"--set 'lr=\{a: 1, a: 2\}': key 'a' is given twice"):
+        PPOConfig().with_overrides(["lr={a: 1, a: 2}"])
+    for argv in (["--config", str(tmp_path)], ["--set", "lr=[1,"]):
+        assert cli.main(["train", *argv, "--runs-dir", str(tmp_path / "runs")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("network,match", [
+    (dict(state_dependent_std=True), r"network\.state_dependent_std=True only applies to the Gaussian"),
+    (dict(log_std_init=-0.5), r"network\.log_std_init=-0\.5 only applies to the Gaussian of "
+                              r"continuous actions, but CartPole-v1 has 2 discrete actions"),
+])
+def test_continuous_action_options_on_a_discrete_env_are_errors(network, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve(PPOConfig(env="CartPole-v1", network=NetworkConfig(**network)))
+    resolve(PPOConfig(env="Pendulum-v1", network=NetworkConfig(**network)))  # meaningful there
+
+
+@pytest.mark.parametrize("steps", [-5, 0])
+def test_a_time_limit_below_one_step_is_an_error(steps):
+    with pytest.raises(ConfigError, match=rf"max_steps_in_episode={steps} \(env_kwargs/env_params\) "
+                                          r"must be >= 1: .*the CartPole-v1 default is 500"):
+        resolve(PPOConfig(env="CartPole-v1", env_kwargs={"max_steps_in_episode": steps}))
