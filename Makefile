@@ -6,16 +6,22 @@ STAMP  := $(VENV)/.installed
 ENV    ?= CartPole-v1
 ARGS   ?=
 HOSTS  ?= 2
+RUNS_DIR ?= runs
+RESUME ?=
 PYTEST_ARGS ?=
 
 .PHONY: install train test test-fast bench experiments clean help
 
 help:
-	@echo "make train ENV=CartPole-v1 [ARGS='--set lr=3e-4 --seeds 4']  train, write runs/<env>-<time>/"
+	@echo "make train ENV=CartPole-v1 [ARGS='--set lr=3e-4 --seeds 4']  train, write RUNS_DIR/<env>-<time>/ (RUNS_DIR=runs)"
+	@echo "make train RESUME=runs/<dir> [ARGS='--set total_timesteps=2e6']  continue that run (its env and config)"
 	@echo "make test                                                  the whole test suite (CPU)"
 	@echo "make bench [BENCH_ARGS=--only-side-by-side]                side by side with PureJaxRL + own benchmarks -> experiments/results/bench-<date>.json"
 	@echo "make experiments [EXPERIMENT_ARGS=...]                     tuned configs x 4 seeds -> README table"
-	@echo "make ray-cluster | ray-submit ENV=... HOSTS=2 | ray-stop     a loopback Ray cluster and a job on it"
+	@echo "make ray-cluster [RAY_WORKERS=2 RAY_PORT=6379]             a loopback Ray cluster: head + worker nodes, one core each"
+	@echo "make ray-submit ENV=... HOSTS=2 [RESUME=runs/<dir>]        a job on it; run folder in RUNS_DIR (made absolute)"
+	@echo "make ray-stop [RAY_PORT=6379]                              stop that cluster only (other Ray clusters keep running)"
+	@echo "  RUNS_DIR=path sets where runs go; a --runs-dir (or --resume) in ARGS wins, made absolute for ray-submit"
 	@echo "make ray-bench                                             multi-host vs one process -> experiments/results/ray-bench.json"
 	@echo "make install | clean"
 
@@ -28,8 +34,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The value of option $(1) in ARGS ("$(1) X" or "$(1)=X"; the last one wins, as in argparse).
+arg_value = $(lastword $(foreach w,$(join $(ARGS),$(addprefix :=:,$(wordlist 2,$(words $(ARGS)),$(ARGS)))),$(patsubst $(1):=:%,%,$(filter $(1):=:%,$(w)))$(firstword $(subst :=:, ,$(patsubst $(1)=%,%,$(filter $(1)=%,$(w)))))))
+# The run folder to resume: RESUME=, or a --resume in ARGS.
+RESUME_DIR = $(or $(call arg_value,--resume),$(RESUME))
+# --env $(ENV), except for a resumed run, whose env is in its config.yaml; an ENV given on the
+# command line together with a resume is passed on, and refused by the CLI as a clash.
+ENV_ARG = $(if $(and $(RESUME_DIR),$(filter-out command line,$(origin ENV))),,--env $(ENV))
+
 train: $(STAMP)
-	$(BIN)/python -m jaxppo train --env $(ENV) $(ARGS)
+	$(BIN)/python -m jaxppo train $(ENV_ARG) $(if $(RESUME),--resume $(RESUME)) \
+		--runs-dir $(RUNS_DIR) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -50,9 +65,11 @@ clean:
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # ---- Multi-host PPO over Ray, tried on this machine: a head and RAY_WORKERS worker nodes, all
-# on loopback (127.0.0.1). Each worker node is one "host": one CPU for Ray, pinned to its own
-# core (taskset; cores reused when there are more workers than cores), so its learner does
-# not share a core with the other's, as on separate machines. The head holds no learner
+# on loopback (127.0.0.1), with their own Ray temp dir RAY_TEMP_DIR (sessions, logs) so that
+# `make ray-stop` finds this cluster's processes and no others. Each worker node is one
+# "host": one CPU for Ray, pinned to its own core (taskset; cores reused when there are more
+# workers than cores), so its learner does not share a core with the other's, as on separate
+# machines. The head holds no learner
 # (--num-cpus=0): it runs Ray's services and the job's driver. The loopback wrapper keeps Ray
 # from swapping 127.0.0.1 for the machine's outward IP; RAY_worker_niceness=0 runs the
 # learners at normal priority (Ray's default nice 15 hands their core to any other process).
@@ -61,35 +78,50 @@ clean:
 RAY_PORT      ?= 6379
 RAY_DASHBOARD ?= 8265
 RAY_WORKERS   ?= 2
+RAY_TEMP_DIR  ?= /tmp/jaxppo-ray-$(shell id -u)-$(RAY_PORT)
+RAY_CLIENT_PORT ?= $(shell echo $$(($(RAY_PORT) == 6379 ? 10001 : $(RAY_PORT) + 1)))
 NPROC         := $(shell nproc 2>/dev/null || echo 1)
 RAY_LOOPBACK  := env RAY_USAGE_STATS_ENABLED=0 RAY_worker_niceness=0 $(BIN)/python -m jaxppo.distributed.loopback
-RAY_NODE_ARGS := --node-ip-address=127.0.0.1 --object-store-memory=200000000 --disable-usage-stats
+# Ports a second cluster on this machine would also want: the nodes' agents get free ones,
+# Ray Client gets RAY_CLIENT_PORT (Ray's 10001 for the default RAY_PORT, else RAY_PORT + 1;
+# not in 10002-19999, Ray's worker ports).
+RAY_NODE_ARGS := --node-ip-address=127.0.0.1 --object-store-memory=200000000 --disable-usage-stats \
+	--temp-dir=$(RAY_TEMP_DIR) --dashboard-agent-listen-port=0
 RAY_RUNTIME_ENV := {"working_dir": ".", "excludes": [".venv/", "runs/", ".git/", "**/__pycache__/", "*.egg-info/", ".pytest_cache/", ".cache/"]}
 
 .PHONY: ray-cluster ray-submit ray-stop ray-bench
 
 ray-cluster: $(STAMP)
 	$(RAY_LOOPBACK) start --head --port=$(RAY_PORT) $(RAY_NODE_ARGS) --num-cpus=0 \
+		--ray-client-server-port=$(RAY_CLIENT_PORT) \
 		--include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port=$(RAY_DASHBOARD)
 	for i in $$(seq 0 $$(($(RAY_WORKERS) - 1))); do \
 		taskset -c $$((i % $(NPROC))) $(RAY_LOOPBACK) start --address=127.0.0.1:$(RAY_PORT) \
-			$(RAY_NODE_ARGS) --num-cpus=1 --dashboard-agent-listen-port=0 || exit 1; \
+			$(RAY_NODE_ARGS) --num-cpus=1 || exit 1; \
 	done
 	sleep 3  # let the workers register before showing the cluster
 	$(RAY_LOOPBACK) status --address=127.0.0.1:$(RAY_PORT)
 
 # The job runs this venv's python (an absolute path: the job's cwd is an uploaded copy of
-# the working dir, without .venv) and writes its run folder to ./runs.
+# the working dir, without .venv) and writes its run folder to RUNS_DIR. Paths are made
+# absolute here, for the same reason: RUNS_DIR, or a --runs-dir in ARGS (which wins, as with
+# `make train`), and RESUME or a --resume in ARGS; they follow ARGS, so they win over the
+# relative ones there.
 ray-submit: $(STAMP)
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/ray job submit --address http://127.0.0.1:$(RAY_DASHBOARD) \
 		--runtime-env-json '$(RAY_RUNTIME_ENV)' -- \
-		$(abspath $(BIN))/python -m jaxppo.distributed --hosts $(HOSTS) --env $(ENV) \
-		--runs-dir $(abspath runs) $(ARGS)
+		$(abspath $(BIN))/python -m jaxppo.distributed --hosts $(HOSTS) $(ENV_ARG) $(ARGS) \
+		--runs-dir "$$(realpath -m -- $(or $(call arg_value,--runs-dir),$(RUNS_DIR)))" \
+		$(if $(RESUME_DIR),--resume "$$(realpath -m -- $(RESUME_DIR))")
 
 # A loopback cluster's benchmark (starts its own): multi-host vs one process, side by side.
 ray-bench: $(STAMP)
 	$(BIN)/python experiments/ray_bench.py
 
-# Stops every Ray process of this user on this machine (Ray's own `ray stop`).
+# Stops the cluster of `make ray-cluster` (same RAY_PORT): the processes that name its GCS
+# address or RAY_TEMP_DIR, and their children (workers, job drivers): SIGTERM (the GCS last),
+# SIGKILL for what is left after 10 s. Other Ray clusters keep running (Ray's own `ray stop`
+# would stop every Ray process of this user on this machine).
 ray-stop: $(STAMP)
-	$(BIN)/ray stop
+	$(BIN)/python -m jaxppo.distributed.loopback stop-cluster --address=127.0.0.1:$(RAY_PORT) \
+		--temp-dir=$(RAY_TEMP_DIR)

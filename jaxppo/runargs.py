@@ -39,7 +39,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-after", type=int, metavar="N",
                    help="stop after N iterations of this call (a checkpoint is written); "
                         "continue later with --resume")
-    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress output (no bar, no line per chunk); the final lines stay. "
+                        "Without a terminal, progress is a plain line per chunk")
     p.add_argument("--no-plot", action="store_true", help="skip curve.png")
 
 

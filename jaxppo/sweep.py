@@ -139,3 +139,16 @@ def hparams_from_record(record: dict):
         name = _CONFIG_NAME.get(f, f)
         fields[f] = jnp.asarray(np.stack([leaf(name, m[name]) for m in members]))
     return HyperParams(**fields)
+
+
+def run_hparams(config, hparams, run_dir, resumed: bool):
+    """(HyperParams, sweep record or None) a run trains with: `hparams` if given, else on a
+    resume the folder's recorded sweep (the checkpoint holds the state, not the
+    hyperparameters), else the config's. The same for one host and for several."""
+    from jaxppo.algorithm import HyperParams
+
+    if hparams is None and resumed:
+        record = read_record(run_dir)
+        hparams = hparams_from_record(record) if record is not None else None
+    hp = hparams if hparams is not None else HyperParams.from_config(config)
+    return hp, make_record(hp, config.num_seeds)

@@ -66,13 +66,7 @@ def train(
         run = prepare(config, run_dir, resume_meta, stop_after_iterations, "jaxppo train",
                       layout="local")
         config = run.config
-        if hparams is None and resume is not None:
-            # A resumed sweep trains each member with its recorded hyperparameters (the
-            # checkpoint holds the state, not the hyperparameters).
-            record = sweep.read_record(run_dir)
-            hparams = sweep.hparams_from_record(record) if record is not None else None
-        hp = hparams if hparams is not None else HyperParams.from_config(config)
-        record = sweep.make_record(hp, config.num_seeds)
+        hp, record = sweep.run_hparams(config, hparams, run_dir, resume is not None)
         restored, start_iter, wall_offset = None, 0, 0.0
         if resume_store is not None:  # read and check the checkpoint before compiling
             restored, start_iter, wall_offset = restore_checkpoint(

@@ -193,6 +193,109 @@ def test_killed_host_process_is_restarted_and_no_iteration_is_lost(
     _assert_same_run(result, two_host_run.single)
 
 
+class _OnLog(logging.Handler):
+    """Calls `action` once, when a record contains `text` (in the thread that logs it: Ray's
+    Cluster.add_node must run in the main thread)."""
+
+    def __init__(self, text: str, action):
+        super().__init__(logging.DEBUG)
+        self.text, self.action, self.done = text, action, False
+
+    def emit(self, record):
+        if not self.done and self.text in record.getMessage():
+            self.done = True
+            self.action()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and int(
+                    Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _add_worker_node(cluster):
+    with _quiet_fork_warning():
+        return cluster.cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1",
+                                        object_store_memory=100 * 1024 * 1024)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("min_hosts", [1, None], ids=["continues-on-fewer", "waits-for-a-node"])
+def test_killed_raylet_of_a_worker_node_mid_run(cluster, compile_cache_dir, tmp_path, caplog,
+                                                min_hosts):
+    """SIGKILL of a worker node's raylet after iteration 2 (its learner dies with it; Ray
+    notices the node's death only after missed health checks). With min_hosts=1 the run goes
+    on with the host that is left; by default it waits for a node to replace the lost one
+    (here one joins once the driver says it waits) and goes on with 2 hosts. Either way every
+    iteration is logged once and the numbers are those of an uninterrupted run."""
+    from ray._private import ray_constants
+
+    cfg = tiny(compile_cache_dir, total_timesteps=4 * 16 * 6, log_every=2,
+               normalize_observations=True)
+    worker = next(iter(cluster.cluster.worker_nodes))
+    killed, added = [], []
+
+    def kill_raylet(rows):
+        if rows[-1]["iteration"] == 2 and not killed:
+            raylet = worker.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+            learners = [pid for pid in _children(raylet) if "HostLearner" in _cmdline(pid)]
+            assert len(learners) == 1, learners
+            worker.kill_raylet()
+            killed.extend([raylet, time.monotonic()])
+            # Its learner goes when it notices (within seconds); the chunks are shorter.
+            deadline = time.monotonic() + 30
+            while Path(f"/proc/{learners[0]}").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not Path(f"/proc/{learners[0]}").exists(), "the learner outlived its raylet"
+            killed.append(time.monotonic() - killed[1])
+
+    on_wait = _OnLog("waiting up to", lambda: added.append(_add_worker_node(cluster)))
+    log = logging.getLogger("jaxppo.distributed")
+    log.addHandler(on_wait)
+    try:
+        with caplog.at_level(logging.INFO, logger="jaxppo.distributed"):
+            result = train_distributed(cfg, hosts=2, min_hosts=min_hosts, run_dir=tmp_path / "run",
+                                       progress=False, plot=False, callback=kill_raylet)
+        recovered_s = time.monotonic() - killed[1]
+    finally:
+        log.removeHandler(on_wait)
+        if killed:  # give the module's cluster its second node back
+            cluster.cluster.remove_node(worker, allow_graceful=False)
+            if not added:
+                _add_worker_node(cluster)
+            cluster.cluster.wait_for_nodes()
+    messages = [r.getMessage() for r in caplog.records]
+    print(f"killed raylet pid {killed[0]}; its learner exited {killed[2]:.1f}s later; the run "
+          f"finished {recovered_s:.1f}s after the kill; failures: {result.host_failures}")
+    assert result.host_failures and result.host_failures[0]["iteration"] == 3
+    assert any(m.startswith("lost host") and "node 127.0.0.1" in m and
+               "restarting the group from the state after iteration 2 " in m
+               for m in messages), messages
+    if min_hosts == 1:
+        assert result.hosts == 1
+        assert any("continuing on 1 host(s) instead of 2" in m for m in messages), messages
+    else:
+        assert added and result.hosts == 2
+        assert any("fewer than min_hosts=2: waiting up to 60s for a node to replace the lost "
+                   "one (--min-hosts 1 would continue without it)" in m for m in messages), messages
+        assert any("the group runs again on 2 hosts" in m for m in messages), messages
+    assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+    _assert_same_run(result, jaxppo.train(cfg, progress=False))
+
+
 # ---------------------------------------------------------------------- bad input
 def test_more_hosts_than_nodes_is_a_clear_error(cluster, tmp_path):
     t0 = time.perf_counter()
@@ -258,6 +361,15 @@ def test_no_cluster_at_ray_address(tmp_path):
     assert not (tmp_path / "unreachable").exists()  # nothing left behind
 
 
+def test_resume_with_env_is_refused_by_the_job_entry_point(tmp_path, capsys):
+    """A resumed run takes its env from its config.yaml: --env with --resume is an error (as
+    with `jaxppo train`), before Ray is touched."""
+    from jaxppo.distributed.__main__ import main
+
+    assert main(["--hosts", "2", "--resume", str(tmp_path), "--env", "Acrobot-v1"]) == 2
+    assert "--env cannot be combined with --resume" in capsys.readouterr().err
+
+
 def test_dashboard_port_as_address_is_a_clear_error(cluster, tmp_path):
     """The dashboard's HTTP port given as the cluster address: an error within seconds (Ray
     itself would wait a minute for a GCS there)."""
@@ -271,6 +383,29 @@ def test_dashboard_port_as_address_is_a_clear_error(cluster, tmp_path):
     assert "dashboard (job submission) port" in proc.stderr and "ray job submit" in proc.stderr
     assert time.perf_counter() - t0 < 30
     assert not any(tmp_path.iterdir())
+
+
+def test_library_info_logs_are_kept_out_of_a_jobs_output():
+    """Even with the root logger at INFO (as a library or site config may set it), the job's
+    logging setup keeps orbax's INFO lines (~50 per checkpoint) out; jaxppo's get through."""
+    code = textwrap.dedent("""
+        import logging, tempfile
+        import numpy as np
+        logging.basicConfig(level=logging.INFO)
+        from jaxppo.distributed.cluster import quiet_library_logs
+        quiet_library_logs()
+        from jaxppo.checkpoint import CheckpointStore
+        store = CheckpointStore(tempfile.mkdtemp())
+        for step in (1, 2):
+            store.save(step, {"a": np.zeros(3)}, {"x": 1})
+        store.close()
+        logging.getLogger("jaxppo.distributed").warning("kept")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert lines == ["WARNING:jaxppo.distributed:kept"], lines[:20]
 
 
 def test_single_host_training_never_imports_ray():
@@ -295,11 +430,12 @@ def test_job_submission_succeeds_and_writes_run_folder(cluster, compile_cache_di
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(cluster.dashboard)
+    # 330 steps: 5 iterations of 64 and a warning about the rest; checkpoints (orbax) at 2, 4, 5.
     sets = ["num_envs=4", "num_steps=16", "num_minibatches=2", "num_epochs=2",
-            "total_timesteps=320", "network.hidden_sizes=[16,16]",
-            f"compilation_cache_dir={compile_cache_dir or 'null'}"]
+            "total_timesteps=330", "network.hidden_sizes=[16,16]", "checkpoint_every=2",
+            "log_every=1", f"compilation_cache_dir={compile_cache_dir or 'null'}"]
     entry = (f"{sys.executable} -m jaxppo.distributed --hosts 2 --env CartPole-v1 --defaults "
-             f"--runs-dir {tmp_path} --run-name job --no-progress --set "
+             f"--runs-dir {tmp_path} --run-name job --set "
              + " ".join(sets))
     # No working_dir upload: every node of this local cluster runs this venv's python, where
     # jaxppo is installed (editable). Uploading the repo made the workers' download of the
@@ -334,6 +470,13 @@ def test_job_submission_succeeds_and_writes_run_folder(cluster, compile_cache_di
     summary = json.loads((run / "summary.json").read_text())
     assert summary["hosts"] == 2 and summary["env_steps"] == 320
     assert "done: final return" in logs and "on 2 hosts" in logs
+    # The job's output: jaxppo's progress (plain lines: not a terminal) and warnings, once;
+    # no INFO lines of orbax/absl (checkpoints), no config warnings repeated by the learners.
+    lines = logs.splitlines()
+    assert sum("[CartPole-v1 x2 hosts] iter" in line for line in lines) == 5, logs[-3000:]
+    assert not [line for line in lines if "absl" in line or "orbax" in line], logs[-3000:]
+    assert not [line for line in lines if "HostLearner" in line and "Warning" in line], logs
+    print(f"job output: {len(lines)} lines")
 
 
 # ---------------------------------------------------------------------- checkpoints and resume
@@ -492,3 +635,127 @@ def test_lost_node_continues_on_fewer_hosts_with_min_hosts(cluster, compile_cach
     assert any("continuing on 1 host(s) instead of 2" in r.getMessage() for r in caplog.records)
     assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
     _assert_same_run(result, jaxppo.train(cfg, progress=False))
+
+
+# ---------------------------------------------------------------------- make targets
+def _make(*args, timeout=60) -> subprocess.CompletedProcess:
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    # -o: never (re)install the venv from inside a test.
+    return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def _submit_command(*make_args) -> str:
+    out = _make("-n", "ray-submit", *make_args)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.replace("\\\n", " ")
+
+
+def test_make_ray_submit_resume_and_runs_dir():
+    """RESUME= resumes (no --env, the run's own env is used); ENV given with it is passed on
+    for the entry point to refuse; RUNS_DIR and a --runs-dir in ARGS end up absolute, the one
+    in ARGS winning (passed last)."""
+    cmd = _submit_command("RESUME=runs/x")
+    assert '--resume "$(realpath -m -- runs/x)"' in cmd and "--env" not in cmd
+    assert "--env Acrobot-v1" in _submit_command("RESUME=runs/x", "ENV=Acrobot-v1")
+    cmd = _submit_command("ARGS=--resume runs/y --set total_timesteps=1000")
+    assert "--env" not in cmd and cmd.rstrip().endswith('--resume "$(realpath -m -- runs/y)"')
+    cmd = _submit_command("ENV=Acrobot-v1")
+    assert "--env Acrobot-v1" in cmd and '--runs-dir "$(realpath -m -- runs)"' in cmd
+    assert '--runs-dir "$(realpath -m -- /data/r)"' in _submit_command("RUNS_DIR=/data/r")
+    for args in ("--runs-dir mine --set lr=1e-3", "--set lr=1e-3 --runs-dir=mine",
+                 "--runs-dir other --runs-dir mine"):
+        cmd = _submit_command(f"ARGS={args}", "RUNS_DIR=/data/r")
+        last = cmd.rsplit("--runs-dir", 1)[1]
+        assert last.strip().startswith('"$(realpath -m -- mine)"'), cmd
+    # make train: the same choice of --env; paths stay as given (it runs in this folder).
+    for make_args in (["RESUME=runs/x"], ["ARGS=--resume runs/x"]):
+        out = _make("-n", "train", *make_args)
+        assert out.returncode == 0 and "--resume" in out.stdout and "--env" not in out.stdout
+    out = _make("-n", "train", "RUNS_DIR=elsewhere", "ARGS=--runs-dir mine")
+    assert out.stdout.replace("\\\n", " ").split()[-2:] == ["--runs-dir", "mine"], out.stdout
+    # What the shell makes of it: absolute paths, relative to where make runs.
+    assert subprocess.run(["bash", "-c", 'echo "$(realpath -m -- mine)"'], cwd=REPO,
+                          capture_output=True, text=True).stdout.strip() == str(REPO / "mine")
+
+
+def _start_head(port: int, temp_dir: Path, env: dict) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxppo.distributed.loopback", "start", "--head",
+         f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
+         "--num-cpus=0", "--include-dashboard=false", "--disable-usage-stats",
+         "--object-store-memory=80000000", f"--ray-client-server-port={_free_port()}",
+         "--dashboard-agent-listen-port=0"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_make_ray_stop_stops_only_its_cluster():
+    """Two loopback clusters on two ports, each with its own temp dir: `make ray-stop` with
+    the first's RAY_PORT stops all of its processes and none of the second's (nor a process
+    that only reads the first's logs); Ray's `ray stop` cannot choose."""
+    import shutil
+    import tempfile
+
+    from jaxppo.distributed.loopback import cluster_processes, stop_cluster
+
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **LOOPBACK_ENV)
+    env.pop("RAY_ADDRESS", None)
+    base = Path(tempfile.mkdtemp(prefix="jp-stop-", dir="/tmp"))  # short: Ray's socket paths
+    (p1, t1), (p2, t2) = ((_free_port(), base / "a"), (_free_port(), base / "b"))
+    reader = None
+    t0 = time.perf_counter()
+    try:
+        _start_head(p1, t1, env)
+        _start_head(p2, t2, env)
+        first = cluster_processes(f"127.0.0.1:{p1}", str(t1))
+        second = cluster_processes(f"127.0.0.1:{p2}", str(t2))
+        assert len(first) >= 4 and len(second) >= 4 and not set(first) & set(second)
+        # Not a Ray process, though it names the first cluster's logs: left alone.
+        reader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                                   str(t1 / "session_latest" / "logs" / "raylet.out")])
+        out = _make("ray-stop", f"RAY_PORT={p1}", f"RAY_TEMP_DIR={t1}")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"stopped the Ray cluster at 127.0.0.1:{p1}" in out.stderr
+        assert not cluster_processes(f"127.0.0.1:{p1}", str(t1))
+        for pid in first:
+            assert not Path(f"/proc/{pid}").exists() or \
+                Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        assert cluster_processes(f"127.0.0.1:{p2}", str(t2)) == second  # untouched
+        socket.create_connection(("127.0.0.1", p2), timeout=5).close()  # its GCS answers
+        assert reader.poll() is None
+        again = _make("ray-stop", f"RAY_PORT={p1}", f"RAY_TEMP_DIR={t1}")
+        assert again.returncode == 0 and "nothing to stop" in again.stderr
+    finally:
+        if reader is not None:
+            reader.kill()
+            reader.wait()
+        for port, temp in ((p1, t1), (p2, t2)):
+            stop_cluster(f"127.0.0.1:{port}", str(temp), grace_s=5)
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"two clusters started and one stopped in {time.perf_counter() - t0:.1f}s")
+
+
+def test_a_sweep_on_hosts_is_recorded_and_resumes_with_its_hyperparameters(
+        cluster, compile_cache_dir, tmp_path):
+    """A vmapped sweep of 2 lrs on 2 hosts: sweep.json names each member's lr, each member
+    logs its own lr, and a resume (without hparams) goes on with the recorded ones."""
+    cfg = tiny(compile_cache_dir, num_seeds=2, total_timesteps=4 * 16 * 4, lr_schedule="constant")
+    sweep = jaxppo.HyperParams.stack(
+        [jaxppo.HyperParams.from_config(cfg.replace(lr=lr)) for lr in (1e-3, 3e-3)])
+    run = tmp_path / "run"
+    part = train_distributed(cfg, hosts=2, run_dir=run, hparams=sweep, progress=False,
+                             plot=False, stop_after_iterations=2)
+    assert part.iterations_done == 2
+    record = json.loads((run / "sweep.json").read_text())
+    assert record["labels"] == ["lr=0.001", "lr=0.003"]
+    done = train_distributed(None, hosts=2, resume=run, progress=False, plot=False)
+    assert done.completed
+    lrs = {(r["seed"], r["iteration"]): r["lr"] for r in _rows(run)}
+    for it in range(1, 5):
+        assert lrs[(0, it)] == pytest.approx(1e-3) and lrs[(1, it)] == pytest.approx(3e-3), it
+    members = json.loads((run / "summary.json").read_text())["members"]
+    assert [m["label"] for m in members] == ["lr=0.001", "lr=0.003"]

@@ -12,9 +12,10 @@ import sys
 import jax
 
 from jaxppo import runargs
-from jaxppo.distributed.cluster import DistributedError
+from jaxppo.distributed.cluster import DistributedError, quiet_library_logs
 from jaxppo.distributed.launch import train_distributed
-from jaxppo.errors import CheckpointError, ConfigError, TrainingDivergedError, TrainingInterrupted
+from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, TrainingDivergedError,
+                           TrainingInterrupted)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("jaxppo").setLevel(logging.INFO)
+    quiet_library_logs()  # a job's log: jaxppo's progress and warnings, not orbax's INFO
 
     # The driver runs no training step; keep it off accelerators so it never competes with a
     # learner for GPU memory on the head node (override with JAX_PLATFORMS).
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         result = train_distributed(
             config, hosts=args.hosts, run_dir=None if args.resume else run_dir,
             resume=run_dir if args.resume else None, stop_after_iterations=args.stop_after,
-            progress=not args.no_progress, plot=not args.no_plot, min_hosts=args.min_hosts,
+            progress=False if args.no_progress else None, plot=not args.no_plot,
+            min_hosts=args.min_hosts,
             address=args.address, strategy=args.strategy, gpus_per_host=args.gpus_per_host,
             coordinator_port=args.coordinator_port,
         )
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return runargs.fail(e)
     except TrainingInterrupted as e:
         return runargs.interrupted(e)
-    except TrainingDivergedError as e:
+    except (TrainingDivergedError, RunFolderError) as e:
         return runargs.fail(e, 1)
     return runargs.report(result, resume_command=f"python -m jaxppo.distributed --resume {run_dir} "
                                          f"--hosts {args.hosts}")

@@ -33,6 +33,20 @@ class HostsConfigError(ConfigError):
     """`hosts` does not fit the config (num_envs not divisible, several seeds, ...)."""
 
 
+# Libraries that log routine steps at INFO or below: orbax (through absl) a dozen lines per
+# checkpoint, JAX its backend probing. A run's output is jaxppo's progress and warnings.
+LIBRARY_LOGGERS = ("absl", "orbax", "jax")
+
+
+def quiet_library_logs(level: int = logging.WARNING) -> None:
+    """Let LIBRARY_LOGGERS through only from `level` up, whatever the root logger's level and
+    handlers (a job's driver, a learner: Ray forwards the learners' output to the driver)."""
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() < level:
+            logger.setLevel(level)
+
+
 def _split_address(address: str) -> tuple[str, int] | None:
     addr = address
     for scheme in ("ray://", "http://", "https://"):

@@ -304,18 +304,39 @@ class HostGroup:
         return ray.get(refs)
 
     def _recover(self, error: HostLost) -> None:
-        """Start the group again from the newest snapshot, on the nodes Ray has now."""
+        """Start the group again from the newest snapshot, on the nodes Ray has now; with
+        fewer nodes than min_hosts, wait for a replacement (a bounded time) first."""
+        lost = self._describe(error)
         self._teardown()
         self._count_failure(error)
-        logger.warning("lost %s; restarting the group from the state after iteration %d "
-                       "(redoing iterations %d-%d)", error, self.snapshot_iter,
-                       self.snapshot_iter + 1, self.iteration)
-        # A lost node stays "alive" in Ray's view until its health checks time out (~15 s):
+        redo = (f"redoing iterations {self.snapshot_iter + 1}-{self.iteration}"
+                if self.iteration > self.snapshot_iter else "nothing to redo")
+        logger.warning("lost %s; restarting the group from the state after iteration %d (%s)",
+                       lost, self.snapshot_iter, redo)
+        # A lost node stays "alive" in Ray's view until its health checks time out (~15-30 s):
         # placing on it times out, and the next count no longer has it.
-        deadline = time.monotonic() + max(self.placement_timeout_s, 60.0)
+        wait_s = max(self.placement_timeout_s, 60.0)
+        deadline, waiting_since = time.monotonic() + wait_s, None
         while True:
             _, fits = self._fitting_nodes()
-            hosts = self._hosts_for(len(fits) if self.strategy == "STRICT_SPREAD" else self.requested)
+            available = len(fits) if self.strategy == "STRICT_SPREAD" else self.requested
+            try:
+                hosts = self._hosts_for(available)
+            except DistributedError as too_few:
+                now = time.monotonic()
+                if waiting_since is not None and now > deadline:
+                    raise DistributedError(
+                        f"{too_few} (waited {now - waiting_since:.0f}s for a node to replace "
+                        "the lost one)") from None
+                if waiting_since is None:
+                    waiting_since, deadline = now, now + wait_s
+                    fewer = self._fewer_hint(available)
+                    logger.warning(
+                        "%d node(s) can host a learner now, fewer than min_hosts=%d: waiting up "
+                        "to %.0fs for a node to replace the lost one%s", available,
+                        self.min_hosts, wait_s, f" ({fewer} would continue without it)" if fewer else "")
+                time.sleep(2.0)
+                continue
             try:
                 self._launch(hosts, placement_timeout_s=min(20.0, self.placement_timeout_s))
             except NotEnoughNodesError:
@@ -334,7 +355,26 @@ class HostGroup:
             if hosts != self.requested:
                 logger.warning("continuing on %d host(s) instead of %d: %d envs per host",
                                hosts, self.requested, self.config.num_envs // hosts)
+            else:
+                logger.info("the group runs again on %d hosts", hosts)
             return
+
+    def _describe(self, error: HostLost) -> str:
+        """'host 1 (node 127.0.0.1 dafc7dd7, pid 123): <reason>' for each lost host."""
+        out = []
+        for k, reason in error.dead:
+            info = self.host_info[k] if k is not None and k < len(self.host_info) else None
+            where = (f" (node {info['node_ip']} {info['node_id'][:8]}, pid {info['pid']})"
+                     if info else "")
+            out.append(f"{'a host' if k is None else f'host {k}'}{where}: {reason}")
+        return "; ".join(out)
+
+    def _fewer_hint(self, available: int) -> str | None:
+        """'--min-hosts N': the most hosts <= available that divide num_envs, if any."""
+        for h in range(min(available, self.requested), 0, -1):
+            if self.config.num_envs % h == 0:
+                return f"--min-hosts {h}"
+        return None
 
     def _count_failure(self, error: HostLost) -> None:
         """Record the lost hosts; DistributedError past max_restarts."""
@@ -352,11 +392,12 @@ class HostGroup:
         for h in range(min(self.requested, available), self.min_hosts - 1, -1):
             if self.config.num_envs % h == 0:
                 return h
+        fewer = self._fewer_hint(available)
         raise DistributedError(
             f"only {available} node(s) can host a learner now, fewer than min_hosts="
             f"{self.min_hosts} (with num_envs={self.config.num_envs} divisible by the number of "
             "hosts). The newest checkpoint is kept; add nodes and resume with --resume, or "
-            "allow fewer hosts with --min-hosts")
+            f"allow fewer hosts with {fewer or '--min-hosts'}")
 
     def _teardown(self) -> None:
         for a in reversed(self.learners):  # host 0 (the coordinator) last

@@ -10,6 +10,7 @@ import sys
 import ray
 
 from jaxppo import checkpoint as ckpt
+from jaxppo import sweep
 from jaxppo.algorithm import HyperParams
 from jaxppo.config import PPOConfig
 from jaxppo.loop import chunk_length, finish_run, open_folder, restore_checkpoint, run_loop
@@ -69,7 +70,7 @@ def train_distributed(
         run = prepare(config, run_dir, meta, stop_after_iterations, "python -m jaxppo.distributed")
         config = run.config
         check_hosts(run, hosts, min_hosts)
-        hp = hparams if hparams is not None else HyperParams.from_config(config)
+        hp, record = sweep.run_hparams(config, hparams, run_dir, resume is not None)
         restored, start_iter, wall_offset = None, 0, 0.0
         if store is not None:
             restored, start_iter, wall_offset = restore_checkpoint(store, step, run, run_dir, hp)
@@ -97,10 +98,13 @@ def train_distributed(
                   + (f"; resuming at iteration {start_iter}" if resume is not None else ""),
                   file=sys.stderr, flush=True)
         folder = open_folder(run_dir, config, start_iter if resume is not None else None)
+        if folder is not None:
+            folder.record_sweep(record)
         result = run_loop(group, config, folder=folder, start_iter=start_iter,
                           resumed=resume is not None, wall_offset=wall_offset,
                           stop_after_iterations=stop_after_iterations, progress=progress,
-                          callback=callback, label=f"{config.env_name} x{hosts} hosts")
+                          callback=callback, label=f"{config.env_name} x{hosts} hosts",
+                          member_labels=None if record is None else record["labels"])
         return finish_run(result, folder, f"python -m jaxppo.distributed --hosts {hosts}", plot=plot,
                           label=f"{config.env_name} ({hosts} hosts)",
                           extra_summary={"envs_per_host": config.num_envs // group.hosts,

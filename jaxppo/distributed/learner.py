@@ -8,11 +8,13 @@ except `info` and `coordinator_address`, which ask Ray for the node's address.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ import jaxlib
 import ray
 from jax.experimental import multihost_utils
 
+from jaxppo.distributed.cluster import quiet_library_logs
 from jaxppo.layouts import ChunkRunner, build_program
 from jaxppo.resolve import resolve
 from jaxppo.runtime import __version__, enable_compilation_cache
@@ -132,6 +135,16 @@ def undo_worker_niceness() -> bool:
     return ok
 
 
+@contextlib.contextmanager
+def _checked_by_driver():
+    """The config's warnings (e.g. total_timesteps not a multiple of the batch): the driver
+    resolved the same config and has shown them once; every learner would repeat them in the
+    job's log."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
 def pin_to_cpus(cpus: list[int]) -> None:
     """Pin the calling thread, and so the threads it starts later (JAX's and XLA's: the
     backend starts after this), to `cpus`. Ray's own threads, started before, stay free to
@@ -154,6 +167,7 @@ class HostLearner:
         self.use_gpu = use_gpu
         self.runner = None
         self.collectives: dict = {}
+        quiet_library_logs()  # Ray forwards this process's output to the driver's log
         undo_worker_niceness()
         if cpus:
             pin_to_cpus(cpus)
@@ -194,7 +208,8 @@ class HostLearner:
                 f"JAX (platforms: {platforms}): {type(e).__name__}: {e or 'no message'}. Check "
                 "that the node's JAX install has that platform (jax[cuda12] for GPUs; "
                 "JAX_PLATFORMS, --gpus-per-host) and that it can reach the coordinator") from None
-        self.run_spec = resolve(self.config, "hosts")
+        with _checked_by_driver():
+            self.run_spec = resolve(self.config, "hosts")
         local_devices = self.run_spec.layout.local_devices
         return {"process_index": jax.process_index(), "local_devices": local_devices,
                 "devices": [str(d) for d in jax.local_devices()[:local_devices]],
@@ -205,7 +220,8 @@ class HostLearner:
         the run's seed. Returns the seconds it took."""
         t0 = time.perf_counter()
         enable_compilation_cache(self.config.compilation_cache_dir)
-        program = build_program(self.run_spec, self.hp, chunk_len)
+        with _checked_by_driver():
+            program = build_program(self.run_spec, self.hp, chunk_len)
         self.runner = ChunkRunner(program, self.hp, jax.random.PRNGKey(self.config.seed), restored)
         multihost_utils.sync_global_devices("jaxppo learners ready")
         if self.run_spec.layout.num_processes > 1 and jax.default_backend() == "cpu":
