@@ -8,8 +8,9 @@ Single-host training never imports Ray; `jaxppo.distributed` does, on demand.
 
 from jaxppo.algorithm import Algorithm, HyperParams, TrainState
 from jaxppo.config import NetworkConfig, PPOConfig, tuned_env_names
-from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, TrainingDivergedError,
-                           TrainingInterrupted)
+from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderError,
+                           TrainingDivergedError, TrainingInterrupted, VideoError)
+from jaxppo.export import export_policy
 from jaxppo.loop import TrainResult
 from jaxppo.policy import Policy, load_policy
 from jaxppo.resolve import Resolved, resolve
@@ -31,8 +32,11 @@ __all__ = [
     "TrainingInterrupted",
     "CheckpointError",
     "RunFolderError",
+    "ExportError",
+    "VideoError",
     "Policy",
     "load_policy",
+    "export_policy",
     "train",
     "make_train",
     "__version__",

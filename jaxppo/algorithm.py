@@ -27,7 +27,7 @@ from jax.flatten_util import ravel_pytree
 from flax import struct
 
 from jaxppo import networks, transforms
-from jaxppo.config import PPOConfig
+from jaxppo.config import PPOConfig, require_config
 from jaxppo.envs import env_action, flatten_obs
 from jaxppo.errors import ConfigError
 from jaxppo.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS, eval_max_steps, run_episodes
@@ -61,6 +61,7 @@ class HyperParams:
 
     @classmethod
     def from_config(cls, config: PPOConfig) -> "HyperParams":
+        config = require_config(config).validate()
         f = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
         return cls(
             lr_points=_schedule_points(config.lr, config.lr_schedule, config.total_timesteps),
@@ -84,7 +85,23 @@ class HyperParams:
         Schedules must have the same number of points in every item (e.g. all constant or
         all linear).
         """
+        if not isinstance(items, (list, tuple)) or not items:
+            raise ConfigError(
+                f"HyperParams.stack takes a non-empty list of HyperParams, got "
+                f"{'an empty list' if isinstance(items, (list, tuple)) else type(items).__name__}; "
+                "e.g. HyperParams.stack("
+                "[HyperParams.from_config(config.replace(lr=lr)) for lr in (1e-4, 3e-4)])")
+        wrong = next((i for i, h in enumerate(items) if not isinstance(h, HyperParams)), None)
+        if wrong is not None:
+            raise ConfigError(
+                f"HyperParams.stack: item {wrong} is {type(items[wrong]).__name__} "
+                f"{repr(items[wrong])[:40]}, not a HyperParams; make each with "
+                "HyperParams.from_config(config)")
         shapes = {tuple(np.shape(h.lr_points)) + tuple(np.shape(h.entropy_points)) for h in items}
+        if len({np.shape(h.clip_param) for h in items}) != 1:
+            raise ConfigError(
+                "HyperParams.stack: some items are already stacked (a leading axis) and some "
+                "are not; stack single HyperParams (HyperParams.from_config) only")
         if len(shapes) != 1:
             raise ConfigError(
                 "HyperParams.stack: lr/entropy schedules have different numbers of points "
@@ -231,13 +248,22 @@ class Algorithm:
         """Fresh state. Env e (global index `env_index_offset + e`) is seeded from `key` and e
         alone, so splitting envs across devices or hosts leaves each env's stream unchanged."""
         spec = self.spec
+        self._require_compiled_env("init")
         key, k_params, k_env = jax.random.split(key, 3)
-        dummy = jnp.zeros((1, spec.obs_dim), jnp.float32)
-        params = self.network.init(k_params, dummy)
-        opt_state = self._optimizer(hp).init(ravel_pytree(params)[0])
         env_ids = env_index_offset + jnp.arange(self.local_envs)
         env_keys = jax.vmap(lambda i: jax.random.fold_in(k_env, i))(env_ids)
         obs, env_state = jax.vmap(spec.env.reset, in_axes=(0, None))(env_keys, spec.env_params)
+        return self.init_state(key, k_params, hp, obs, env_state, env_ids)
+
+    def init_state(self, key: jax.Array, k_params: jax.Array, hp: HyperParams, obs: jax.Array,
+                   env_state: Any, env_ids: jax.Array) -> TrainState:
+        """A fresh TrainState around envs just reset to `obs` [E, *obs_shape] (`env_state`;
+        () for envs stepped outside the program, jaxppo.hostloop): params from `k_params`,
+        `key` the training stream."""
+        spec = self.spec
+        dummy = jnp.zeros((1, spec.obs_dim), jnp.float32)
+        params = self.network.init(k_params, dummy)
+        opt_state = self._optimizer(hp).init(ravel_pytree(params)[0])
         flat = flatten_obs(obs, spec.obs_shape)
         obs_stats = RunningStats.create((spec.obs_dim,))
         if self.config.normalize_observations:
@@ -262,6 +288,13 @@ class Algorithm:
             carry=carry,
             hook_state=self.init_reward_hooks(),
         )
+
+    def _require_compiled_env(self, what: str) -> None:
+        if self.spec.host_loop:
+            raise ConfigError(
+                f"Algorithm.{what}: env={self.config.env!r} steps in Python, outside the "
+                "compiled program, so there is no pure train function to jit or vmap: train it "
+                "with jaxppo.train(config) (its host loop, jaxppo.hostloop)")
 
     def _merge_stats(self, stats: RunningStats, x: jax.Array) -> RunningStats:
         """Merge a batch [N, ...] (this shard's part) into stats, with the moments of all shards."""
@@ -707,6 +740,7 @@ class Algorithm:
     # ------------------------------------------------------------------ whole runs
     def make_train(self):
         """A pure `train_fn(key, hp) -> (final TrainState, metrics [num_iterations])`."""
+        self._require_compiled_env("make_train")
         n_iter = self.config.num_iterations
 
         def train_fn(key, hp):

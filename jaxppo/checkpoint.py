@@ -364,6 +364,10 @@ def begin_resume(caller: str, config, run_dir, resume):
     run continues in resume's folder; store and step are its newest checkpoint (the caller
     closes the store) and config, when not given, is the run's own. ConfigError or
     CheckpointError otherwise, with the store closed."""
+    for name, value in (("run_dir", run_dir), ("resume", resume)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{caller}({name}={value!r}): {name} must be the path of a run "
+                              "folder (a str or Path), or None")
     if resume is None:
         if config is None:
             raise ConfigError(f"{caller}(config): a PPOConfig is needed unless resume=RUN_DIR "
@@ -447,4 +451,15 @@ def load_params_dict(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no params file at {path}; train with `jaxppo train` first")
-    return jax.tree.map(np.asarray, serialization.msgpack_restore(path.read_bytes()))
+    try:
+        data = serialization.msgpack_restore(path.read_bytes())
+    except Exception as e:  # msgpack raises many types for a truncated or foreign file
+        raise CheckpointError(
+            f"{path} is not a readable params file ({type(e).__name__}: {_first_line(e)}); it "
+            "is truncated or was not written by jaxppo. Load a checkpoint of the run instead "
+            "(checkpoints/), or train again") from None
+    if not isinstance(data, dict) or not {"params", "obs_stats"} <= set(data):
+        raise CheckpointError(f"{path} does not hold jaxppo's params and obs_stats (keys: "
+                              f"{sorted(data)[:5] if isinstance(data, dict) else type(data).__name__}); "
+                              "it was not written by jaxppo")
+    return jax.tree.map(np.asarray, data)

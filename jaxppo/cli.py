@@ -1,4 +1,4 @@
-"""Command line: `python -m jaxppo train|eval|plot|envs ...` (also installed as `jaxppo`)."""
+"""Command line: `python -m jaxppo train|eval|export|plot|envs ...` (also installed as `jaxppo`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import warnings
 from pathlib import Path
 
 from jaxppo import runargs, sweep
-from jaxppo.config import tuned_env_names
+from jaxppo.config import MAX_TIMESTEPS, check_seed, tuned_env_names
 from jaxppo.envs import registered_env_names
-from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, TrainingDivergedError,
-                           TrainingInterrupted)
-from jaxppo.plotting import plot_runs
+from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderError,
+                           TrainingDivergedError, TrainingInterrupted, VideoError)
+from jaxppo.plotting import plot_runs, unplottable
 from jaxppo.policy import load_policy
 from jaxppo.runlog import read_metrics
 from jaxppo.train import train
@@ -53,7 +53,8 @@ def _build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate the trained policy of a run folder",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("run", help="run folder")
-    e.add_argument("--episodes", type=int, default=10, help="episodes (one per parallel env)")
+    e.add_argument("--episodes", type=int,
+                   help="episodes (one per parallel env); default 10, or 1 with --video")
     e.add_argument("--stochastic", action="store_true",
                    help="sample actions instead of taking the most likely one")
     e.add_argument("--seed", type=int, default=0, help="seed of the eval envs (and sampling)")
@@ -63,6 +64,23 @@ def _build_parser() -> argparse.ArgumentParser:
     e.add_argument("--env", metavar="MODULE:CLASS",
                    help="the env, for a run of a custom env that config.yaml names only by name")
     e.add_argument("--json", action="store_true", help="print the result as JSON")
+    e.add_argument("--video", metavar="OUT.gif|OUT.mp4",
+                   help="instead, play --episodes episodes one after the other and write them as "
+                        "a video (classic-control and MinAtar envs; .mp4 needs ffmpeg)")
+
+    x = sub.add_parser("export", help="write the trained policy as a jax.export function or ONNX")
+    x.add_argument("run", help="run folder")
+    x.add_argument("--format", required=True, choices=("jax", "onnx"),
+                   help="jax: serialized jax.export (needs only jax to run); onnx: needs "
+                        "pip install 'jaxppo[export]'")
+    x.add_argument("-o", "--output", help="file to write (default <run folder name>.jaxexport "
+                                          "or .onnx); a JSON description goes to <file>.json")
+    x.add_argument("--seed-index", type=int, default=0,
+                   help="which seed of a multi-seed run (default 0)")
+    x.add_argument("--stochastic", action="store_true",
+                   help="also write the sampling variant, to <stem>.sample<suffix>")
+    x.add_argument("--env", metavar="MODULE:CLASS",
+                   help="the env, for a run of a custom env that config.yaml names only by name")
 
     p = sub.add_parser("plot", help="plot return curves of one or more run folders")
     p.add_argument("runs", nargs="+", help="run folders (or metrics.jsonl files)")
@@ -106,10 +124,28 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {r} holds no metric rows (an empty or foreign file; a run "
                       "writes one row per iteration)", file=sys.stderr)
                 return 2
-        print(plot_runs(args.runs, args.output))
+            problem = unplottable(rows)
+            if problem:
+                print(f"error: {r} is not a jaxppo metrics file: {problem}", file=sys.stderr)
+                return 2
+        problem = _output_problem(Path(args.output))
+        if problem:
+            print(f"error: -o {args.output}: {problem}", file=sys.stderr)
+            return 2
+        try:
+            print(plot_runs(args.runs, args.output))
+        except OSError as e:
+            print(f"error: could not write {args.output}: {e.strerror or e}", file=sys.stderr)
+            return 1
         return 0
     if args.command == "eval":
+        if args.video:
+            return _video(args)
+        if args.episodes is None:
+            args.episodes = 10
         return _eval(args)
+    if args.command == "export":
+        return _export(args)
     return _train(args)
 
 
@@ -148,9 +184,42 @@ def _space(space) -> str:
     return f"{kind}({shape})"
 
 
-def _eval(args) -> int:
+def _output_problem(out: Path) -> str | None:
+    """Why the figure cannot be written to `out` (checked before anything is drawn)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if out.is_dir():
+        return f"is a folder; give a file name, e.g. -o {out / 'curves.png'}"
+    if not out.parent.is_dir():
+        return f"the folder {out.parent} does not exist; create it or choose another path"
+    if out.suffix.lower().lstrip(".") not in formats:
+        return (f"{out.suffix or 'no extension'} is not an image format matplotlib writes; use "
+                f"one of {', '.join('.' + f for f in sorted(formats))}, e.g. -o curves.png")
+    return None
+
+
+def _eval_flag_problem(args) -> str | None:
+    """A flag of `jaxppo eval` that no run can take (checked before the run is loaded)."""
     if args.episodes < 1:
-        print(f"error: --episodes {args.episodes} must be >= 1", file=sys.stderr)
+        return f"--episodes {args.episodes} must be >= 1"
+    if args.max_steps is not None and not 1 <= args.max_steps <= MAX_TIMESTEPS:
+        return (f"--max-steps {args.max_steps}: max_steps={args.max_steps} must be an integer "
+                f">= 1 and at most {MAX_TIMESTEPS} (2**31 - 1); leave --max-steps out for the "
+                "env's time limit")
+    if args.seed_index < 0:
+        return f"--seed-index {args.seed_index} must be >= 0 (0 is the first seed)"
+    try:
+        check_seed(args.seed, "--seed")
+    except ConfigError as e:
+        return str(e).replace("--seed=", "--seed ", 1)
+    return None
+
+
+def _eval(args) -> int:
+    problem = _eval_flag_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         policy = load_policy(args.run, seed_index=args.seed_index, env=args.env)
@@ -158,7 +227,11 @@ def _eval(args) -> int:
         out = policy.evaluate(episodes=args.episodes, seed=args.seed,
                               deterministic=not args.stochastic, max_steps=args.max_steps)
     except (CheckpointError, ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        # The library names its arguments; say which flag set them.
+        flag = next((f"{flag} {value}: " for name, flag, value in (
+            ("seed_index=", "--seed-index", args.seed_index), ("episodes=", "--episodes", args.episodes))
+            if str(e).startswith(name)), "")
+        print(f"error: {flag}{e}", file=sys.stderr)
         return 2
     out.update(run=str(args.run), env=policy.config.env_name, iteration=policy.iteration,
                deterministic=not args.stochastic, seed=args.seed, seed_index=args.seed_index)
@@ -178,6 +251,39 @@ def _eval(args) -> int:
           f"{out['return_std']:.2f}, length {out['length_mean']:.1f} ± {out['length_std']:.1f} over "
           f"{out['episodes']} episodes ({'stochastic' if args.stochastic else 'deterministic'} "
           f"policy, seed {args.seed})")
+    return 0
+
+
+def _video(args) -> int:
+    from jaxppo.video import write_video
+
+    try:
+        policy = load_policy(args.run, seed_index=args.seed_index, env=args.env)
+        episodes = 1 if args.episodes is None else args.episodes
+        out = write_video(policy, args.video, episodes=episodes, seed=args.seed,
+                          deterministic=not args.stochastic, max_steps=args.max_steps)
+    except (CheckpointError, ConfigError, VideoError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"wrote {out['path']}: {out['frames']} frames, {out['episodes']} episode(s), returns "
+              f"{', '.join(f'{r:.1f}' for r in out['returns'])}")
+    return 0
+
+
+def _export(args) -> int:
+    from jaxppo.export import export_policy
+
+    try:
+        out = export_policy(args.run, args.format, args.output, stochastic=args.stochastic,
+                            seed_index=args.seed_index, env=args.env)
+    except (CheckpointError, ConfigError, ExportError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    written = [out.path] + ([out.sample_path] if out.sample_path else []) + [out.metadata_path]
+    print("wrote " + ", ".join(map(str, written)))
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import json
 import math
 import weakref
@@ -144,6 +145,10 @@ class PPOConfig:
     eval_deterministic: bool = True  # act with the policy's mode rather than sampling
     eval_max_steps: int | None = None  # bound on an eval episode; null = env's max_steps_in_episode
     tensorboard: bool = False  # also write TensorBoard event files to RUN_DIR/tensorboard
+    # Weights & Biases: {project: ..., mode: online|offline|disabled, entity, name, dir, group,
+    # tags, notes} (only project is needed; mode defaults to WANDB_MODE, else online). Logging
+    # only: it changes neither the compiled program nor what a resume may change.
+    wandb: dict | None = None  # W&B logging, e.g. {project: jaxppo, mode: offline}; null = off
 
     def __post_init__(self):
         # Lists from YAML/JSON and tuples from Python mean the same config: store one form,
@@ -178,8 +183,11 @@ class PPOConfig:
     @property
     def env_name(self) -> str:
         """A short readable name of the env (run folder names, labels): the registered name,
-        the class of a "module:Class" env, or an env object's `name` (else its class name)."""
+        "brax-<name>" for "brax:<name>" (no ':' in folder names), the class of a
+        "module:Class" env, or an env object's `name` (else its class name)."""
         if isinstance(self.env, str):
+            if self.env.startswith("brax:"):  # "brax-halfcheetah": the suite stays in the name
+                return "brax-" + self.env[len("brax:"):]
             return self.env.rpartition(":")[2].rpartition(".")[2] or self.env
         return getattr(self.env, "name", type(self.env).__name__)
 
@@ -190,6 +198,15 @@ class PPOConfig:
 
         Unknown keys raise ConfigError suggesting the nearest field.
         """
+        if not isinstance(values, dict):
+            raise ConfigError(
+                f"PPOConfig.from_dict takes a mapping of field: value, got "
+                f"{type(values).__name__} {_short_repr(values)}; e.g. "
+                "PPOConfig.from_dict({'env': 'CartPole-v1', 'lr': 3e-4}) (a file: "
+                "PPOConfig.from_file(path); key=value strings: config.with_overrides([...]))")
+        if base is not None and not isinstance(base, PPOConfig):
+            raise ConfigError(f"base={_short_repr(base)} must be a PPOConfig (or None for the "
+                              "defaults)")
         base = base if base is not None else cls()
         values = dict(values)
         names = {f.name for f in dataclasses.fields(cls)}
@@ -222,6 +239,9 @@ class PPOConfig:
     @classmethod
     def from_file(cls, path: str | Path, base: "PPOConfig | None" = None) -> "PPOConfig":
         """`base` (default: the defaults) with the fields a YAML or JSON file sets."""
+        if not isinstance(path, (str, Path)):
+            raise ConfigError(f"PPOConfig.from_file takes the path of a YAML or JSON file, got "
+                              f"{type(path).__name__} {_short_repr(path)}")
         return cls.from_dict(read_config_file(path), base)
 
     @classmethod
@@ -248,6 +268,9 @@ class PPOConfig:
             value = load_yaml(raw, where=f"--set {pair!r}") if raw.strip() else None
             if key.startswith("network."):
                 values.setdefault("network", {})[key[len("network."):]] = value
+            elif key.startswith("wandb."):  # wandb.project=... on top of the config's wandb
+                base = self.wandb if isinstance(self.wandb, dict) else {}
+                values.setdefault("wandb", dict(base))[key[len("wandb."):]] = value
             else:
                 values[key] = value
         return self.from_dict(values, self)
@@ -291,12 +314,17 @@ class PPOConfig:
         _check_int(self, "num_seeds", 1)
         _check_int(self, "log_every", 0)
         _check_int(self, "checkpoint_every", 0)
-        _check_nonneg(self, "checkpoint_minutes")
+        _check_nonneg(self, "checkpoint_minutes", float32=False)
         _check_int(self, "keep_checkpoints", 1)
         _check_int(self, "eval_every", 0)
         _check_int(self, "eval_episodes", 1)
         if self.eval_max_steps is not None:
             _check_int(self, "eval_max_steps", 1)
+            if self.eval_max_steps > MAX_TIMESTEPS:
+                raise ConfigError(
+                    f"eval_max_steps={self.eval_max_steps} is more than {MAX_TIMESTEPS} (2**31 - "
+                    "1), the most steps the int32 step counter of an episode holds; use a "
+                    "smaller bound (or null for the env's time limit)")
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false (a "
@@ -309,6 +337,12 @@ class PPOConfig:
             _check_int(self, "num_devices", 1)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed={self.seed!r} must be an integer")
+        check_seed(self.seed, "seed")
+        if self.compilation_cache_dir is not None and not isinstance(
+                self.compilation_cache_dir, (str, Path)):
+            raise ConfigError(
+                f"compilation_cache_dir={self.compilation_cache_dir!r} must be a folder path "
+                "(e.g. ~/.cache/jaxppo/xla) or null to turn the compilation cache off")
         if self.total_timesteps > MAX_TIMESTEPS:
             raise ConfigError(
                 f"total_timesteps={self.total_timesteps} is more than {MAX_TIMESTEPS} "
@@ -342,14 +376,16 @@ class PPOConfig:
             _check_positive(self, "vf_clip_param", fix="or null to turn value clipping off")
         net = self.network
         if not isinstance(net, NetworkConfig):
-            raise ConfigError(f"network={net!r} must be a NetworkConfig")
+            raise ConfigError(f"network={_short_repr(net)} must be a NetworkConfig, e.g. "
+                              "jaxppo.NetworkConfig(hidden_sizes=(64, 64)) (PPOConfig.from_dict "
+                              "takes a mapping of its fields)")
         if not isinstance(net.shared_trunk, bool):
             raise ConfigError(f"network.shared_trunk={net.shared_trunk!r} must be true or false "
                               "(a YAML boolean, not a string)")
         if not isinstance(net.hidden_sizes, tuple) or not net.hidden_sizes or any(
                 not _is_int(h) or h < 1 for h in net.hidden_sizes):
             raise ConfigError(
-                f"network.hidden_sizes={list(net.hidden_sizes)} must be a non-empty list of "
+                f"network.hidden_sizes={_listed(net.hidden_sizes)} must be a non-empty list of "
                 "positive layer widths, e.g. [64, 64]"
             )
         if net.activation not in ACTIVATIONS:
@@ -366,7 +402,7 @@ class PPOConfig:
                 or any(not _is_int(c) or c < 1 for c in net.conv_channels)
                 or not _is_int(net.conv_kernel) or net.conv_kernel < 1):
             raise ConfigError(
-                f"network.conv_channels={list(net.conv_channels)} / conv_kernel={net.conv_kernel} "
+                f"network.conv_channels={_listed(net.conv_channels)} / conv_kernel={net.conv_kernel!r} "
                 "must be positive, e.g. conv_channels=[16], conv_kernel=3"
             )
         _check_std_options(net)
@@ -382,6 +418,7 @@ class PPOConfig:
             )
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError(f"env_kwargs={self.env_kwargs!r} must be a mapping of keyword arguments")
+        _check_wandb(self.wandb)
         return self
 
 
@@ -553,6 +590,41 @@ def _check_std_options(net) -> None:
         )
 
 
+WANDB_KEYS = ("project", "mode", "entity", "name", "dir", "group", "tags", "notes")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def _check_wandb(value) -> None:
+    """config.wandb: None, or a mapping of WANDB_KEYS with a project."""
+    if value is None:
+        return
+    example = "e.g. wandb={'project': 'jaxppo', 'mode': 'offline'} (--set wandb.project=jaxppo)"
+    if not isinstance(value, dict):
+        raise ConfigError(f"wandb={value!r} must be a mapping of W&B settings or null, {example}")
+    for key in value:
+        if key not in WANDB_KEYS:
+            raise ConfigError(
+                f"unknown config key 'wandb.{key}'{_did_you_mean(str(key), WANDB_KEYS, 'wandb.')}; "
+                f"valid keys: {', '.join('wandb.' + k for k in WANDB_KEYS)}")
+    project = value.get("project")
+    if not isinstance(project, str) or not project.strip():
+        raise ConfigError(f"wandb.project={project!r} must be the name of a W&B project, {example}")
+    mode = value.get("mode")
+    if mode is not None and mode not in WANDB_MODES:
+        raise ConfigError(
+            f"wandb.mode={mode!r} is not one of {WANDB_MODES}{_did_you_mean(str(mode), WANDB_MODES)}"
+            " (or leave it out: WANDB_MODE, else online); offline writes the run under "
+            "wandb.dir for `wandb sync` later")
+    for key in ("entity", "name", "dir", "group", "notes"):
+        v = value.get(key)
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise ConfigError(f"wandb.{key}={v!r} must be a non-empty string (or left out)")
+    tags = value.get("tags")
+    if tags is not None and (not isinstance(tags, (list, tuple))
+                             or not all(isinstance(t, str) and t for t in tags)):
+        raise ConfigError(f"wandb.tags={tags!r} must be a list of strings, e.g. [baseline, cpu]")
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -684,6 +756,33 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+# The largest float32: hyperparameters live in float32 inside the compiled program, where a
+# larger value becomes inf (and training NaN at its first step).
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_float32(name, v, example) -> None:
+    if _is_number(v) and abs(v) > FLOAT32_MAX:
+        raise ConfigError(f"{name}={v!r} is beyond the float32 range (about ±3.4e38) the "
+                          f"compiled program computes in, where it would be inf; use e.g. {example}")
+
+
+# Seeds become PRNG keys through a 64-bit integer.
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
+
+
+def check_seed(v, name: str) -> None:
+    """ConfigError unless `v` is an integer a PRNG key can be made of (64-bit)."""
+    if not isinstance(v, int) or isinstance(v, bool) or not SEED_MIN <= v <= SEED_MAX:
+        raise ConfigError(f"{name}={v!r} must be an integer from -2**63 to 2**63 - 1 (it seeds "
+                          "a 64-bit PRNG key), e.g. 0")
+
+
+def _listed(v):
+    """A list field's value for a message: as a list when it is one, else as given."""
+    return list(v) if isinstance(v, (list, tuple)) else repr(v)
+
+
 def _check_int(cfg, name, minimum):
     v = getattr(cfg, name)
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
@@ -695,12 +794,15 @@ def _check_int(cfg, name, minimum):
 
 def _check_positive(cfg, name, fix=""):
     v = getattr(cfg, name)
+    _check_float32(name, v, "0.2")
     if not _is_number(v) or v <= 0:
         raise ConfigError(f"{name}={v!r} must be a positive number{(' ' + fix) if fix else ''}")
 
 
-def _check_nonneg(cfg, name):
+def _check_nonneg(cfg, name, float32=True):
     v = getattr(cfg, name)
+    if float32:
+        _check_float32(name, v, "0.5")
     if not _is_number(v) or v < 0:
         raise ConfigError(f"{name}={v!r} must be a number >= 0")
 
@@ -709,6 +811,7 @@ def _check_schedule(cfg, name, positive):
     v = getattr(cfg, name)
     bound = "> 0" if positive else ">= 0"
     ok = (lambda x: x > 0) if positive else (lambda x: x >= 0)
+    _check_float32(name, v, f"{name}=2.5e-4")
     if _is_number(v):
         if not ok(v):
             raise ConfigError(f"{name}={v!r} must be {bound}, e.g. {name}=2.5e-4")
@@ -716,6 +819,8 @@ def _check_schedule(cfg, name, positive):
     if isinstance(v, (list, tuple)) and v and all(
         isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_number(x) for x in p) for p in v
     ):
+        for p in v:
+            _check_float32(name, p[1], f"{name}=[[0, 3e-4], [1e6, 1e-5]]")
         steps = [p[0] for p in v]
         if steps != sorted(steps) or steps[0] < 0:
             raise ConfigError(
@@ -729,3 +834,29 @@ def _check_schedule(cfg, name, positive):
         f"{name}={v!r} must be a number or a piecewise schedule [[env_step, value], ...], "
         f"e.g. {name}=[[0, 3e-4], [1e6, 1e-5]]"
     )
+
+
+def _refuse_unknown_fields(cls, prefix: str = "") -> None:
+    """`cls(...)` and `config.replace(...)` with a keyword that is not a field: a ConfigError
+    naming the nearest fields, as `from_dict` gives, instead of the dataclass's bare
+    TypeError ("__init__() got an unexpected keyword argument")."""
+    init = cls.__init__
+    names = {f.name for f in dataclasses.fields(cls)}
+
+    def __init__(self, *args, **kwargs):
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            key = unknown[0]
+            hint = _did_you_mean(key, names, prefix) if prefix else _suggest_field(key, names)
+            raise ConfigError(
+                f"{cls.__name__} has no field {prefix + key!r}{hint}; fields: "
+                f"{', '.join(prefix + n for n in sorted(names))}")
+        init(self, *args, **kwargs)
+
+    __init__.__doc__, __init__.__signature__ = init.__doc__, inspect.signature(init)
+    __init__.__qualname__ = init.__qualname__
+    cls.__init__ = __init__
+
+
+_refuse_unknown_fields(PPOConfig)
+_refuse_unknown_fields(NetworkConfig, "network.")

@@ -19,6 +19,8 @@ import numpy as np
 
 from jaxppo._imports import import_gymnax
 from jaxppo.errors import ConfigError
+from jaxppo.gymnasium_env import is_gymnasium_env, make_gymnasium_env
+from jaxppo.suites import is_brax_env, make_brax_env, registered_brax_envs
 from jaxppo.transforms import box_bounds, wrap_env
 
 
@@ -37,6 +39,11 @@ class EnvSpec(NamedTuple):
     def obs_dim(self) -> int:
         return int(np.prod(self.obs_shape))
 
+    @property
+    def host_loop(self) -> bool:
+        """True when the env steps in Python (a gymnasium env: jaxppo.hostloop runs it)."""
+        return bool(getattr(self.env, "host_loop", False))
+
 
 def registered_env_names() -> list[str]:
     gymnax = import_gymnax()
@@ -52,11 +59,26 @@ def check_env_name(name: str) -> None:
     lowered = {n.lower(): n for n in names}
     if name.lower() in lowered:
         close = [lowered[name.lower()]]
+    if _is_brax_name(name):
+        close = [f"brax:{name}"]
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise ConfigError(
         f"env={name!r} is not a registered gymnax environment{hint or '.'} "
         f"Registered: {', '.join(names)}. Or pass an env object with the gymnax API as env="
     )
+
+
+def _is_brax_name(name: str) -> bool:
+    """True when brax is installed and registers `name` (its envs are named "brax:<name>")."""
+    import importlib.util
+
+    # Brax's names are lower case ("halfcheetah"), gymnax's not: a gymnax typo loads no brax.
+    if name != name.lower() or "-" in name or importlib.util.find_spec("brax") is None:
+        return False
+    try:
+        return name in registered_brax_envs()
+    except ConfigError:
+        return False
 
 
 def check_recorded_env(config, run_dir, fix: str) -> None:
@@ -82,6 +104,9 @@ def make_env(config) -> EnvSpec:
     constructor's arguments go to it and the rest set params).
     """
     env_kwargs = dict(config.env_kwargs or {})
+    if is_gymnasium_env(config.env):  # steps in Python, outside the compiled program
+        env, env_params = make_gymnasium_env(config)
+        return _env_spec(config, env, env_params)
     if isinstance(config.env, str) and ":" not in config.env:
         gymnax = import_gymnax()
 
@@ -101,7 +126,9 @@ def make_env(config) -> EnvSpec:
         _check_params_type(config.env_params, default_params, config.env_name)
     else:
         ctor_args: list[str] | None = None
-        if isinstance(config.env, str):  # "module:Class" or "module:function"
+        if is_brax_env(config.env):  # "brax:<name>": jaxppo.suites' adapter, gymnax API
+            env, env_kwargs = make_brax_env(config.env, env_kwargs)
+        elif isinstance(config.env, str):  # "module:Class" or "module:function"
             env, env_kwargs, ctor_args = import_env(config.env, env_kwargs)
         else:
             env = config.env
@@ -119,13 +146,20 @@ def make_env(config) -> EnvSpec:
     if config.env_params is not None:
         env_params = config.env_params
     if param_kwargs:
+        _check_param_values(param_kwargs, env_params, config.env_name)
         env_params = env_params.replace(**param_kwargs)
-    if not isinstance(config.env, str) or ":" in config.env:
-        if not type(env).__module__.startswith("gymnax.environments."):  # gymnax's own: trusted
+    if (not isinstance(config.env, str) or ":" in config.env) and not is_brax_env(config.env):
+        # gymnax's own envs and the Brax adapter (tests/test_brax.py checks it; the check
+        # would add ~6 s of compiling to every Brax run on a CPU) are trusted.
+        if not type(env).__module__.startswith("gymnax.environments."):
             check_env(env, env_params, config.env_name)
     if config.transforms:
         env = wrap_env(env, config)  # observation transforms (frame stacking, ...)
+    return _env_spec(config, env, env_params)
 
+
+def _env_spec(config, env, env_params) -> EnvSpec:
+    """The EnvSpec of a built env: its observation shape and action space."""
     obs_space = env.observation_space(env_params)
     act_space = env.action_space(env_params)
     obs_shape = tuple(int(s) for s in obs_space.shape)
@@ -515,6 +549,23 @@ def _state_difference(before, after) -> str:
 def _short(x) -> str:
     text = repr(x)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _check_param_values(values: dict, params, name: str) -> None:
+    """ConfigError when an env_kwargs value meant for a numeric env param is not a number
+    (e.g. max_steps_in_episode='abc'): it would fail deep inside the compiled program."""
+    for key, value in values.items():
+        default = getattr(params, key, None)
+        if default is None or np.ndim(default) != 0:
+            continue
+        if not np.issubdtype(np.asarray(default).dtype, np.number):
+            continue
+        if (isinstance(value, (bool, str, bytes)) or np.ndim(value) != 0
+                or not np.issubdtype(np.asarray(value).dtype, np.number)):
+            plain = default.item() if hasattr(default, "item") else default
+            raise ConfigError(
+                f"env_kwargs {key}={value!r} must be a number: it sets {name}'s param {key} "
+                f"(default {plain!r}), e.g. env_kwargs={{{key!r}: {plain!r}}}")
 
 
 def _param_fields(params) -> set[str]:

@@ -40,3 +40,13 @@ class TrainingDivergedError(RuntimeError):
         super().__init__(message)
         self.iteration = iteration
         self.last_finite = last_finite
+
+
+class ExportError(RuntimeError):
+    """A policy that cannot be exported in the asked format (or a missing optional
+    dependency); the message names what is unsupported and the alternative or install."""
+
+
+class VideoError(RuntimeError):
+    """A video that cannot be made: an env jaxppo cannot draw, or a format whose writer is
+    missing; the message names the envs and formats that work, or the install."""

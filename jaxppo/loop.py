@@ -28,12 +28,13 @@ import jax
 import numpy as np
 
 from jaxppo import checkpoint as ckpt
+from jaxppo import hostloop
 from jaxppo.algorithm import METRIC_KEYS, Algorithm, TrainState
 from jaxppo.config import PPOConfig
 from jaxppo.errors import TrainingDivergedError, TrainingInterrupted
 from jaxppo.evaluation import EVAL_METRIC_KEYS
 from jaxppo.layouts import auto_chunk, build_program
-from jaxppo.policy import evaluate_policy
+from jaxppo.policy import check_key, check_obs, evaluate_policy
 from jaxppo.resolve import Resolved
 from jaxppo.rundir import RunFolder
 from jaxppo.runtime import __version__, process_uptime
@@ -112,10 +113,13 @@ class TrainResult:
                 raise ValueError("policy(obs, key): a PRNG key is needed to sample; "
                                  "pass key=jax.random.PRNGKey(0) or deterministic=True")
             key = jax.random.PRNGKey(0)
+        check_key(key)
+        obs = check_obs(obs, self._algorithm)
         st = self._seed_slice(self.state, seed)
         return self._policy_fn(st.params, st.obs_stats, obs, key, deterministic)
 
     def value(self, obs, seed: int = 0):
+        obs = check_obs(obs, self._algorithm)
         st = self._seed_slice(self.state, seed)
         return self._value_fn(st.params, st.obs_stats, obs)
 
@@ -147,8 +151,11 @@ def restore_checkpoint(store, step: int, run: Resolved, run_dir, hp):
     """(unsharded numpy TrainState, iteration, wall_time offset) of a checkpoint, whatever
     number of devices or hosts wrote it."""
     config = run.config
-    program = build_program(run.with_layout(None), hp, 1)
-    abstract = jax.eval_shape(program.init, jax.random.PRNGKey(config.seed), hp)
+    if run.host_loop:  # a gymnasium env: the learner state (jaxppo.hostloop)
+        abstract = hostloop.abstract_state(run, hp)
+    else:
+        program = build_program(run.with_layout(None), hp, 1)
+        abstract = jax.eval_shape(program.init, jax.random.PRNGKey(config.seed), hp)
     return ckpt.restore_for_resume(store, step, abstract, config, run_dir)
 
 

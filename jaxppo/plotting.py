@@ -24,12 +24,12 @@ from jaxppo.sweep import SWEPT_CONFIG_FIELDS, fmt_value, read_record
 # out of the legend's differences.
 _NOT_IN_LEGEND = {
     "compilation_cache_dir", "log_every", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints",
-    "tensorboard",
+    "tensorboard", "wandb",
     "num_devices", "num_seeds", "eval_every", "eval_episodes", "eval_deterministic", "eval_max_steps",
 }
 
 __all__ = ["read_metrics", "return_curve", "eval_curve", "elapsed_seconds", "mean_ci95",
-           "compact_number", "config_differences", "make_figure", "plot_runs"]
+           "compact_number", "config_differences", "make_figure", "plot_runs", "unplottable"]
 
 
 def _by_seed(rows: list[dict]):
@@ -71,6 +71,25 @@ def elapsed_seconds(rows: list[dict], num_seeds: int = 1) -> np.ndarray:
     # Rows of resumed processes continue from the checkpoint's time: keep the axis monotone
     # even where a row was written out of order.
     return np.maximum.accumulate(t - t[0])
+
+
+def unplottable(rows: list[dict]) -> str | None:
+    """Why metric rows cannot be drawn (rows of another program, or damaged), or None: each
+    row a mapping with numeric env_steps and wall_time, and a numeric or null return."""
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            return f"row {i + 1} is {type(r).__name__}, not a mapping of metrics"
+        for k in ("env_steps", "wall_time"):
+            if not _is_real(r.get(k)):
+                return f"row {i + 1} has {k}={r.get(k)!r}, not a number"
+        for k in ("episode_return_mean", "eval_return_mean", "sps", "iteration", "seed"):
+            if r.get(k) is not None and not _is_real(r[k]):
+                return f"row {i + 1} has {k}={r[k]!r}, not a number"
+    return None
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def return_curve(rows: list[dict], key: str = "episode_return_mean"):
@@ -146,7 +165,14 @@ def _flat_config(run) -> dict:
         return {}
     import yaml
 
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+        data = e
+    if not isinstance(data, dict):  # the legend then names the folder; the curves need no config
+        warnings.warn(f"{path} is not a readable config (a mapping of fields); the legend "
+                      "leaves out its config fields", stacklevel=2)
+        return {}
     flat = {}
     for k, v in data.items():
         if isinstance(v, dict):

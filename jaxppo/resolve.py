@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxppo import networks
-from jaxppo.config import PPOConfig, divisors, require_config
+from jaxppo.config import NetworkConfig, PPOConfig, divisors, require_config
 from jaxppo.envs import EnvSpec, make_env
 from jaxppo.errors import ConfigError
 from jaxppo.evaluation import eval_max_steps
+from jaxppo.gymnasium_env import check_config as check_host_loop_config
 from jaxppo.transforms import resolve_transforms
 
 
@@ -61,6 +63,11 @@ class Resolved:
         return dataclasses.replace(self, layout=layout)
 
     @property
+    def host_loop(self) -> bool:
+        """True when the env steps in Python (gymnasium): `jaxppo.hostloop` runs the run."""
+        return self.spec.host_loop
+
+    @property
     def recurrent(self) -> bool:
         """True when the network carries a state from step to step (a GRU core)."""
         return bool(self.network.carry_size)
@@ -89,6 +96,9 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     spec = make_env(config)
     _check_for_env(config, spec)
     network = networks.make_network(config, spec)
+    if spec.host_loop:  # one process, one device (jaxppo.hostloop)
+        check_host_loop_config(config, layout)
+        layout = None
     if layout is None:
         layout = Layout()
     elif layout == "local":
@@ -139,11 +149,51 @@ def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
                 f"{config.env_name} has {spec.action_dim} discrete actions; remove "
                 f"{'them' if len(given) > 1 else 'it'}")
     steps = getattr(spec.env_params, "max_steps_in_episode", None)
-    if steps is not None and int(steps) < 1:
+    if steps is not None and (not _is_real(steps) or steps < 1):
         raise ConfigError(
-            f"max_steps_in_episode={int(steps)} (env_kwargs/env_params) must be >= 1: it is "
-            f"the episode's time limit (the {config.env_name} default is "
+            f"max_steps_in_episode={_plain_value(steps)!r} (env_kwargs/env_params) must be >= "
+            f"1: it is the episode's time limit in steps (the {config.env_name} default is "
             f"{_default_limit(config)})")
+    _check_conv_options(config, spec)
+
+
+def _is_real(v) -> bool:
+    """A real number (Python, numpy or a 0-d array), not a bool or a string."""
+    return (np.ndim(v) == 0 and not isinstance(v, (bool, str, bytes))
+            and np.issubdtype(np.asarray(v).dtype, np.number))
+
+
+def _listed(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _plain_value(v):
+    return v.item() if hasattr(v, "item") and np.ndim(v) == 0 else v
+
+
+def _check_conv_options(config: PPOConfig, spec: EnvSpec) -> None:
+    """network.conv_* only shape a CNN torso, and a kernel wider than the image is padding."""
+    net, default = config.network, NetworkConfig()
+    torso = networks.resolve_torso(config, spec)
+    if torso != "cnn":
+        given = [f"network.{name}={_listed(getattr(net, name))!r}"
+                 for name in ("conv_channels", "conv_kernel")
+                 if getattr(net, name) != getattr(default, name)]
+        if given:
+            why = ("network.torso is 'mlp'" if net.torso == "mlp" else
+                   f"{config.env_name}'s observations {spec.obs_shape} are not images [H, W, C], "
+                   "so network.torso='auto' is the MLP")
+            raise ConfigError(
+                f"{' and '.join(given)} only {'shape' if len(given) > 1 else 'shapes'} a CNN "
+                f"torso, but {why}; remove "
+                f"{'them' if len(given) > 1 else 'it'}")
+        return
+    side = max(spec.obs_shape[:2])
+    if net.conv_kernel > side:
+        raise ConfigError(
+            f"network.conv_kernel={net.conv_kernel} is wider than {config.env_name}'s "
+            f"{spec.obs_shape[0]}x{spec.obs_shape[1]} images (each window would be mostly "
+            f"padding); use a kernel of at most {side}, e.g. 3")
 
 
 def _default_limit(config: PPOConfig):

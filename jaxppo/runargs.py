@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import os
 import re
 import signal
 import sys
@@ -91,6 +92,9 @@ def _overrides(args) -> list[str]:
 def new_config(args) -> tuple[PPOConfig, str]:
     """(config, where it came from) of a new run: defaults < the env's tuned config < --config
     < --set, the env being --env or the --config file's."""
+    if args.env is not None and not args.env.strip():
+        raise ConfigError("--env '' is empty; give an env name, e.g. --env CartPole-v1 "
+                          "(`jaxppo envs --names` lists them), or module:Class of your own env")
     file_values = read_config_file(args.config) if args.config else {}
     env = args.env or file_values.get("env")
     config, sources = PPOConfig(), ["defaults"]
@@ -138,6 +142,12 @@ def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
     runs_dir/<run-name or env[-tag]-time>. ConfigError / CheckpointError otherwise."""
     if args.stop_after is not None and args.stop_after < 1:
         raise ConfigError(f"--stop-after {args.stop_after} must be >= 1")
+    name = args.run_name
+    if name is not None and (not name.strip() or name in (".", "..") or "/" in name
+                             or (os.altsep is not None and os.altsep in name)):
+        raise ConfigError(
+            f"--run-name {name!r} must be a plain folder name (not empty, '.' or '..', no "
+            "'/'): the run folder is --runs-dir/NAME, e.g. --runs-dir runs/sweep --run-name lr-3e-4")
     if args.resume:
         config, run_dir = resumed_config(args)
         return config, f"{run_dir / 'config.yaml'} (resumed)", run_dir

@@ -8,6 +8,7 @@
     RUN_DIR/sweep.json         a vmapped sweep's hyperparameters per member (jaxppo.sweep)
     RUN_DIR/curve.png          return vs env steps and vs wall time
     RUN_DIR/tensorboard/       with `tensorboard: true`
+    RUN_DIR/wandb_id           with `wandb`: the W&B run id of each seed (resume continues them)
 
 Nothing is created before the run has passed every check (`RunFolder` is opened after). A
 write that fails (a full disk, a read-only folder) is a RunFolderError naming the file, what
@@ -56,15 +57,19 @@ class RunFolder:
             with self._writing("config.yaml and metrics.jsonl"):
                 self._open(config, resume_iteration)
         except BaseException:
+            if self.log is not None:
+                self.log.close(failed=True)
             self._lock.close()
             raise
 
     def _open(self, config: PPOConfig, resume_iteration: int | None) -> None:
-        write_config(self.path, config, overwrite=resume_iteration is not None)
+        # The log first: a W&B login that fails is then refused before config.yaml is written.
         self.log = RunLog(
             self.path, tensorboard=config.tensorboard, num_seeds=config.num_seeds,
             resume_iteration=resume_iteration,
-            resume_env_steps=None if resume_iteration is None else resume_iteration * config.batch_size)
+            resume_env_steps=None if resume_iteration is None else resume_iteration * config.batch_size,
+            wandb=config.wandb, config_record=config.to_dict())
+        write_config(self.path, config, overwrite=resume_iteration is not None)
         self.store = CheckpointStore(self.path, keep=config.keep_checkpoints)
 
     @property
@@ -80,6 +85,8 @@ class RunFolder:
         (`jaxppo.sweep.make_record`); with None (every member trains with the same ones) an
         earlier sweep.json is removed, so the folder describes the run as it now trains."""
         self.sweep = record
+        if self.log.wandb is not None:
+            self.log.wandb.describe_members(record)
         path = self.path / SWEEP_FILE
         with self._writing(SWEEP_FILE):
             if record is not None:
@@ -111,6 +118,8 @@ class RunFolder:
             except (OSError, ValueError) as e:
                 warnings.warn(f"curve.png was not written ({_reason(e)}); draw it later with "
                               f"`jaxppo plot {self.path}`", stacklevel=2)
+        if self.log.wandb is not None:  # the summary and curve.png to W&B
+            self.log.wandb.finish(info, self.path / "curve.png" if plot else None)
         return info
 
     def close(self) -> None:
@@ -120,7 +129,7 @@ class RunFolder:
         try:
             with self._writing("metrics.jsonl"):
                 if self.log is not None:
-                    self.log.close()
+                    self.log.close(failed=failing)
             with self._writing("the last checkpoint"):
                 if self.store is not None:
                     self.store.close()  # waits for a save still being written
@@ -203,9 +212,23 @@ def write_config(run_dir: Path, config: PPOConfig, overwrite: bool) -> None:
         write_text_atomic(path, text)
 
 
+def check_run_dir(run_dir: str | Path) -> None:
+    """ConfigError when no run folder can be made at `run_dir`: a file stands there, or where
+    one of the folders above it would be (found before anything compiles or is written)."""
+    path = Path(run_dir)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(
+                    f"cannot make the run folder {path}: {p} is a file, not a folder; choose "
+                    "another folder (--runs-dir / --run-name, or run_dir=)")
+            return
+
+
 def fresh_run_dir(runs_dir: str | Path, name: str) -> Path:
     """runs_dir/name for a new run; a non-empty existing folder is a ConfigError."""
     run_dir = Path(runs_dir) / name
+    check_run_dir(run_dir)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"run folder {run_dir} already exists and is not empty; "
                           "choose another --run-name (or continue it with --resume)")

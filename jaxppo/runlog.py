@@ -1,9 +1,13 @@
-"""A run folder's logs: metrics.jsonl (always) and TensorBoard event files (optional).
+"""A run folder's logs: metrics.jsonl (always), TensorBoard event files and Weights & Biases
+runs (both optional).
 
 metrics.jsonl holds one JSON object per iteration (and seed), NaN/inf written as null. On
 resume the rows after the restored iteration are dropped (the file is rewritten through a
 temporary file and a rename), so every iteration appears exactly once.
 TensorBoard files are written with tensorboardX, which needs no TensorFlow.
+W&B (`config.wandb`, the `wandb` package imported only then) gets one run per seed, grouped,
+with the same rows (env steps as W&B's step), the config, the final summary and curve.png;
+the run ids are kept in RUN_DIR/wandb_id so a resumed run continues the same W&B runs.
 """
 
 from __future__ import annotations
@@ -11,10 +15,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from pathlib import Path
+
+from jaxppo.errors import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_ID_FILE = "wandb_id"
+WANDB_INSTALL = "pip install 'jaxppo[wandb]'"
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -59,10 +68,17 @@ class RunLog:
     """
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = False, num_seeds: int = 1,
-                 resume_iteration: int | None = None, resume_env_steps: int | None = None):
+                 resume_iteration: int | None = None, resume_env_steps: int | None = None,
+                 wandb: dict | None = None, config_record: dict | None = None):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILE
         self.previous_rows: list[dict] = []
+        # First, as it is the part that can fail for reasons outside the folder (login).
+        self.wandb = (WandbWriter(self.run_dir, wandb, config_record or {}, num_seeds,
+                                  resumed=resume_iteration is not None,
+                                  logged_through=_last_iteration(self.path)
+                                  if resume_iteration is not None else 0)
+                      if wandb_enabled(wandb) else None)
         if resume_iteration is not None:
             self.previous_rows = rows_through(self.path, resume_iteration)
             tmp = self.path.with_name(self.path.name + ".tmp")
@@ -70,6 +86,8 @@ class RunLog:
                 for row in self.previous_rows:
                     f.write(_json_row(row) + "\n")
             os.replace(tmp, self.path)
+            if self.wandb is not None and self.wandb.fresh:  # wandb added on resume: the past too
+                self.wandb.write(self.previous_rows)
         self.file = open(self.path, "a")
         self.writers = []
         if tensorboard:
@@ -96,11 +114,154 @@ class RunLog:
                     writer.add_scalar(_tb_tag(k), v, global_step=step)
         for w in self.writers:
             w.flush()
+        if self.wandb is not None:
+            self.wandb.write(rows)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.file.close()
         for w in self.writers:
             w.close()
+        if self.wandb is not None:
+            self.wandb.close(failed)
+
+
+def _last_iteration(path: Path) -> int:
+    """The last iteration metrics.jsonl holds (0 when it has none): on resume, the rows up to
+    it were logged to W&B before, which cannot take them back."""
+    try:
+        rows = read_metrics(path) if path.exists() else []
+    except (ValueError, UnicodeDecodeError, OSError):
+        return 0
+    return max((int(r.get("iteration", 0)) for r in rows if isinstance(r, dict)), default=0)
+
+
+# ---------------------------------------------------------------------- Weights & Biases
+def wandb_enabled(settings: dict | None) -> bool:
+    return bool(settings) and settings.get("mode") != "disabled"
+
+
+def import_wandb():
+    """The wandb module, or a ConfigError naming the install."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(
+            "wandb is set in the config, but the wandb package is not installed: "
+            f"{WANDB_INSTALL} (or remove wandb from the config)") from None
+    return wandb
+
+
+def check_wandb(config) -> None:
+    """Before anything is built or written: the wandb package is there when the config logs
+    to W&B (ConfigError otherwise)."""
+    if wandb_enabled(getattr(config, "wandb", None)):
+        import_wandb()
+
+
+class WandbWriter:
+    """Weights & Biases runs of one run folder: one W&B run per seed (sweep member).
+
+    Several seeds are one W&B *group* (the run folder's name unless wandb.group is set), a run
+    per seed named `<name>-seed<i>`: that is how W&B expects repeated runs of one config, and
+    its charts then draw the group's mean with its spread, while each seed keeps its own
+    history, config and summary (metrics prefixed seed_i/ in one run would give N charts per
+    metric and names that change with num_seeds). Metrics carry TensorBoard's tag groups
+    (charts/, eval/, train/, perf/) and are logged at step=env_steps, so W&B's x axis is env
+    steps. The ids live in RUN_DIR/wandb_id (one line per seed) and a resumed run passes them
+    back with resume="allow": W&B continues the same runs. Rows up to `logged_through` (the
+    iterations logged before a resume; W&B keeps them) are not sent again; W&B runs started
+    on a resume (wandb newly set) get the earlier rows first.
+    """
+
+    def __init__(self, run_dir: Path, settings: dict, config_record: dict, num_seeds: int, *,
+                 resumed: bool, logged_through: int = 0):
+        wandb = import_wandb()
+        self.run_dir = Path(run_dir)
+        self.num_seeds = num_seeds
+        base = settings.get("name") or self.run_dir.name
+        group = settings.get("group") or (self.run_dir.name if num_seeds > 1 else None)
+        ids, stored = self._ids(resumed)
+        # New W&B runs (a fresh run, or wandb added on resume) have seen no rows yet.
+        self.fresh = not stored
+        self.logged_through = logged_through if stored else 0
+        record = {k: v for k, v in config_record.items() if k != "wandb"}
+        directory = settings.get("dir") or os.environ.get("WANDB_DIR") or str(self.run_dir)
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.names = [base if num_seeds == 1 else f"{base}-seed{i}" for i in range(num_seeds)]
+        self.runs = []
+        try:
+            for i, run_id in enumerate(ids):
+                self.runs.append(wandb.init(
+                    project=settings["project"], entity=settings.get("entity"),
+                    mode=settings.get("mode"), dir=directory, id=run_id, resume="allow",
+                    name=self.names[i], group=group, tags=settings.get("tags"),
+                    notes=settings.get("notes"), job_type="train", reinit="create_new",
+                    config={**record, "seed_index": i, "run_dir": str(self.run_dir)}))
+        except Exception as e:  # noqa: BLE001 - login, network, permissions: one clear error
+            self.close(failed=True)
+            raise ConfigError(
+                f"wandb.init failed ({type(e).__name__}: {_one_line(e)}). Log in with `wandb "
+                "login` (or set WANDB_API_KEY), or set wandb.mode=offline and upload later with "
+                "`wandb sync`") from None
+        _write_ids(self.run_dir, ids)
+
+    def _ids(self, resumed: bool) -> tuple[list[str], bool]:
+        """(the stored run ids (on resume), topped up with new ones for seeds without one;
+        whether any were stored)."""
+        ids: list[str] = []
+        path = self.run_dir / WANDB_ID_FILE
+        if resumed and path.exists():
+            ids = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+        ids = ids[:self.num_seeds]
+        return ids + [secrets.token_hex(4) for _ in range(self.num_seeds - len(ids))], bool(ids)
+
+    def describe_members(self, record: dict | None) -> None:
+        """A sweep (sweep.json's record): each member's hyperparameters into its run's config,
+        and its label into its name."""
+        if record is None:
+            return
+        for i, run in enumerate(self.runs):
+            run.config.update({**record["hparams"][i], "sweep_label": record["labels"][i]},
+                              allow_val_change=True)
+            run.name = f"{self.names[i]} {record['labels'][i]}"
+
+    def write(self, rows: list[dict]) -> None:
+        for row in rows:
+            if int(row.get("iteration", 0)) <= self.logged_through:
+                continue
+            data = {_tb_tag(k) if k != "env_steps" else k: v for k, v in row.items()
+                    if k != "seed" and isinstance(v, (int, float)) and math.isfinite(v)}
+            self.runs[row.get("seed", 0)].log(data, step=int(row["env_steps"]))
+
+    def finish(self, summary: dict, curve: Path | None) -> None:
+        """The run's final numbers into each W&B run's summary, and curve.png as an image."""
+        wandb = import_wandb()
+        common = {k: summary[k] for k in ("env_steps", "iterations", "completed",
+                                          "compile_seconds", "train_seconds", "sps")
+                  if k in summary}
+        for i, run in enumerate(self.runs):
+            values = {**common, "final_return": summary["final_return_per_seed"][i]}
+            if "final_eval_return_per_seed" in summary:
+                values["final_eval_return"] = summary["final_eval_return_per_seed"][i]
+            run.summary.update(values)
+            if curve is not None and curve.exists():
+                run.log({"curve": wandb.Image(str(curve))}, step=int(summary["env_steps"]))
+
+    def close(self, failed: bool = False) -> None:
+        for run in self.runs:
+            run.finish(exit_code=1 if failed else 0)
+        self.runs = []
+
+
+def _write_ids(run_dir: Path, ids: list[str]) -> None:
+    path = run_dir / WANDB_ID_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(ids) + "\n")
+    os.replace(tmp, path)
+
+
+def _one_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:200]
 
 
 def _tb_tag(key: str) -> str:

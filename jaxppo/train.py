@@ -11,16 +11,21 @@ from pathlib import Path
 from typing import Callable
 
 import jax
+import numpy as np
 
 from jaxppo import checkpoint as ckpt
 from jaxppo import sweep
 from jaxppo.algorithm import Algorithm, HyperParams
 from jaxppo.config import PPOConfig
 from jaxppo.errors import ConfigError
+from jaxppo.hostloop import HostLoopRunner
 from jaxppo.layouts import ChunkRunner, build_program
 from jaxppo.loop import (TrainResult, chunk_length, finish_run, open_folder, restore_checkpoint,
                          run_loop)
+from jaxppo.policy import check_key
 from jaxppo.resolve import Layout, Resolved, resolve
+from jaxppo.rundir import check_run_dir
+from jaxppo.runlog import check_wandb
 from jaxppo.runtime import enable_compilation_cache
 
 
@@ -60,19 +65,24 @@ def train(
     (Ctrl-C) or SIGTERM stops after the running chunk: checkpoint, params and summary are
     written, then TrainingInterrupted is raised (its `result` holds the TrainResult).
     """
+    if callback is not None and not callable(callback):
+        raise ConfigError(f"callback={callback!r} must be a function of the metric rows of each "
+                          "chunk (callback(rows)), or None")
     config, run_dir, resume_store, resume_step, resume_meta = ckpt.begin_resume(
         "train", config, run_dir, resume)
     try:
         run = prepare(config, run_dir, resume_meta, stop_after_iterations, "jaxppo train",
                       layout="local")
         config = run.config
+        if hparams is not None:
+            check_hparams(hparams, config.num_seeds)
         hp, record = sweep.run_hparams(config, hparams, run_dir, resume is not None)
         restored, start_iter, wall_offset = None, 0, 0.0
         if resume_store is not None:  # read and check the checkpoint before compiling
             restored, start_iter, wall_offset = restore_checkpoint(
                 resume_store, resume_step, run, run_dir, hp)
-        program = build_program(run, hp, chunk_length(config))
-        runner = ChunkRunner(program, hp, jax.random.PRNGKey(config.seed), restored)
+        runner = (HostLoopRunner(run, hp, restored) if run.host_loop else ChunkRunner(  # gymnasium
+            build_program(run, hp, chunk_length(config)), hp, jax.random.PRNGKey(config.seed), restored))
     finally:
         if resume_store is not None:
             resume_store.close()
@@ -89,6 +99,7 @@ def train(
                           member_labels=None if record is None else record["labels"])
         return finish_run(result, folder, "jaxppo train", plot=plot)
     finally:
+        runner.close()  # a gymnasium run's envs
         if folder is not None:
             folder.close()
 
@@ -99,6 +110,7 @@ def prepare(config: PPOConfig, run_dir, resume_meta: dict | None, stop_after_ite
     (`jaxppo.resolve`, on `layout`), a resumable (or fresh) run folder, a valid
     stop_after_iterations. Turns on the persistent compilation cache."""
     run = resolve(config, layout)
+    check_wandb(run.config)  # the wandb package, when the config logs to W&B
     if stop_after_iterations is not None and (
             not isinstance(stop_after_iterations, int) or stop_after_iterations < 1):
         raise ConfigError(f"stop_after_iterations={stop_after_iterations!r} must be an "
@@ -107,6 +119,8 @@ def prepare(config: PPOConfig, run_dir, resume_meta: dict | None, stop_after_ite
         ckpt.check_resumable(resume_meta.get("config") or {}, run.config, run_dir)
         ckpt.check_metrics_file(run_dir, int(resume_meta["iteration"]), run.config.num_seeds)
     else:
+        if run_dir is not None:
+            check_run_dir(run_dir)
         ckpt.refuse_checkpointed_run_dir(run_dir, resume_command)
     enable_compilation_cache(run.config.compilation_cache_dir)
     return run
@@ -119,10 +133,56 @@ def make_train(config: PPOConfig, hparams: HyperParams | None = None):
     keys (seeds) and over a batched `HyperParams` (a sweep of lr, clip_param, ...).
     """
     algo = Algorithm(resolve(config))
+    if hparams is not None:
+        check_hparams(hparams, 1, "make_train(config, hparams)")
     hp = hparams if hparams is not None else HyperParams.from_config(algo.config)
     train_hp = algo.make_train()
 
     def train_fn(key, hparams: HyperParams | None = None):
+        _check_train_key(key)
+        if hparams is not None:
+            check_hparams(hparams, 1, "train_fn(key, hparams)")
         return train_hp(key, hp if hparams is None else hparams)
 
     return train_fn
+
+
+def check_hparams(hp, num_seeds: int, where: str = "train(config, hparams)") -> None:
+    """ConfigError unless `hp` is a HyperParams of one setting, or (num_seeds > 1) a
+    HyperParams.stack of exactly num_seeds settings."""
+    if not isinstance(hp, HyperParams):
+        raise ConfigError(
+            f"{where}: hparams is {type(hp).__name__} {repr(hp)[:60]}, not a jaxppo.HyperParams; "
+            "pass HyperParams.from_config(config) (or HyperParams.stack([...]) for a sweep)")
+    scalar_dims = {np.ndim(getattr(hp, f)) for f in _SCALAR_HPARAMS}
+    point_dims = {np.ndim(hp.lr_points), np.ndim(hp.entropy_points)}
+    if scalar_dims == {0} and point_dims == {2}:
+        return
+    if scalar_dims != {1} or point_dims != {3}:
+        raise ConfigError(
+            f"{where}: hparams has fields of mixed ranks (clip_param {np.shape(hp.clip_param)}, "
+            f"lr_points {np.shape(hp.lr_points)}); build it with HyperParams.from_config or "
+            "HyperParams.stack")
+    n = np.shape(hp.clip_param)[0]
+    if num_seeds == 1:
+        fix = ("jax.vmap train_fn over it: jax.vmap(train_fn)(keys, hparams)" if "train_fn" in where
+               else f"set num_seeds={n} (member i trains with setting i)")
+        raise ConfigError(f"{where}: hparams is a stack of {n} settings (a sweep), but this "
+                          f"trains one; {fix}, or pass one HyperParams.from_config(config)")
+    if n != num_seeds:
+        raise ConfigError(
+            f"hparams has a leading axis of ({n},), but num_seeds={num_seeds}; a batched "
+            "HyperParams needs exactly one entry per seed")
+
+
+_SCALAR_HPARAMS = ("clip_param", "vf_clip_param", "vf_coeff", "kl_coeff", "kl_target",
+                   "max_grad_norm", "gamma", "gae_lambda")
+
+
+def _check_train_key(key) -> None:
+    """train_fn's key: one PRNG key (under jax.vmap, one per seed)."""
+    try:
+        check_key(key)
+    except TypeError as e:
+        raise TypeError(f"train_fn(key, ...): {e} (jax.vmap(train_fn)(jax.random.split(key, n)) "
+                        "trains n seeds)") from None

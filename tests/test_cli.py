@@ -243,3 +243,108 @@ def test_a_platform_this_machine_lacks_is_a_clear_error(tmp_path):
     assert "JAX cannot start a backend for JAX_PLATFORMS='cuda'" in proc.stderr
     assert "Unset JAX_PLATFORMS (or set it to cpu)" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------ adversarial input, in-process
+TINY_SET = ["total_timesteps=2048", "num_envs=4", "num_steps=16", "num_minibatches=2",
+            "compilation_cache_dir=null", "network.hidden_sizes=[8]"]
+
+
+def _main(capsys, *argv):
+    from jaxppo import cli
+
+    code = cli.main(list(argv))
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--env", ""], ["--env '' is empty", "CartPole-v1"]),
+    (["--run-name", "../escape"], ["--run-name '../escape' must be a plain folder name"]),
+    (["--run-name", "a/b"], ["--run-name 'a/b' must be a plain folder name"]),
+    (["--run-name", "."], ["--run-name '.' must be a plain folder name"]),
+    (["--run-name", ""], ["--run-name '' must be a plain folder name"]),
+    (["--set", "seed=99999999999999999999"], ["seed=99999999999999999999 must be an integer from -2**63"]),
+    (["--set", "compilation_cache_dir=5"], ["compilation_cache_dir=5 must be a folder path"]),
+    (["--set", "env_kwargs={max_steps_in_episode: abc}"], ["env_kwargs max_steps_in_episode='abc' must be a number"]),
+    (["--set", "env_kwargs={gravity: [1, 2]}"], ["env_kwargs gravity=[1, 2] must be a number"]),
+    (["--set", "network.hidden_sizes=64"], ["network.hidden_sizes=64 must be a non-empty list"]),
+    (["--set", "network.hidden_sizes=null"], ["network.hidden_sizes=None must be a non-empty list"]),
+    (["--set", "network.conv_channels=16"], ["network.conv_channels=16 / conv_kernel=3 must be positive"]),
+    (["--set", "network.conv_channels=[32]"], ["network.conv_channels=[32] only shapes a CNN torso"]),
+    (["--set", "eval_every=8", "eval_max_steps=1e12"], ["eval_max_steps=1000000000000 is more than 2147483647"]),
+    (["--set", "lr=1e300"], ["lr=1e+300 is beyond the float32 range"]),
+    (["--set", "num_env=8"], ["num_env", "num_envs"]),
+])
+def test_bad_train_input_in_process_exits_2_and_creates_nothing(tmp_path, capsys, extra, words):
+    runs = tmp_path / "runs"
+    code, err = _main(capsys, "train", "--env", "CartPole-v1", "--set", *TINY_SET, *extra,
+                      "--runs-dir", str(runs), "--no-progress", "--no-plot")
+    assert code == 2, err
+    # The error is the last line; checks that need the env come after the "config: ...;
+    # run folder: ..." and "compiling ..." lines (nothing is compiled or written then).
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "Traceback" not in err and len(lines) <= 3, err
+    for w in words:
+        assert w in lines[-1], (w, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no runs dir, no ../escape
+
+
+@pytest.mark.parametrize("runs_dir", ["f", "f/sub"])
+def test_a_runs_dir_where_a_file_stands_exits_2_before_compiling(tmp_path, capsys, runs_dir):
+    (tmp_path / "f").write_text("x")
+    code, err = _main(capsys, "train", "--env", "CartPole-v1", "--set", *TINY_SET,
+                      "--runs-dir", str(tmp_path / runs_dir), "--run-name", "r", "--no-progress")
+    assert code == 2 and "is a file, not a folder" in err and "compiling" not in err, err
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def _metrics_run(tmp_path, rows, config="env: CartPole-v1\n"):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if config is not None:
+        (run / "config.yaml").write_text(config)
+    return run
+
+
+GOOD_ROWS = [{"iteration": i, "env_steps": 64 * i, "episode_return_mean": 10.0 + i,
+              "wall_time": 1.0 + i, "sps": 100.0} for i in range(1, 6)]
+
+
+@pytest.mark.parametrize("rows,words", [
+    ([{"iteration": 1, "env_steps": 999, "foo": 1}], ["row 1 has wall_time=None, not a number"]),
+    ([{"iteration": 1, "env_steps": "a", "wall_time": 1.0}], ["row 1 has env_steps='a', not a number"]),
+    (GOOD_ROWS + [{"iteration": 6, "env_steps": 384, "wall_time": 7.0, "episode_return_mean": "x"}],
+     ["row 6 has episode_return_mean='x', not a number"]),
+])
+def test_plot_of_foreign_metric_rows_exits_2(tmp_path, capsys, rows, words):
+    run = _metrics_run(tmp_path, rows)
+    code, err = _main(capsys, "plot", str(run), "-o", str(tmp_path / "o.png"))
+    assert code == 2 and "is not a jaxppo metrics file" in err and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+    assert not (tmp_path / "o.png").exists()
+
+
+@pytest.mark.parametrize("out,words", [
+    ("nodir/x.png", ["the folder", "nodir does not exist"]),
+    ("run", ["is a folder; give a file name"]),
+    ("x.txt", [".txt is not an image format matplotlib writes", ".png"]),
+    ("curves", ["no extension is not an image format"]),
+])
+def test_plot_output_that_cannot_be_written_exits_2_before_drawing(tmp_path, capsys, out, words):
+    run = _metrics_run(tmp_path, GOOD_ROWS)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, err = _main(capsys, "plot", str(run), "-o", str(tmp_path / out))
+    assert code == 2 and err.startswith(f"error: -o {tmp_path / out}: ") and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_plot_of_a_run_with_a_damaged_config_yaml_draws_with_a_note(tmp_path, capsys):
+    run = _metrics_run(tmp_path, GOOD_ROWS, config="{{{ not yaml")
+    with pytest.warns(UserWarning, match=r"config\.yaml is not a readable config .*the legend leaves out"):
+        code, err = _main(capsys, "plot", str(run), "-o", str(tmp_path / "o.png"))
+    assert code == 0 and (tmp_path / "o.png").stat().st_size > 0, err
+    assert "Traceback" not in err

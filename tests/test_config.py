@@ -538,3 +538,96 @@ def test_a_time_limit_below_one_step_is_an_error(steps):
     with pytest.raises(ConfigError, match=rf"max_steps_in_episode={steps} \(env_kwargs/env_params\) "
                                           r"must be >= 1: .*the CartPole-v1 default is 500"):
         resolve(PPOConfig(env="CartPole-v1", env_kwargs={"max_steps_in_episode": steps}))
+
+
+# ---------------------------------------------------------------------- adversarial input
+@pytest.mark.parametrize("make,match", [
+    (lambda: PPOConfig(num_env=8), r"^PPOConfig has no field 'num_env'; did you mean 'num_envs'"),
+    (lambda: PPOConfig(learning_rate=1e-3), r"^PPOConfig has no field 'learning_rate'; did you mean 'lr'\?"),
+    (lambda: BASE.replace(clip_eps=0.1), r"^PPOConfig has no field 'clip_eps'; did you mean 'clip_param'\?"),
+    (lambda: NetworkConfig(hidden_size=(8,)),
+     r"^NetworkConfig has no field 'network\.hidden_size'; did you mean 'network\.hidden_sizes'"),
+])
+def test_unknown_keywords_name_the_nearest_field(make, match):
+    """Not the dataclass's bare TypeError ("__init__() got an unexpected keyword argument")."""
+    with pytest.raises(ConfigError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("network,match", [
+    (dict(hidden_sizes=64), r"^network\.hidden_sizes=64 must be a non-empty list"),
+    (dict(hidden_sizes=None), r"^network\.hidden_sizes=None must be a non-empty list"),
+    (dict(hidden_sizes="64"), r"^network\.hidden_sizes='64' must be a non-empty list"),
+    (dict(conv_channels=16), r"^network\.conv_channels=16 / conv_kernel=3 must be positive"),
+    (dict(conv_channels=None), r"^network\.conv_channels=None / conv_kernel=3 must be positive"),
+])
+def test_list_fields_given_a_scalar_are_config_errors(network, match):
+    bad(match, network=NetworkConfig(**network))
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(seed=2**70), r"^seed=1180591620717411303424 must be an integer from -2\*\*63 to 2\*\*63 - 1"),
+    (dict(seed=-2**63 - 1), r"^seed=-9223372036854775809 must be an integer from -2\*\*63"),
+    (dict(compilation_cache_dir=5), r"^compilation_cache_dir=5 must be a folder path .* or null"),
+    (dict(compilation_cache_dir=["a"]), r"^compilation_cache_dir=\['a'\] must be a folder path"),
+    (dict(eval_max_steps=10**12), r"^eval_max_steps=1000000000000 is more than 2147483647"),
+    (dict(lr=1e300), r"^lr=1e\+300 is beyond the float32 range"),
+    (dict(lr=[[0, 1e-3], [100, 1e39]]), r"^lr=1e\+39 is beyond the float32 range"),
+    (dict(clip_param=1e39), r"^clip_param=1e\+39 is beyond the float32 range"),
+    (dict(vf_coeff=-1e39), r"^vf_coeff=-1e\+39 is beyond the float32 range"),
+    (dict(entropy_coeff=1e39), r"^entropy_coeff=1e\+39 is beyond the float32 range"),
+])
+def test_values_beyond_what_the_program_holds_are_refused(changes, match):
+    """A seed beyond 64 bits, a step bound beyond int32 and a float beyond float32 would fail
+    (or turn inf) inside JAX; the config names the field instead."""
+    bad(match, **changes)
+
+
+def test_large_but_representable_values_pass():
+    BASE.replace(seed=2**63 - 1, eval_max_steps=2**31 - 1, lr=1e38, checkpoint_minutes=1e300).validate()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: PPOConfig.from_dict("lr=3"), r"^PPOConfig\.from_dict takes a mapping of field: value, got str 'lr=3'"),
+    (lambda: PPOConfig.from_dict(None), r"^PPOConfig\.from_dict takes a mapping .* got NoneType None"),
+    (lambda: PPOConfig.from_dict([("lr", 3)]), r"^PPOConfig\.from_dict takes a mapping"),
+    (lambda: PPOConfig.from_dict({}, base={"lr": 1}), r"^base=\{'lr': 1\} must be a PPOConfig"),
+    (lambda: PPOConfig.from_file(None), r"^PPOConfig\.from_file takes the path of a YAML or JSON file, got NoneType"),
+    (lambda: PPOConfig.from_file(5), r"^PPOConfig\.from_file takes the path .* got int 5"),
+])
+def test_loaders_given_the_wrong_kind_of_argument(call, match):
+    with pytest.raises(ConfigError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("env_kwargs,match", [
+    ({"max_steps_in_episode": "abc"}, r"^env_kwargs max_steps_in_episode='abc' must be a number: it sets "
+                                      r"CartPole-v1's param max_steps_in_episode \(default 500\)"),
+    ({"gravity": "strong"}, r"^env_kwargs gravity='strong' must be a number: .*default 9\.8"),
+    ({"gravity": [1.0, 2.0]}, r"^env_kwargs gravity=\[1\.0, 2\.0\] must be a number"),
+    ({"gravity": None}, r"^env_kwargs gravity=None must be a number"),
+])
+def test_env_params_given_a_non_number_are_config_errors(env_kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve(PPOConfig(env="CartPole-v1", env_kwargs=env_kwargs))
+
+
+@pytest.mark.parametrize("env,network,match", [
+    ("CartPole-v1", dict(conv_channels=(32,)),
+     r"^network\.conv_channels=\[32\] only shapes a CNN torso, but CartPole-v1's observations "
+     r"\(4,\) are not images"),
+    ("CartPole-v1", dict(conv_channels=(32,), conv_kernel=5),
+     r"^network\.conv_channels=\[32\] and network\.conv_kernel=5 only shape a CNN torso"),
+    ("Breakout-MinAtar", dict(torso="mlp", conv_kernel=5),
+     r"^network\.conv_kernel=5 only shapes a CNN torso, but network\.torso is 'mlp'; remove it"),
+    ("Breakout-MinAtar", dict(conv_kernel=50),
+     r"^network\.conv_kernel=50 is wider than Breakout-MinAtar's 10x10 images .* at most 10"),
+])
+def test_conv_options_that_shape_nothing_are_errors(env, network, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve(PPOConfig(env=env, network=NetworkConfig(**network)))
+
+
+def test_conv_options_of_a_cnn_torso_pass():
+    resolve(PPOConfig(env="Breakout-MinAtar", network=NetworkConfig(conv_channels=(8, 8), conv_kernel=10)))
+    resolve(PPOConfig(env="Breakout-MinAtar", network=NetworkConfig(torso="mlp")))

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 from flax import struct
 from gymnax.environments import environment, spaces
 
@@ -283,3 +284,139 @@ def test_seed_indices_and_bounds_out_of_range_are_errors(trained, capsys):
     assert cli.main(["eval", str(trained["run"]), "--seed-index", str(seeds + 2)]) == 2
     err = capsys.readouterr().err
     assert "max_steps=0 must be" in err and f"seed_index={seeds + 2}" in err
+
+
+# ---------------------------------------------------------------------- bad arguments to a trained policy
+@pytest.mark.parametrize("obs,error,match", [
+    (np.zeros(3, np.float32), ValueError,
+     r"^obs has shape \(3,\), but CartPole-v1's observations have shape \(4,\); pass one observation"),
+    (np.zeros((5, 3), np.float32), ValueError, r"^obs has shape \(5, 3\), but CartPole-v1's observations"),
+    (np.array(["a", "b", "c", "d"]), TypeError, r"is not an array of numbers; pass one observation of shape \(4,\)"),
+    (None, TypeError, r"^obs=None is not an array of numbers"),
+])
+def test_observations_of_the_wrong_shape_or_kind(trained, obs, error, match):
+    """A clear error at the edge, not flax's ScopeParamShapeError from inside the network."""
+    policy = jaxppo.load_policy(trained["run"])
+    for call in (lambda: trained["plain"].policy(obs, deterministic=True),
+                 lambda: trained["plain"].value(obs), lambda: policy(obs),
+                 lambda: policy.step(obs, ())):
+        with pytest.raises(error, match=match):
+            call()
+
+
+def test_observations_as_lists_and_with_extra_batch_axes_work(trained):
+    policy = jaxppo.load_policy(trained["run"])
+    obs = np.asarray(_some_obs(6))
+    np.testing.assert_array_equal(policy(obs.tolist()), policy(obs))
+    np.testing.assert_array_equal(trained["plain"].policy(obs.tolist(), deterministic=True),
+                                  trained["plain"].policy(obs, deterministic=True))
+    assert policy(obs.reshape(2, 3, 4)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("key,got", [(5, "got int 5"), (jnp.zeros(3, jnp.uint32), r"shape \(3,\)"),
+                                     (jax.random.split(jax.random.PRNGKey(0), 4), r"shape \(4, 2\)")])
+def test_keys_that_are_not_one_prng_key(trained, key, got):
+    obs = _some_obs(4)
+    match = rf"^key must be one PRNG key, e\.g\. jax\.random\.PRNGKey\(0\).*{got}"
+    with pytest.raises(TypeError, match=match):
+        trained["plain"].policy(obs, key)
+    with pytest.raises(TypeError, match=match):
+        jaxppo.load_policy(trained["run"])(obs, key)
+
+
+def test_policy_carry_batch_shape_and_seed_arguments(trained):
+    policy = jaxppo.load_policy(trained["run"])
+    with pytest.raises(TypeError, match=r"^carry='c': this policy is feed-forward, its carry is \(\)"):
+        policy.step(_some_obs(2), "c")
+    with pytest.raises(TypeError, match=r"^batch_shape='x' must be a tuple of sizes"):
+        policy.initial_carry("x")
+    for seed, shown in ((2**70, "1180591620717411303424"), ("a", "'a'")):
+        with pytest.raises(ValueError, match=rf"^seed={shown} must be an integer from -2\*\*63"):
+            policy.evaluate(episodes=2, seed=seed)
+    with pytest.raises(ValueError, match=r"^max_steps=1099511627776 must be an integer >= 1 and at most 2147483647"):
+        trained["plain"].evaluate(episodes=2, max_steps=2**40)
+
+
+def test_evaluating_more_episodes_than_memory_holds_is_a_value_error(trained, monkeypatch):
+    monkeypatch.setattr("jaxppo.policy.free_memory", lambda: 1024)
+    with pytest.raises(ValueError, match=r"^episodes=64 needs about .* GiB to evaluate .* but 0\.0 GiB "
+                                         r"is free; use at most about \d+ episodes"):
+        jaxppo.load_policy(trained["run"]).evaluate(episodes=64)
+
+
+def _damaged(trained, tmp_path, damage):
+    run = tmp_path / "run"
+    shutil.copytree(trained["run"], run)
+    damage(run)
+    return run
+
+
+def _edit_config(run, **changes):
+    data = yaml.safe_load((run / "config.yaml").read_text())
+    for key, value in changes.items():
+        section, _, name = key.rpartition(".")
+        (data[section] if section else data)[name] = value
+    (run / "config.yaml").write_text(yaml.safe_dump(data))
+
+
+def _no_checkpoints(run):
+    shutil.rmtree(run / "checkpoints")
+
+
+@pytest.mark.parametrize("damage,kwargs,match", [
+    (lambda r: _edit_config(r, **{"network.hidden_sizes": [32, 32]}), {},
+     r"^the params in checkpoint .*/checkpoints/4 do not fit the network that .*/config\.yaml describes "
+     r"for CartPole-v1 with network\.hidden_sizes=\[32, 32\] \(\['params'\]\['actor_torso'\]"
+     r"\['Dense_0'\]\['bias'\] has shape \(16,\), the network needs \(32,\)\).*restore the run's "
+     r"own config\.yaml"),
+    (lambda r: None, dict(env="Acrobot-v1"),
+     r"^the params in .* do not fit the network that the env given describes for Acrobot-v1 .*"
+     r"pass the env the run trained on"),
+    (lambda r: (_no_checkpoints(r), _edit_config(r, num_seeds=3)), {},
+     r"config\.yaml says num_seeds=3, but .*params\.msgpack holds arrays of shape \(2, .*not one per seed"),
+    (lambda r: (_no_checkpoints(r), (r / "params.msgpack").write_bytes((r / "params.msgpack").read_bytes()[:40])),
+     {}, r"params\.msgpack is not a readable params file \(.*\); it is truncated or was not written by jaxppo"),
+    (lambda r: (_no_checkpoints(r), (r / "params.msgpack").write_bytes(b"\x00garbage")), {},
+     r"params\.msgpack is not a readable params file"),
+])
+def test_a_run_folder_whose_files_do_not_match_is_a_checkpoint_error(trained, tmp_path, capsys,
+                                                                     damage, kwargs, match):
+    run = _damaged(trained, tmp_path, damage)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(CheckpointError, match=match):
+        jaxppo.load_policy(run, **kwargs)
+    argv = ["eval", str(run)] + (["--env", kwargs["env"]] if kwargs else [])
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the params in") or "params.msgpack" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda run: jaxppo.load_policy(5), TypeError, r"^run_dir=5 must be the path of a run folder"),
+    (lambda run: jaxppo.load_policy(run, step="a"), TypeError, r"^step='a' must be a checkpoint iteration"),
+    (lambda run: jaxppo.load_policy(run / "config.yaml"), CheckpointError,
+     r"config\.yaml is a file; give the run folder that holds it"),
+])
+def test_load_policy_arguments_of_the_wrong_kind(trained, call, error, match):
+    with pytest.raises(error, match=match):
+        call(trained["run"])
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--seed", str(2**70)], ["--seed 1180591620717411303424 must be an integer from -2**63"]),
+    (["--seed-index", "-1"], ["--seed-index -1 must be >= 0"]),
+    (["--max-steps", "-1"], ["--max-steps -1: max_steps=-1 must be an integer >= 1"]),
+    (["--max-steps", str(2**40)], ["--max-steps 1099511627776: max_steps=1099511627776 must be an "
+                                   "integer >= 1 and at most 2147483647"]),
+    (["--seed-index", "9"], ["--seed-index 9: seed_index=9, but", "holds 2 seed(s)"]),
+    (["--episodes", "0"], ["--episodes 0 must be >= 1"]),
+    (["--env", "Acrobot-v1"], ["do not fit the network", "Acrobot-v1"]),
+])
+def test_cli_eval_bad_flags_exit_2_with_one_line(trained, capsys, flags, words):
+    assert cli.main(["eval", str(trained["run"]), *flags]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for w in words:
+        assert w in err, (w, err)

@@ -1,0 +1,203 @@
+"""Brax environments by name (`env="brax:<name>"`, e.g. "brax:inverted_pendulum"), behind the
+gymnax API that the rollout is written for.
+
+A Brax env steps as `state = env.step(state, action)`, reports a real end in `state.done`, and
+leaves time limits and resets to wrappers. Brax's own `AutoResetWrapper` resets to the state
+the episode started from (the reset is drawn once per env) and overwrites the observation, so
+the last observation of a time-limited episode is lost. `BraxEnv` does both itself, as a
+gymnax env does: it counts the episode's steps against `params.max_steps_in_episode` (Brax's
+`episode_length`, 1000 by default), returns `terminated` (Brax's `done`, a real end) apart
+from `truncated` (the time limit, and not a real end), puts the observation before the reset
+in `info["final_observation"]`, and on either end resets with the key jaxppo gives that env
+step (a new random start every episode).
+
+brax is imported only when a `brax:` env is built: `import jaxppo` does not load it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import io
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxppo.errors import ConfigError
+
+PREFIX = "brax:"
+INSTALL = "pip install 'jaxppo[brax]'"
+DEFAULT_EPISODE_LENGTH = 1000  # Brax's episode_length default (envs.create, ppo.train)
+
+
+def is_brax_env(env: Any) -> bool:
+    """True for an env named "brax:<name>"."""
+    return isinstance(env, str) and env.startswith(PREFIX)
+
+
+def import_brax_envs():
+    """brax.envs, or a ConfigError naming the install."""
+    try:
+        # mujoco.mjx prints "Failed to import mujoco_warp" when the optional warp GPU backend
+        # is absent; Brax's pipelines do not use it, so keep it out of the run's output.
+        with contextlib.redirect_stdout(io.StringIO()):
+            import brax.envs
+    except ImportError as e:
+        raise ConfigError(f"env='brax:...' needs the brax package ({type(e).__name__}: {e}): "
+                          f"{INSTALL}") from None
+    return brax.envs
+
+
+def registered_brax_envs() -> list[str]:
+    """Brax's registered env names (the <name> of "brax:<name>"; `brax.envs.register_environment`
+    adds to them). Brax has no public list: this reads its registry dict."""
+    return sorted(getattr(import_brax_envs(), "_envs", {}))
+
+
+def make_brax_env(path: str, env_kwargs: dict) -> tuple["BraxEnv", dict]:
+    """The `BraxEnv` "brax:<name>" names, built by `brax.envs.get_environment(name, **kwargs)`
+    with the env_kwargs that are not fields of `BraxParams` (e.g. backend="positional").
+    Returns (env, the other env_kwargs: params, which make_env sets)."""
+    name = path[len(PREFIX):]
+    envs = import_brax_envs()
+    names = registered_brax_envs()
+    if names and name not in names:  # (no names: a brax without the registry dict we read)
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+        hint = f"; did you mean {' or '.join(repr(PREFIX + c) for c in close)}?" if close else "."
+        raise ConfigError(f"env={path!r}: {name!r} is not a registered Brax environment{hint} "
+                          f"Registered: {', '.join(PREFIX + n for n in names)}")
+    params = {k: v for k, v in env_kwargs.items() if k in _PARAM_FIELDS}
+    kwargs = {k: v for k, v in env_kwargs.items() if k not in _PARAM_FIELDS}
+    try:
+        with warnings.catch_warnings():
+            # Each mjcf.load warns that Brax's pipelines are no longer actively maintained
+            # (upstream points to MJX); it says nothing about this run.
+            warnings.filterwarnings("ignore", message=".*not actively being maintained.*")
+            brax_env = envs.get_environment(name, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a bad kwarg or backend: one clear error
+        call = ", ".join([repr(name)] + [f"{k}={v!r}" for k, v in kwargs.items()])
+        hint = (" (the time limit is env_kwargs max_steps_in_episode, Brax's episode_length)"
+                if "episode_length" in kwargs else "")
+        raise ConfigError(f"env={path!r}: brax.envs.get_environment({call}) raised "
+                          f"{type(e).__name__}: {_first_line(e)}{hint}. env_kwargs other than "
+                          f"{sorted(_PARAM_FIELDS)} go to it (e.g. backend='positional')") from None
+    env = BraxEnv(brax_env, name=f"brax-{name}")
+    _trace_step(env, path)
+    return env, params
+
+
+def _trace_step(env: "BraxEnv", path: str) -> None:
+    """ConfigError when tracing the env's step fails: a Brax env that does not run with this
+    jax (brax 0.14.2's swimmer calls jnp.clip(a_min=...), which jax 0.10 removed) is named
+    before anything compiles. Tracing only (jax.eval_shape): a fraction of a second."""
+    import importlib.metadata
+
+    params = env.default_params
+    action = jax.ShapeDtypeStruct((env._action_size,), jnp.float32)
+    key = jax.random.PRNGKey(0)
+    try:
+        _, state = jax.eval_shape(lambda k: env.reset(k, params), key)
+        jax.eval_shape(lambda k, s, a: env.step(k, s, a, params), key, state, action)
+    except Exception as e:  # noqa: BLE001 - Brax's own code failing: one clear error
+        versions = ", ".join(f"{p} {importlib.metadata.version(p)}" for p in ("brax", "jax"))
+        raise ConfigError(f"env={path!r}: Brax's own reset or step fails with {versions} "
+                          f"({type(e).__name__}: {_first_line(e)}): this Brax env does not run "
+                          "with these versions; use another one") from e
+
+
+@struct.dataclass
+class BraxParams:
+    """What jaxppo's reset and step take for a Brax env: the episode's time limit."""
+
+    max_steps_in_episode: int = DEFAULT_EPISODE_LENGTH
+
+
+_PARAM_FIELDS = {"max_steps_in_episode"}
+
+
+@struct.dataclass
+class BraxEnvState:
+    """A Brax env's state (`brax.envs.State`: physics state, obs, reward, done, metrics, info)
+    and the steps taken in the current episode."""
+
+    brax_state: Any
+    time: jax.Array  # int32 []
+
+
+class BraxEnv:
+    """A Brax env (`brax.envs.Env`, one env: jaxppo vmaps it) with the gymnax API.
+
+    reset(key, params) -> (obs, state); step(key, state, action, params) -> (obs, state,
+    reward, terminated, truncated, info), auto-resetting with `key` when the episode ends and
+    keeping the observation before the reset in info["final_observation"]. Actions are in
+    [-1, 1] (Brax envs scale them to their actuators' ranges).
+    """
+
+    def __init__(self, brax_env, name: str | None = None):
+        self.brax_env = brax_env
+        self.name = name or f"brax-{type(brax_env).__name__}"
+        reset = jax.eval_shape(brax_env.reset, jax.random.PRNGKey(0))
+        obs = reset.obs
+        if not isinstance(obs, jax.ShapeDtypeStruct) or len(obs.shape) != 1:
+            raise ConfigError(f"{self.name}: observations are {jax.tree.map(jnp.shape, obs)}; "
+                              "jaxppo takes Brax envs whose observation is one vector")
+        self._obs_shape = tuple(obs.shape)
+        self._obs_dtype = obs.dtype
+        self._action_size = int(brax_env.action_size)
+
+    @property
+    def default_params(self) -> BraxParams:
+        return BraxParams()
+
+    def reset(self, key: jax.Array, params: BraxParams | None = None):
+        state = self.brax_env.reset(key)
+        return state.obs, BraxEnvState(_plain_state(state), jnp.zeros((), jnp.int32))
+
+    def step(self, key: jax.Array, state: BraxEnvState, action: jax.Array,
+             params: BraxParams | None = None):
+        params = self.default_params if params is None else params
+        stepped = _plain_state(self.brax_env.step(state.brax_state, action))
+        time = state.time + 1
+        terminated = stepped.done > 0.5  # Brax's done: 1.0 when the episode really ended
+        truncated = jnp.logical_and(time >= params.max_steps_in_episode, ~terminated)
+        done = jnp.logical_or(terminated, truncated)
+        reset_obs, reset_state = self.reset(key, params)
+        # Computed for every step and selected, as gymnax does: under vmap a cond would
+        # run both branches anyway.
+        next_state = jax.tree.map(lambda r, s: jnp.where(done, r, s), reset_state,
+                                  BraxEnvState(stepped, time))
+        obs = jnp.where(done, reset_obs, stepped.obs)
+        info = {"final_observation": stepped.obs}
+        return obs, next_state, stepped.reward, terminated, truncated, info
+
+    def observation_space(self, params: BraxParams | None = None):
+        spaces = _gymnax_spaces()
+        return spaces.Box(-jnp.inf, jnp.inf, self._obs_shape, self._obs_dtype)
+
+    def action_space(self, params: BraxParams | None = None):
+        spaces = _gymnax_spaces()
+        return spaces.Box(-1.0, 1.0, (self._action_size,), jnp.float32)
+
+    def __repr__(self) -> str:
+        return f"BraxEnv({type(self.brax_env).__name__}, backend={self.brax_env.backend!r})"
+
+
+def _plain_state(state):
+    """The Brax state with reward and done as float32 arrays (some envs' step returns Python
+    floats, which would change the state's leaf types between reset and step)."""
+    return state.replace(reward=jnp.asarray(state.reward, jnp.float32),
+                         done=jnp.asarray(state.done, jnp.float32))
+
+
+def _gymnax_spaces():
+    from jaxppo._imports import import_gymnax
+
+    return import_gymnax().environments.spaces
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else "")[:300]
