@@ -13,7 +13,6 @@ actions come back ready for `env.step` (continuous ones clipped to the action bo
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -264,9 +263,7 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
             f"Pass the env: jaxppo.load_policy({str(run_dir)!r}, env=YourEnv()) (or "
             f"`jaxppo eval {run_dir} --env module:Class`)"))
     try:
-        with warnings.catch_warnings():  # notes about the training budget mean nothing here
-            warnings.filterwarnings("ignore", message="total_timesteps=")
-            resolved = resolve(config)
+        resolved = resolve(config)
     except ConfigError as e:
         if env is None and str(e).startswith(f"env={config.env!r}"):  # "module:Class" failed
             raise ConfigError(f"{e}. (This is the env {run_dir}/config.yaml records; or pass "

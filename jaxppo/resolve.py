@@ -107,17 +107,22 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
         layout = _host_layout(config)
     _check_split(config, layout)
     _check_minibatches(config, bool(network.carry_size), layout)
-    if config.total_timesteps % config.batch_size:
-        warnings.warn(
-            f"total_timesteps={config.total_timesteps} is not a multiple of the batch "
-            f"(num_envs*num_steps = {config.batch_size}): the run does {config.num_iterations} "
-            f"iteration(s) = {config.num_iterations * config.batch_size} env steps per seed",
-            stacklevel=2)
     bound = None
     if config.eval_every or config.eval_max_steps is not None or hasattr(
             spec.env_params, "max_steps_in_episode"):
         bound = eval_max_steps(config, spec.env_params)
     return Resolved(config, spec, network, layout, bound)
+
+
+def note_partial_batch(config: PPOConfig) -> None:
+    """Say once, where a run starts training, that a budget which is not a whole number of
+    batches is rounded down (loading a policy or a worker's own resolve says nothing)."""
+    if config.total_timesteps % config.batch_size:
+        warnings.warn(
+            f"total_timesteps={config.total_timesteps} is not a multiple of the batch "
+            f"(num_envs*num_steps = {config.batch_size}): the run does {config.num_iterations} "
+            f"iteration(s) = {config.num_iterations * config.batch_size} env steps per seed",
+            stacklevel=3)
 
 
 def _check_backend() -> None:

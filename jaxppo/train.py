@@ -23,7 +23,7 @@ from jaxppo.layouts import ChunkRunner, build_program
 from jaxppo.loop import (TrainResult, chunk_length, finish_run, open_folder, restore_checkpoint,
                          run_loop)
 from jaxppo.policy import check_key
-from jaxppo.resolve import Layout, Resolved, resolve
+from jaxppo.resolve import Layout, Resolved, note_partial_batch, resolve
 from jaxppo.rundir import check_run_dir
 from jaxppo.runlog import check_wandb
 from jaxppo.runtime import enable_compilation_cache
@@ -110,6 +110,7 @@ def prepare(config: PPOConfig, run_dir, resume_meta: dict | None, stop_after_ite
     (`jaxppo.resolve`, on `layout`), a resumable (or fresh) run folder, a valid
     stop_after_iterations. Turns on the persistent compilation cache."""
     run = resolve(config, layout)
+    note_partial_batch(run.config)
     check_wandb(run.config)  # the wandb package, when the config logs to W&B
     if stop_after_iterations is not None and (
             not isinstance(stop_after_iterations, int) or stop_after_iterations < 1):
@@ -133,6 +134,7 @@ def make_train(config: PPOConfig, hparams: HyperParams | None = None):
     keys (seeds) and over a batched `HyperParams` (a sweep of lr, clip_param, ...).
     """
     algo = Algorithm(resolve(config))
+    note_partial_batch(algo.config)
     if hparams is not None:
         check_hparams(hparams, 1, "make_train(config, hparams)")
     hp = hparams if hparams is not None else HyperParams.from_config(algo.config)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from jaxppo.config import ConfigError, NetworkConfig, PPOConfig
-from jaxppo.resolve import resolve
+from jaxppo.resolve import note_partial_batch, resolve
 
 BASE = PPOConfig(num_envs=4, num_steps=16, num_minibatches=4, total_timesteps=1024)
 
@@ -470,7 +470,7 @@ def test_total_timesteps_beyond_the_int32_counter_is_refused_and_a_partial_batch
     resolve(BASE.replace(total_timesteps=2**31 - 64))  # a whole number of batches
     with pytest.warns(UserWarning, match=r"total_timesteps=1000 is not a multiple of the batch "
                                          r"\(num_envs\*num_steps = 64\): the run does 15 iteration\(s\) = 960"):
-        resolve(BASE.replace(total_timesteps=1000))
+        note_partial_batch(resolve(BASE.replace(total_timesteps=1000)).config)
 
 
 # ------------------------------------------------------------------ config files and --set text
