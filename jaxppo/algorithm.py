@@ -166,6 +166,24 @@ class TrainState:
     iteration: jax.Array  # int
     carry: PolicyCarry = PolicyCarry()  # the network's carry; holds no arrays for feed-forward
     hook_state: Any = ()  # states of the config's reward hooks (jaxppo.transforms), one each
+    # Population-based training only (None otherwise, holding no arrays): this member's live
+    # hyperparameters, which exploit/explore steps change (jaxppo.pbt), and its fitness record.
+    hparams: Any = None
+    population: Any = None
+
+
+class PopulationRecord(NamedTuple):
+    """A PBT member's fitness since its last exploit/explore step (jaxppo.pbt)."""
+
+    return_sum: jax.Array  # sum of the returns of episodes that ended since the last step
+    episodes: jax.Array  # how many ended
+    fitness: jax.Array  # the fitness at the last step (-inf before the first)
+    last_eval: jax.Array  # the most recent in-loop evaluation's mean return (NaN before one)
+
+    @classmethod
+    def create(cls) -> "PopulationRecord":
+        z = jnp.float32(0.0)
+        return cls(z, z, jnp.float32(-jnp.inf), jnp.float32(jnp.nan))
 
 
 class Transition(NamedTuple):
@@ -287,6 +305,8 @@ class Algorithm:
             iteration=jnp.asarray(0, jnp.int32),
             carry=carry,
             hook_state=self.init_reward_hooks(),
+            hparams=hp if self.config.pbt is not None else None,
+            population=PopulationRecord.create() if self.config.pbt is not None else None,
         )
 
     def _require_compiled_env(self, what: str) -> None:
@@ -757,27 +777,34 @@ class Algorithm:
         With `eval_every > 0`, iteration k (1-based) is followed by an evaluation when k is a
         multiple of eval_every or the last iteration; its eval_* metrics are NaN otherwise.
         """
+        n_iter = self.config.num_iterations
+        stop = n_iter if stop is None else jnp.minimum(stop, n_iter)
+        return jax.lax.scan(lambda s, i: self.chunk_step(s, hp, start + i, stop), state,
+                            jnp.arange(length))
+
+    def chunk_step(self, s: TrainState, hp: HyperParams, index: jax.Array, stop: jax.Array):
+        """Iteration `index` (0-based) of a chunk: run when index < stop, else skipped (zero
+        metrics, state unchanged); then the evaluation when due. A PBT member trains with the
+        hyperparameters in its state (`hp` only gives their shapes)."""
         cfg = self.config
         n_iter = cfg.num_iterations
-        stop = n_iter if stop is None else jnp.minimum(stop, n_iter)
+        if s.hparams is not None:
+            hp = s.hparams
 
-        def body(s, i):
-            def run(s):
-                return self.iteration(s, hp)
+        def run(s):
+            return self.iteration(s, hp)
 
-            def skip(s):
-                _, m = jax.eval_shape(self.iteration, s, hp)
-                return s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), m)
+        def skip(s):
+            _, m = jax.eval_shape(self.iteration, s, hp)
+            return s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), m)
 
-            live = start + i < stop
-            s, m = jax.lax.cond(live, run, skip, s)
-            if cfg.eval_every:
-                done = start + i + 1
-                due = jnp.logical_and(live, jnp.logical_or(done % cfg.eval_every == 0, done == n_iter))
-                m = {**m, **self._maybe_evaluate(s, due)}
-            return s, m
-
-        return jax.lax.scan(body, state, jnp.arange(length))
+        live = index < stop
+        s, m = jax.lax.cond(live, run, skip, s)
+        if cfg.eval_every:
+            done = index + 1
+            due = jnp.logical_and(live, jnp.logical_or(done % cfg.eval_every == 0, done == n_iter))
+            m = {**m, **self._maybe_evaluate(s, due)}
+        return s, m
 
     def _maybe_evaluate(self, state: TrainState, due: jax.Array) -> dict:
         """Eval metrics when `due` (unbatched), NaN otherwise. The key is folded from the

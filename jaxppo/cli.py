@@ -1,4 +1,4 @@
-"""Command line: `python -m jaxppo train|eval|export|plot|envs ...` (also installed as `jaxppo`)."""
+"""Command line: `python -m jaxppo train|search|eval|export|plot|envs ...` (also installed as `jaxppo`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from jaxppo.envs import registered_env_names
 from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderError,
                            TrainingDivergedError, TrainingInterrupted, VideoError)
 from jaxppo.plotting import plot_runs, unplottable
+from jaxppo.population import SEARCH_EXAMPLE
 from jaxppo.policy import load_policy
 from jaxppo.runlog import read_metrics
 from jaxppo.train import train
@@ -49,6 +50,26 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="train across H hosts of a Ray cluster (RAY_ADDRESS, else a local Ray); "
                         "same as `python -m jaxppo.distributed --hosts H ...`, which has the "
                         "multi-host options")
+
+    s = sub.add_parser(
+        "search",
+        help="train a population with drawn hyperparameters (config `search`, and `pbt`)",
+        description=textwrap.fill(
+            "Hyperparameter search in one vmapped program: the config's `search` gives a "
+            "distribution per tunable field (and `population`), e.g. --set "
+            "'search={population: 8, lr: {loguniform: [1e-4, 1e-2]}}'; with `pbt` (e.g. --set "
+            "'pbt={interval: 10}') the population is trained population-based. Besides a "
+            "run's files the folder gets search.json (every member and setting, ranked), "
+            "search.csv, search.png and best.yaml (the best setting as a config).",
+            width=88, break_on_hyphens=False),
+        epilog=runargs.config_keys_help(),
+        formatter_class=_DefaultsKeepEpilog,
+    )
+    runargs.add_config_flags(s)
+    s.add_argument("--population", type=int, metavar="N",
+                   help="settings to draw (search.population); num_seeds follows it")
+    s.add_argument("--runs-dir", default="runs", help="folder that receives the run folder")
+    s.add_argument("--run-name", help="run folder name (default <env>-search-<YYYYmmdd-HHMMSS>)")
 
     e = sub.add_parser("eval", help="evaluate the trained policy of a run folder",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -313,11 +334,24 @@ def _train_on_hosts(args) -> int:
     return distributed_main(argv)
 
 
+def _searched(config):
+    """`jaxppo search`'s config, which must have a `search`."""
+    if config.search is None:
+        raise ConfigError("jaxppo search needs a `search` in the config (a file's `search:` "
+                          "or --set 'search={...}'): " + SEARCH_EXAMPLE)
+    return config.validate()
+
+
 def _train(args) -> int:
-    if args.hosts is not None:
+    searching = args.command == "search"
+    if getattr(args, "hosts", None) is not None:
         return _train_on_hosts(args)
+    if searching and args.population is not None:  # --population N: search.population=N
+        args.overrides = [*(args.overrides or []), f"search.population={args.population}"]
     try:
-        config, source, run_dir = runargs.start(args)
+        config, source, run_dir = runargs.start(args, "-search" if searching else "")
+        if searching and not args.resume:
+            config = _searched(config)
     except (ConfigError, CheckpointError) as e:
         return runargs.fail(e)
     print(f"config: {source}; run folder: {run_dir}", file=sys.stderr)
@@ -334,4 +368,13 @@ def _train(args) -> int:
         return runargs.fail(e, 1)
     except (ConfigError, CheckpointError) as e:
         return runargs.fail(e)
-    return runargs.report(result, resume_command=f"jaxppo train --resume {run_dir}")
+    code = runargs.report(result, resume_command=f"jaxppo {args.command} --resume {run_dir}")
+    if result.completed and result.config.search is not None:
+        rec = json.loads((run_dir / "search.json").read_text())
+        best = rec["best"]
+        values = ", ".join(f"{k}={v:.4g}" for k, v in best["hparams"].items())
+        score = best.get(f"{rec['metric']}_mean")
+        print(f"best of {len(rec['settings'])} settings: {values} ({rec['metric']} "
+              f"{'n/a' if score is None else f'{score:.1f}'}); as a config: "
+              f"{run_dir / 'best.yaml'}", file=sys.stderr)
+    return code

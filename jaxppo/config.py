@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from jaxppo import population
 from jaxppo.errors import ConfigError
 
 # A schedule is a constant, or a piecewise-linear list of [env_step, value] points.
@@ -149,6 +150,16 @@ class PPOConfig:
     # tags, notes} (only project is needed; mode defaults to WANDB_MODE, else online). Logging
     # only: it changes neither the compiled program nor what a resume may change.
     wandb: dict | None = None  # W&B logging, e.g. {project: jaxppo, mode: offline}; null = off
+    # --- hyperparameter search and population-based training (jaxppo.population) ---
+    # Distributions over tunable fields, drawn once per member of the vmapped population, e.g.
+    # {population: 8, lr: {loguniform: [1e-4, 1e-2]}, gamma: {choice: [0.99, 0.995]}};
+    # population = settings (num_seeds follows it when left at 1), each num_seeds/population seeds.
+    search: dict | None = None  # hyperparameter search over the members; null = off
+    # Population-based training inside the compiled program: every `interval` iterations the
+    # worst `fraction` of members copy a best member's learner state and perturb (x `perturb`)
+    # or redraw (`resample_probability`) the searched fields; ranked by `fitness` ("return" |
+    # "eval"). Needs `search`.
+    pbt: dict | None = None  # e.g. {interval: 10, fraction: 0.25}; null = off
 
     def __post_init__(self):
         # Lists from YAML/JSON and tuples from Python mean the same config: store one form,
@@ -165,6 +176,11 @@ class PPOConfig:
             if f.name in _INT_FIELDS:
                 v = _whole(v)
             object.__setattr__(self, f.name, v)
+        # A search that names its population trains that many members unless num_seeds
+        # says more (seeds of each setting).
+        settings = self.search.get("population") if isinstance(self.search, dict) else None
+        if self.num_seeds == 1 and _is_int(settings) and settings > 1:
+            object.__setattr__(self, "num_seeds", settings)
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -268,9 +284,11 @@ class PPOConfig:
             value = load_yaml(raw, where=f"--set {pair!r}") if raw.strip() else None
             if key.startswith("network."):
                 values.setdefault("network", {})[key[len("network."):]] = value
-            elif key.startswith("wandb."):  # wandb.project=... on top of the config's wandb
-                base = self.wandb if isinstance(self.wandb, dict) else {}
-                values.setdefault("wandb", dict(base))[key[len("wandb."):]] = value
+            elif key.split(".", 1)[0] in ("wandb", "search", "pbt") and "." in key:
+                # wandb.project=..., search.lr={...}, pbt.interval=10: on top of the config's
+                section, sub = key.split(".", 1)
+                base = getattr(self, section)
+                values.setdefault(section, dict(base) if isinstance(base, dict) else {})[sub] = value
             else:
                 values[key] = value
         return self.from_dict(values, self)
@@ -419,6 +437,8 @@ class PPOConfig:
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError(f"env_kwargs={self.env_kwargs!r} must be a mapping of keyword arguments")
         _check_wandb(self.wandb)
+        population.check_search(self)
+        population.check_pbt(self)
         return self
 
 

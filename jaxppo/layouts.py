@@ -79,6 +79,8 @@ def build_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
             return jax.vmap(init_one, in_axes=(0, hp_axis, None))(keys, hp, shard)
 
         chunk_dev = jax.vmap(chunk_one, in_axes=(0, hp_axis, None, None))
+        if run.config.pbt is not None:
+            chunk_dev = _population_chunk(algo, hp_axis, chunk_len)
     else:
         init_dev, chunk_dev = init_one, chunk_one
 
@@ -93,6 +95,30 @@ def build_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
         chunk = jax.pmap(chunk_dev, axis_name=AXIS, in_axes=(0, None, None, None), devices=devices,
                          donate_argnums=0)
     return Program(algo, layout, init, chunk)
+
+
+def _population_chunk(algo: Algorithm, hp_axis, chunk_len: int) -> Callable:
+    """A PBT run's chunk: each iteration runs every member (vmapped), then the population's
+    exploit/explore step (jaxppo.pbt) sees all of them at once. Metrics come back
+    [members, chunk_len], as from the vmapped chunk."""
+    from jaxppo.pbt import Explorer
+
+    explorer = Explorer(algo)
+    n_iter = algo.config.num_iterations
+    step = jax.vmap(algo.chunk_step, in_axes=(0, hp_axis, None, None))
+
+    def chunk(state, hp, start, stop):
+        stop = jnp.minimum(stop, n_iter)
+
+        def body(s, i):
+            s, m = step(s, hp, start + i, stop)
+            s, pm = explorer.step(s, m, start + i, stop)
+            return s, {**m, **pm}
+
+        state, m = jax.lax.scan(body, state, jnp.arange(chunk_len))
+        return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), m)
+
+    return chunk
 
 
 def initialise_and_compile(program: Program, key: jax.Array, hp: HyperParams):

@@ -33,6 +33,7 @@ from jaxppo.algorithm import METRIC_KEYS, Algorithm, TrainState
 from jaxppo.config import PPOConfig
 from jaxppo.errors import TrainingDivergedError, TrainingInterrupted
 from jaxppo.evaluation import EVAL_METRIC_KEYS
+from jaxppo.pbt import metric_keys as pbt_metric_keys
 from jaxppo.layouts import auto_chunk, build_program
 from jaxppo.policy import check_key, check_obs, evaluate_policy
 from jaxppo.resolve import Resolved
@@ -134,7 +135,8 @@ class TrainResult:
 
 
 def metric_keys(config: PPOConfig) -> tuple[str, ...]:
-    return METRIC_KEYS + (EVAL_METRIC_KEYS if config.eval_every else ())
+    return (METRIC_KEYS + (EVAL_METRIC_KEYS if config.eval_every else ())
+            + pbt_metric_keys(config))
 
 
 def chunk_length(config: PPOConfig) -> int:
@@ -310,7 +312,7 @@ def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
             arr = arr.astype(np.int64)
         elif k in ("env_steps", "episodes"):  # the dtypes the compiled program returns
             arr = arr.astype(np.int32)
-        elif k in METRIC_KEYS or k in EVAL_METRIC_KEYS:
+        elif k in METRIC_KEYS or k in EVAL_METRIC_KEYS or k.startswith(("pbt_", "hp_")):
             arr = arr.astype(np.float32)
         history[k].append(arr if seeds > 1 else arr[0])
     return history

@@ -29,7 +29,8 @@ _NOT_IN_LEGEND = {
 }
 
 __all__ = ["read_metrics", "return_curve", "eval_curve", "elapsed_seconds", "mean_ci95",
-           "compact_number", "config_differences", "make_figure", "plot_runs", "unplottable"]
+           "compact_number", "config_differences", "make_figure", "plot_runs", "unplottable",
+           "pbt_lineage", "plot_search"]
 
 
 def _by_seed(rows: list[dict]):
@@ -217,12 +218,13 @@ def run_labels(runs) -> list[str]:
     return labels
 
 
-def _groups(run_label: str, num_curves: int, record: dict | None):
+def _groups(run_label: str, num_curves: int, record: dict | None, unit: str = "seeds"):
     """The curves of one run: [(legend label, seed indices, gid key)]. A run is one curve
-    (mean over its seeds); a sweep one per setting, the members with the same label."""
+    (mean over its seeds, or a PBT population's members); a sweep one per setting, the
+    members with the same label."""
     ci = "mean ± 95% CI"
     if record is None or len(record["labels"]) != num_curves:
-        seeds = f" ({num_curves} seeds, {ci})" if num_curves > 1 else ""
+        seeds = f" ({num_curves} {unit}, {ci})" if num_curves > 1 else ""
         return [(run_label + seeds, list(range(num_curves)), "")]
     out = []
     for lab in dict.fromkeys(record["labels"]):
@@ -258,13 +260,24 @@ def make_figure(run_dirs, labels=None, title: str | None = None):
     for i, run in enumerate(run_dirs):
         rows = read_metrics(run)
         if rows:
-            data.append((i, return_curve(rows), eval_curve(rows), read_record(run)))
-    scale, unit = _time_unit(max((float(c[1][-1]) for _, c, _, _ in data if len(c[1])), default=0.0))
+            data.append((i, return_curve(rows), eval_curve(rows), read_record(run), _is_pbt(rows)))
+    scale, unit = _time_unit(max((float(c[1][-1]) for _, c, _, _, _ in data if len(c[1])),
+                                 default=0.0))
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
+    # A PBT run (one folder) also gets its winning lineage's hyperparameters below the curves.
+    lineage = pbt_lineage(run_dirs[0]) if len(run_dirs) == 1 else None
+    if lineage is None:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
+        top = fig
+    else:
+        fig = plt.figure(figsize=(12, 8.5), layout="constrained")
+        top, bottom = fig.subfigures(2, 1, height_ratios=[5, 3.2])
+        axes = top.subplots(1, 2)
+        _draw_lineage(bottom, lineage)
     any_eval = False
-    for i, (steps, wall, curves), ev, record in data:
-        for label, idx, key in _groups(labels[i], curves.shape[0], record):
+    for i, (steps, wall, curves), ev, record, pbt in data:
+        for label, idx, key in _groups(labels[i], curves.shape[0], None if pbt else record,
+                                       "members" if pbt else "seeds"):
             mean, half = mean_ci95(curves[idx])
             for ax, x, xi in ((axes[0], steps, 0), (axes[1], wall / scale, 1)):
                 (line,) = ax.plot(x, mean, label=label if xi == 0 else "_nolegend_",
@@ -294,10 +307,93 @@ def make_figure(run_dirs, labels=None, title: str | None = None):
         # Below the panels, in as many columns as the labels' length allows: it cannot cover
         # a curve or the y label, and the layout makes room for it.
         ncol = max(1, min(len(texts), 150 // (max(map(len, texts)) + 6)))
-        fig.legend(handles, texts, loc="outside lower center", ncol=ncol, fontsize=8)
+        top.legend(handles, texts, loc="outside lower center", ncol=ncol, fontsize=8)
     if title:
         fig.suptitle(title)
     return fig, axes
+
+
+def _is_pbt(rows: list[dict]) -> bool:
+    return bool(rows) and "pbt_parent" in rows[0]
+
+
+def pbt_lineage(run) -> dict | None:
+    """The winning lineage of a PBT run folder (jaxppo.search.lineage), None for other runs.
+    The winner is search.json's best member, else the member with the best final return."""
+    import json
+
+    from jaxppo.search import SEARCH_FILE, lineage
+
+    rows = read_metrics(run)
+    if not _is_pbt(rows):
+        return None
+    _, by_seed = _by_seed(rows)
+    keys = ["iteration", "pbt_parent"] + [k for k in rows[0] if k.startswith("hp_")]
+    metrics = {k: np.asarray([[np.nan if r.get(k) is None else r[k] for r in b] for b in by_seed],
+                             float) for k in keys}
+    metrics["iteration"] = metrics["iteration"].astype(np.int64)
+    path = _run_folder(run) / SEARCH_FILE
+    try:
+        best = json.loads(path.read_text())["best"]["members"][0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        _, _, curves = return_curve(rows)
+        tail = np.nanmean(curves[:, -10:], axis=1)
+        best = int(np.nanargmax(tail)) if np.isfinite(tail).any() else 0
+    return lineage(metrics, best)
+
+
+def _draw_lineage(fig, lin: dict) -> None:
+    """One panel per searched hyperparameter: its value along the winning lineage, with the
+    iterations where the lineage copied another member marked."""
+    from matplotlib.ticker import FuncFormatter
+
+    fields = list(lin["hparams"])
+    axes = fig.subplots(1, max(1, len(fields)), squeeze=False)[0]
+    it = np.asarray(lin["iteration"])
+    for ax, f in zip(axes, fields):
+        ax.step(it, lin["hparams"][f], where="post", gid=f"lineage:{f}")
+        for e in lin["exploits"]:
+            ax.axvline(e["iteration"], color="0.6", linewidth=0.8, linestyle=":")
+        ax.set_title(f, fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+        ax.yaxis.set_major_formatter(FuncFormatter(compact_number))
+    fig.suptitle(f"winning lineage (ends in member {lin['member']}; dotted: it copied "
+                 f"another member, {len(lin['exploits'])} times)", fontsize=10)
+
+
+def plot_search(rec: dict, out: str | Path) -> Path:
+    """search.png: each member's final return (or evaluation) against each searched
+    hyperparameter; a log axis for loguniform fields; the best setting ringed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fields = list(rec["searched"])
+    fig, axes = plt.subplots(1, len(fields), figsize=(4 * len(fields), 3.8),
+                             layout="constrained", squeeze=False)
+    metric = rec["metric"]
+    best = set(rec["best"]["members"])
+    for ax, f in zip(axes[0], fields):
+        x = [m[f] for m in rec["members"]]
+        y = [np.nan if m.get(metric) is None else m[metric] for m in rec["members"]]
+        ax.scatter(x, y, s=18, gid=f"search:{f}")
+        bx = [xv for m, xv in zip(rec["members"], x) if m["member"] in best]
+        by = [yv for m, yv in zip(rec["members"], y) if m["member"] in best]
+        ax.scatter(bx, by, s=90, facecolors="none", edgecolors="tab:red", label="best")
+        if "loguniform" in rec["searched"][f]:
+            ax.set_xscale("log")
+        ax.set_xlabel(f)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(metric.replace("_", " "))
+    axes[0][0].legend(fontsize=8)
+    kind = "PBT (final values)" if "pbt" in rec else "search"
+    fig.suptitle(f"{kind}: {len(rec['members'])} members, {len(rec['settings'])} settings")
+    out = Path(out)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
 
 
 def plot_runs(run_dirs, out: str | Path, labels=None, title: str | None = None) -> Path:

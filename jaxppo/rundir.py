@@ -6,6 +6,9 @@
     RUN_DIR/params.msgpack     the trained params and observation statistics
     RUN_DIR/summary.json       final return, evaluation, speed (per member, for a sweep)
     RUN_DIR/sweep.json         a vmapped sweep's hyperparameters per member (jaxppo.sweep)
+    RUN_DIR/search.json, search.csv, best.yaml, search.png
+                               a search's (or PBT's) member table, ranking, best config, plot
+                               (jaxppo.search)
     RUN_DIR/curve.png          return vs env steps and vs wall time
     RUN_DIR/tensorboard/       with `tensorboard: true`
     RUN_DIR/wandb_id           with `wandb`: the W&B run id of each seed (resume continues them)
@@ -31,7 +34,8 @@ import numpy as np
 from jaxppo.checkpoint import CHECKPOINT_DIR, CheckpointStore, save_params, write_text_atomic
 from jaxppo.config import PPOConfig
 from jaxppo.errors import ConfigError, RunFolderError
-from jaxppo.plotting import plot_runs
+from jaxppo import search
+from jaxppo.plotting import plot_runs, plot_search
 from jaxppo.runlog import RunLog
 from jaxppo.runtime import process_uptime
 from jaxppo.sweep import SWEEP_FILE
@@ -109,6 +113,8 @@ class RunFolder:
         info.update(extra_summary or {})
         with self._writing("summary.json"):
             write_text_atomic(self.path / "summary.json", json.dumps(info, indent=2))
+        if self.config.search is not None:
+            self._write_search(result, info, plot)
         if plot:
             name = self.config.env_name
             title = (name if self.sweep is None
@@ -121,6 +127,20 @@ class RunFolder:
         if self.log.wandb is not None:  # the summary and curve.png to W&B
             self.log.wandb.finish(info, self.path / "curve.png" if plot else None)
         return info
+
+    def _write_search(self, result, info: dict, plot: bool) -> None:
+        """search.json, search.csv, best.yaml and (with plot) search.png (jaxppo.search)."""
+        rec = search.report(self.config, info, self.sweep, result.metrics)
+        for name, text in ((search.SEARCH_FILE, json.dumps(rec, indent=2)),
+                           (search.TABLE_FILE, search.table_csv(rec)),
+                           (search.BEST_FILE, search.best_yaml(self.config, rec))):
+            with self._writing(name):
+                write_text_atomic(self.path / name, text)
+        if plot:
+            try:
+                plot_search(rec, self.path / search.PLOT_FILE)
+            except (OSError, ValueError) as e:
+                warnings.warn(f"{search.PLOT_FILE} was not written ({_reason(e)})", stacklevel=3)
 
     def close(self) -> None:
         """Wait for a checkpoint still being written, then release the folder. When another

@@ -39,7 +39,7 @@ SWEPT_CONFIG_FIELDS = frozenset({
     "vf_coeff", "kl_coeff", "kl_target", "max_grad_norm", "gamma", "gae_lambda"})
 
 
-def _f32(x) -> float:
+def short_float(x) -> float:
     # The shortest decimal that is the same float32: 3e-4 reads "0.0003", not 0.000300000014.
     return float(str(np.float32(x)))
 
@@ -47,11 +47,11 @@ def _f32(x) -> float:
 def _value(name: str, arr: np.ndarray):
     if name in _POINTS:
         if arr.shape[0] == 1:  # a one-point schedule is a constant
-            return _f32(arr[0, 1])
-        return [[_f32(x), _f32(v)] for x, v in arr]
+            return short_float(arr[0, 1])
+        return [[short_float(x), short_float(v)] for x, v in arr]
     if name == "vf_clip_param" and float(arr) == 0.0:
         return None
-    return _f32(arr)
+    return short_float(arr)
 
 
 def member_hparams(hp, num_seeds: int) -> list[dict] | None:
@@ -144,11 +144,24 @@ def hparams_from_record(record: dict):
 def run_hparams(config, hparams, run_dir, resumed: bool):
     """(HyperParams, sweep record or None) a run trains with: `hparams` if given, else on a
     resume the folder's recorded sweep (the checkpoint holds the state, not the
-    hyperparameters), else the config's. The same for one host and for several."""
+    hyperparameters), else a search's draw (`config.search`), else the config's. The same for one host and for several."""
     from jaxppo.algorithm import HyperParams
 
     if hparams is None and resumed:
         record = read_record(run_dir)
         hparams = hparams_from_record(record) if record is not None else None
+    if hparams is None and config.search is not None:  # a search's first population
+        hparams = sample_hparams(config)
     hp = hparams if hparams is not None else HyperParams.from_config(config)
     return hp, make_record(hp, config.num_seeds)
+
+
+def sample_hparams(config):
+    """The batched HyperParams of a search's first population: each member's values drawn
+    from `config.search` (jaxppo.population.draw_settings) on top of the config."""
+    from jaxppo.algorithm import HyperParams
+    from jaxppo.population import draw_settings
+
+    base = config.replace(search=None, pbt=None, num_seeds=1)
+    return HyperParams.stack([HyperParams.from_config(base.replace(**values))
+                              for values in draw_settings(config)])

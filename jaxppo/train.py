@@ -135,6 +135,12 @@ def make_train(config: PPOConfig, hparams: HyperParams | None = None):
     """
     algo = Algorithm(resolve(config))
     note_partial_batch(algo.config)
+    if algo.config.pbt is not None or algo.config.search is not None:
+        raise ConfigError(
+            "make_train builds one member's train function, but this config's "
+            f"{'pbt' if algo.config.pbt is not None else 'search'} trains a population in one "
+            "program: use jaxppo.train(config) (or drop it and jax.vmap train_fn over a "
+            "HyperParams.stack yourself)")
     if hparams is not None:
         check_hparams(hparams, 1, "make_train(config, hparams)")
     hp = hparams if hparams is not None else HyperParams.from_config(algo.config)

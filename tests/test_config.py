@@ -287,6 +287,9 @@ NON_DEFAULT = PPOConfig(
     network=NetworkConfig(hidden_sizes=(32, 16), activation="relu", shared_trunk=True,
                           log_std_init=-0.5, state_dependent_std=True),
     num_devices=2, seed=7, num_seeds=3, log_every=5, compilation_cache_dir=None,
+    search={"population": 3, "clip_param": {"uniform": [0.1, 0.3]},
+            "gamma": {"choice": [0.95, 0.99]}},
+    pbt={"interval": 5, "fraction": 0.5, "perturb": [0.9, 1.1], "fitness": "return"},
 )
 
 
