@@ -16,6 +16,7 @@ divides num_envs; keys derive from global env ids, so the continuation is the sa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any, Callable, NamedTuple
@@ -45,6 +46,7 @@ class Program(NamedTuple):
     layout: Layout
     init: Callable
     chunk: Callable
+    population: bool = False  # the shards hold different PBT members (splits_population)
 
 
 def _program_devices(layout: Layout) -> list:
@@ -60,6 +62,8 @@ def _program_devices(layout: Layout) -> list:
 def build_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
     """jit (one shard) or pmap (several, on one host or many: `run.layout`) of init and
     chunk, vmapped over seeds when asked. Device layout: [local_devices?, seeds?, ...]."""
+    if run.splits_population:
+        return _population_program(run, hp, chunk_len)
     seeds = run.config.num_seeds
     layout = run.layout
     shards = layout.shards
@@ -80,7 +84,7 @@ def build_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
 
         chunk_dev = jax.vmap(chunk_one, in_axes=(0, hp_axis, None, None))
         if run.config.pbt is not None:
-            chunk_dev = _population_chunk(algo, hp_axis, chunk_len)
+            chunk_dev = _population_chunk(algo, chunk_len)
     else:
         init_dev, chunk_dev = init_one, chunk_one
 
@@ -97,28 +101,61 @@ def build_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
     return Program(algo, layout, init, chunk)
 
 
-def _population_chunk(algo: Algorithm, hp_axis, chunk_len: int) -> Callable:
-    """A PBT run's chunk: each iteration runs every member (vmapped), then the population's
-    exploit/explore step (jaxppo.pbt) sees all of them at once. Metrics come back
-    [members, chunk_len], as from the vmapped chunk."""
+def _population_chunk(algo: Algorithm, chunk_len: int, axis_name: str | None = None) -> Callable:
+    """A PBT run's chunk: each iteration runs every member (vmapped, each with the
+    hyperparameters in its state), then the population's exploit/explore step (jaxppo.pbt)
+    sees all of them at once. With `axis_name` the members are split over that pmap axis;
+    the chunk's metrics are then gathered over it, so every shard returns the whole
+    population's. Metrics come back [members, chunk_len], as from the vmapped chunk."""
     from jaxppo.pbt import Explorer
 
     explorer = Explorer(algo)
     n_iter = algo.config.num_iterations
-    step = jax.vmap(algo.chunk_step, in_axes=(0, hp_axis, None, None))
+    step = jax.vmap(algo.chunk_step, in_axes=(0, 0, None, None))
 
     def chunk(state, hp, start, stop):
         stop = jnp.minimum(stop, n_iter)
 
         def body(s, i):
-            s, m = step(s, hp, start + i, stop)
-            s, pm = explorer.step(s, m, start + i, stop)
+            s, m = step(s, s.hparams, start + i, stop)
+            s, pm = explorer.step(s, m, start + i, stop, axis_name)
             return s, {**m, **pm}
 
         state, m = jax.lax.scan(body, state, jnp.arange(chunk_len))
-        return state, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), m)
+        m = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), m)
+        if axis_name is not None:
+            m = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, tiled=True), m)
+        return state, m
 
     return chunk
+
+
+def _population_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
+    """A PBT population split over the layout's shards (devices, or hosts): each shard trains
+    num_seeds / shards whole members, with no collective between iterations; the shards
+    exchange fitness values and the best members' learner states at exploit steps only.
+    Member i is the same as on one device (its key is the i-th of the run's)."""
+    layout = run.layout
+    seeds = run.config.num_seeds
+    local = seeds // layout.shards
+    algo = Algorithm(dataclasses.replace(run, layout=Layout()))  # a member's envs: one shard
+    batched = _is_batched(hp, seeds)
+
+    def init_dev(root, hp, shard):
+        first = shard * local
+        keys = jax.lax.dynamic_slice_in_dim(jax.random.split(root, seeds), first, local)
+        if batched:
+            hp = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, first, local), hp)
+            return jax.vmap(lambda k, h: algo.init(k, h))(keys, hp)
+        return jax.vmap(lambda k: algo.init(k, hp))(keys)
+
+    devices = _program_devices(layout)
+    pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
+    first = layout.first_shard
+    init = lambda root, hp: pinit(root, hp, jnp.arange(first, first + layout.local_devices))  # noqa: E731
+    chunk = jax.pmap(_population_chunk(algo, chunk_len, AXIS), axis_name=AXIS,
+                     in_axes=(0, None, None, None), devices=devices, donate_argnums=0)
+    return Program(algo, layout, init, chunk, population=True)
 
 
 def initialise_and_compile(program: Program, key: jax.Array, hp: HyperParams):
@@ -152,17 +189,26 @@ def _is_batched(hp: HyperParams, seeds: int) -> bool:
 
 
 # ---------------------------------------------------------------------- state layouts
-def _map_fields(fn_env: Callable, fn_rep: Callable, state: TrainState) -> TrainState:
+def _split_fields(population: bool) -> tuple[str, ...]:
+    """The TrainState fields split over shards: the per-env ones, or (a PBT population split
+    over its shards) every field, by member."""
+    return tuple(TrainState.__dataclass_fields__) if population else PER_ENV_FIELDS
+
+
+def _map_fields(fn_env: Callable, fn_rep: Callable, state: TrainState,
+                population: bool = False) -> TrainState:
+    split = _split_fields(population)
     return state.replace(**{
-        name: jax.tree.map(fn_env if name in PER_ENV_FIELDS else fn_rep, getattr(state, name))
+        name: jax.tree.map(fn_env if name in split else fn_rep, getattr(state, name))
         for name in state.__dataclass_fields__})
 
 
-def shard_state(state: TrainState, shards: int, seeds: int) -> TrainState:
-    """Unsharded layout -> [shards, seeds?, ...] (numpy): each shard's envs, the rest copied."""
+def shard_state(state: TrainState, shards: int, seeds: int, population: bool = False) -> TrainState:
+    """Unsharded layout -> [shards, seeds?, ...] (numpy): each shard's envs, the rest copied
+    (population: each shard's members, [shards, members/shards, ...])."""
     def env(x):
         x = np.asarray(x)
-        s = 1 if seeds > 1 else 0  # the env axis
+        s = 1 if seeds > 1 and not population else 0  # the env (or member) axis
         x = x.reshape(x.shape[:s] + (shards, x.shape[s] // shards) + x.shape[s + 1:])
         return np.moveaxis(x, s, 0)
 
@@ -170,61 +216,67 @@ def shard_state(state: TrainState, shards: int, seeds: int) -> TrainState:
         x = np.asarray(x)
         return np.broadcast_to(x, (shards,) + x.shape).copy()
 
-    return _map_fields(env, rep, state)
+    return _map_fields(env, rep, state, population)
 
 
-def unshard_state(state: TrainState, shards: int, seeds: int) -> TrainState:
+def unshard_state(state: TrainState, shards: int, seeds: int, population: bool = False) -> TrainState:
     """[shards, seeds?, ...] -> unsharded layout (numpy); replicated fields from shard 0."""
     def env(x):
         x = np.asarray(x)
-        s = 1 if seeds > 1 else 0
+        s = 1 if seeds > 1 and not population else 0
         x = np.moveaxis(x, 0, s)
         return x.reshape(x.shape[:s] + (x.shape[s] * x.shape[s + 1],) + x.shape[s + 2:])
 
-    return _map_fields(env, lambda x: np.asarray(x)[0], state)
+    return _map_fields(env, lambda x: np.asarray(x)[0], state, population)
 
 
-def to_unsharded(state: TrainState, layout: Layout, seeds: int) -> TrainState:
+def to_unsharded(state: TrainState, layout: Layout, seeds: int,
+                 population: bool = False) -> TrainState:
     """The whole run's state in the unsharded layout (numpy), from a single process's
     device-layout state. (Several processes: `local_part` on each, `join_parts` of them.)"""
     if layout.num_processes > 1:
         raise ValueError("to_unsharded needs every shard in this process; across processes use "
                          "local_part on each and join_parts")
-    return join_parts([local_part(state, layout)], layout.shards, seeds)
+    return join_parts([local_part(state, layout)], layout.shards, seeds, population)
 
 
-def local_part(state: TrainState, layout: Layout, replicated: bool = True) -> TrainState:
+def local_part(state: TrainState, layout: Layout, replicated: bool = True,
+               population: bool = False) -> TrainState:
     """This process's shards of the state as numpy [local_devices, seeds?, ...], with no
-    collective; the replicated fields are left out (None) unless `replicated`."""
+    collective; the replicated fields are left out (None) unless `replicated` (a population
+    split over shards has none: every field is its members')."""
     host = jax.device_get(state)
     if layout.shards == 1:
         host = jax.tree.map(lambda x: np.asarray(x)[None], host)
     else:
         host = jax.tree.map(np.asarray, host)
     if not replicated:
-        host = host.replace(**{n: None for n in host.__dataclass_fields__ if n not in PER_ENV_FIELDS})
+        split = _split_fields(population)
+        host = host.replace(**{n: None for n in host.__dataclass_fields__ if n not in split})
     return host
 
 
-def join_parts(parts: list[TrainState], shards: int, seeds: int) -> TrainState:
+def join_parts(parts: list[TrainState], shards: int, seeds: int,
+               population: bool = False) -> TrainState:
     """The unsharded state from every process's `local_part`, in process order (the first
     with its replicated fields)."""
     first = parts[0]
     full = first.replace(**{
         n: jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *(getattr(p, n) for p in parts))
-        for n in PER_ENV_FIELDS if getattr(first, n) is not None})
+        for n in _split_fields(population) if getattr(first, n) is not None})
     if shards == 1:
         return jax.tree.map(lambda x: x[0], full)
-    return unshard_state(full, shards, seeds)
+    return unshard_state(full, shards, seeds, population)
 
 
-def from_unsharded(state: TrainState, template: TrainState, layout: Layout, seeds: int) -> TrainState:
+def from_unsharded(state: TrainState, template: TrainState, layout: Layout, seeds: int,
+                   population: bool = False) -> TrainState:
     """This process's part of an unsharded state, placed as `template` (a device-layout state
     of the same program) is placed."""
     if layout.shards == 1:
         return jax.tree.map(lambda new, old: jax.device_put(np.asarray(new), old.sharding),
                             state, template)
-    full = shard_state(state, layout.shards, seeds)
+    full = shard_state(state, layout.shards, seeds, population)
     lo, hi = layout.first_shard, layout.first_shard + layout.local_devices
     return jax.tree.map(lambda new, old: jax.device_put(np.ascontiguousarray(new[lo:hi]), old.sharding),
                         full, template)
@@ -250,11 +302,15 @@ class ChunkRunner:
         self.shards = self.layout.shards
         self.hosts = self.layout.num_processes
         self.hp = hp
+        self.population = program.population
+        # pmapped params are one copy per device, unless the devices hold different members
+        self.params_replicated = not program.population
         t0 = time.perf_counter()
         self.state, self.compiled = initialise_and_compile(program, key, hp)
         check_memory(self.compiled, self.config, self.layout)
         if restored is not None:
-            self.state = from_unsharded(restored, self.state, self.layout, self.config.num_seeds)
+            self.state = from_unsharded(restored, self.state, self.layout, self.config.num_seeds,
+                                        self.population)
         self.compile_seconds = time.perf_counter() - t0
 
     def run(self, start: int, stop: int) -> dict[str, np.ndarray]:
@@ -266,14 +322,17 @@ class ChunkRunner:
 
     def snapshot(self) -> TrainState:
         """The state after the last chunk, unsharded (one process holding every shard)."""
-        return to_unsharded(self.state, self.layout, self.config.num_seeds)
+        return to_unsharded(self.state, self.layout, self.config.num_seeds, self.population)
 
     def local_part(self, replicated: bool = True) -> TrainState:
         """This process's shards of the state after the last chunk (see `local_part`)."""
-        return local_part(self.state, self.layout, replicated)
+        return local_part(self.state, self.layout, replicated, self.population)
 
     def final_state(self) -> Any:
-        """The state as the program holds it (device layout), for TrainResult.state."""
+        """The state as the program holds it (device layout), for TrainResult.state; a
+        population split over this process's devices as [members, ...] (unsharded)."""
+        if self.population and self.hosts == 1:
+            return self.snapshot()
         return self.state
 
     def close(self) -> None:

@@ -286,7 +286,8 @@ def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, res
     algo = runner.algorithm
     state = runner.final_state()
     nd = runner.shards
-    params = jax.tree.map(lambda x: x[0], state.params) if nd > 1 else state.params
+    replicated = nd > 1 and getattr(runner, "params_replicated", True)
+    params = jax.tree.map(lambda x: x[0], state.params) if replicated else state.params
     return TrainResult(
         config=config, params=params, state=state, num_devices=nd, hosts=runner.hosts,
         metrics=metrics, run_dir=folder.path if folder else None,

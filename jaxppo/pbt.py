@@ -104,10 +104,12 @@ class Explorer:
         moved = jnp.clip(v * factor, d.low, d.high)
         return jnp.where(resample, drawn, moved).astype(jnp.float32)
 
-    def explore(self, key: jax.Array, hp: HyperParams) -> HyperParams:
-        """Every member's searched fields perturbed or redrawn (the caller keeps them only
-        for replaced members)."""
-        keys = jax.random.split(key, self.members)
+    def explore(self, key: jax.Array, hp: HyperParams, first: jax.Array | int = 0) -> HyperParams:
+        """The searched fields of members first.. (as many as hp holds) perturbed or redrawn,
+        each with its own key of the population's (the caller keeps them only for replaced
+        members)."""
+        local = np.shape(hp.clip_param)[0]
+        keys = jax.lax.dynamic_slice_in_dim(jax.random.split(key, self.members), first, local)
         for j, name in enumerate(self.dists):
             v = self.get(hp, name)
             new = jax.vmap(lambda k, x: self._explore_one(jax.random.fold_in(k, j), name, x))(keys, v)
@@ -134,47 +136,71 @@ class Explorer:
                           pop.fitness)
         return jnp.where(jnp.isnan(f), -jnp.inf, f)
 
-    def exploit_explore(self, state: TrainState, iteration: jax.Array):
-        """(new state, parent [members], fitness [members]) of one step on the population."""
+    def exploit_explore(self, state: TrainState, iteration: jax.Array,
+                        axis_name: str | None = None):
+        """(new state, parent, fitness) of one step. `state` holds this shard's members
+        (all of them without `axis_name`; else the pmap axis over which the population is
+        split, in member order). Shards exchange each member's fitness and key, then only the
+        learner states of the best members (the possible parents), summed from the shard that
+        holds each. parent and fitness are of this shard's members."""
         n, q = self.members, self.replaced
-        fitness = self.fitness(state.population)
+        local = state.population.fitness.shape[0]
+        if axis_name is None:
+            gather, first = (lambda x: x), 0
+        else:
+            gather = lambda x: jax.lax.all_gather(x, axis_name, tiled=True)  # noqa: E731
+            first = jax.lax.axis_index(axis_name) * local
+        fitness = gather(self.fitness(state.population))
         order = jnp.argsort(fitness, stable=True)  # worst first
         rank = jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
         replaced = rank < q
-        key = jax.random.fold_in(jax.random.fold_in(state.rng[0], PBT_TAG), iteration)
+        key = jax.random.fold_in(jax.random.fold_in(gather(state.rng)[0], PBT_TAG), iteration)
         k_parent, k_explore = jax.random.split(key)
         best = order[n - q:]
-        parent = jnp.where(replaced, best[jax.random.randint(k_parent, (n,), 0, q)],
-                           jnp.arange(n, dtype=jnp.int32))
+        choice = jax.random.randint(k_parent, (n,), 0, q)
+        parent = jnp.where(replaced, best[choice], jnp.arange(n, dtype=jnp.int32))
 
-        def pick(x):
-            copied = x[parent]
-            mask = replaced.reshape((n,) + (1,) * (x.ndim - 1))
-            return jnp.where(mask, copied, x)
+        def top(x):  # the q possible parents' values [q, ...]
+            if axis_name is None:
+                return x[best]
+            at = best - first
+            mine = (at >= 0) & (at < local)
+            picked = x[jnp.clip(at, 0, local - 1)]
+            picked = jnp.where(mine.reshape((q,) + (1,) * (x.ndim - 1)), picked, jnp.zeros_like(picked))
+            return jax.lax.psum(picked, axis_name)
 
-        copied = {f: jax.tree.map(pick, getattr(state, f)) for f in LEARNER_FIELDS}
+        mine = lambda x: jax.lax.dynamic_slice_in_dim(x, first, local)  # noqa: E731
+        my_replaced, my_choice = mine(replaced), mine(choice)
+
+        def pick(tops, x):
+            mask = my_replaced.reshape((local,) + (1,) * (x.ndim - 1))
+            return jnp.where(mask, tops[my_choice], x)
+
+        copied = {f: jax.tree.map(lambda x: pick(top(x), x), getattr(state, f))
+                  for f in LEARNER_FIELDS}
         hp = copied["hparams"]
-        explored = self.explore(k_explore, hp)
+        explored = self.explore(k_explore, hp, first)
         copied["hparams"] = jax.tree.map(
-            lambda new, old: jnp.where(replaced.reshape((n,) + (1,) * (new.ndim - 1)), new, old),
+            lambda new, old: jnp.where(my_replaced.reshape((local,) + (1,) * (new.ndim - 1)), new, old),
             explored, hp)
-        zero = jnp.zeros((n,), jnp.float32)
-        population = PopulationRecord(zero, zero, fitness, state.population.last_eval)
-        return state.replace(**copied, population=population), parent, fitness
+        zero = jnp.zeros((local,), jnp.float32)
+        population = PopulationRecord(zero, zero, mine(fitness), state.population.last_eval)
+        return state.replace(**copied, population=population), mine(parent), mine(fitness)
 
-    def step(self, state: TrainState, m: dict, index: jax.Array, stop: jax.Array):
+    def step(self, state: TrainState, m: dict, index: jax.Array, stop: jax.Array,
+             axis_name: str | None = None):
         """After iteration `index` (0-based) of every member (state and metrics batched over
-        members): record, and when due exploit/explore. Returns (state, PBT metrics)."""
+        this shard's members; `axis_name` the pmap axis the population is split over):
+        record, and when due exploit/explore. Returns (state, PBT metrics)."""
         live = index < stop
         state = state.replace(population=self.record(state.population, m, live))
         done = index + 1
         interval = self.settings["interval"]
         due = live & (done % interval == 0) & (done < self.config.num_iterations)
-        n = self.members
-        nan = jnp.full((n,), jnp.nan, jnp.float32)
+        nan = jnp.full(state.population.fitness.shape, jnp.nan, jnp.float32)
 
         def run(st):
-            st, parent, fitness = self.exploit_explore(st, done)
+            st, parent, fitness = self.exploit_explore(st, done, axis_name)
             # -inf (no episode ended yet) is written as NaN, as metrics.jsonl reads it back
             return st, parent.astype(jnp.float32), jnp.where(jnp.isfinite(fitness), fitness, jnp.nan)
 

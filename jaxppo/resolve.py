@@ -77,9 +77,22 @@ class Resolved:
         return self.config.num_iterations
 
     @property
+    def splits_population(self) -> bool:
+        """True when the shards hold different members of a PBT population (each member's
+        envs all on one shard) rather than parts of every member's envs."""
+        return splits_population(self.config, self.layout)
+
+    @property
     def local_envs(self) -> int:
-        """Envs on each shard (device) of the layout."""
-        return self.config.num_envs // self.layout.shards
+        """Envs on each shard (device) of the layout (of each member on it)."""
+        return self.config.num_envs if self.splits_population else self.config.num_envs // self.layout.shards
+
+
+def splits_population(config: PPOConfig, layout: Layout) -> bool:
+    """A PBT run on several devices or hosts splits its members between them: members never
+    combine gradients, so each trains where it lives, and shards exchange learner states only
+    at exploit steps (jaxppo.pbt)."""
+    return config.pbt is not None and layout.shards > 1
 
 
 def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
@@ -217,7 +230,13 @@ def _local_layout(config: PPOConfig) -> Layout:
         raise ConfigError(
             f"num_devices={n} but this host has {available} local device(s) "
             f"({jax.default_backend()}); set num_devices <= {available} or leave it unset")
-    if config.num_devices is None and config.num_envs % n:
+    if config.num_devices is None and config.pbt is not None and n > 1 and config.num_seeds % n:
+        raise ConfigError(
+            f"pbt splits its {config.num_seeds} members over this host's {n} devices, but "
+            f"{n} does not divide {config.num_seeds}; set num_devices to one of "
+            f"{[d for d in divisors(n) if config.num_seeds % d == 0]} or num_seeds to a "
+            f"multiple of {n}")
+    if config.num_devices is None and config.pbt is None and config.num_envs % n:
         raise ConfigError(
             f"num_envs={config.num_envs} cannot be split evenly over this host's {n} devices; "
             f"set num_devices to one of {[d for d in divisors(n) if config.num_envs % d == 0]} or "
@@ -236,12 +255,21 @@ def _host_layout(config: PPOConfig) -> Layout:
 
 
 def _check_split(config: PPOConfig, layout: Layout) -> None:
-    """The envs split evenly over the layout's shards."""
+    """The envs split evenly over the layout's shards (a PBT population: its members)."""
     shards = layout.shards
-    if config.num_envs % shards == 0:
-        return
     where = (f"num_devices={shards}" if layout.num_processes == 1 else
              f"{layout.num_processes} hosts x {layout.local_devices} device(s) = {shards} shards")
+    if config.pbt is not None:
+        if config.num_seeds % shards == 0:
+            return
+        raise ConfigError(
+            f"pbt splits its num_seeds={config.num_seeds} members over {where}, each shard "
+            f"training the same number; use a num_seeds (and search.population) that is a "
+            f"multiple of {shards} (e.g. {shards * max(1, config.num_seeds // shards)})"
+            + (f" or num_devices from {divisors(config.num_seeds)}" if layout.num_processes == 1
+               else " or another number of hosts"))
+    if config.num_envs % shards == 0:
+        return
     raise ConfigError(
         f"num_envs={config.num_envs} cannot be split evenly over {where}; use a num_envs "
         f"that is a multiple of {shards} (e.g. {shards * max(1, config.num_envs // shards)})"
@@ -264,7 +292,7 @@ def _check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout) -> No
                 f"multiple of num_minibatches); choose num_minibatches from {options} or "
                 "change num_steps")
         return
-    split = layout.shards > 1 and config.sync != "batch"
+    split = layout.shards > 1 and config.sync != "batch" and config.pbt is None
     envs = config.num_envs // layout.shards if split else config.num_envs
     if envs % M == 0:
         return

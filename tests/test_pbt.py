@@ -293,3 +293,25 @@ def test_hyperparams_of_a_pbt_member_are_recorded_per_iteration(pbt_runs):
     # where the member was not just copied the lr used is hp_lr (of the row before) x frac
     ok = np.isclose(lr[:, 1:], lr0[:, :-1] * frac[:, 1:], rtol=1e-4)
     assert ok.all() and math.isfinite(float(lr0.min()))
+
+
+def test_a_population_split_over_devices_trains_the_same_members():
+    """Members split over 2 or 4 devices (no collective between exploit steps) train as on
+    one device, and a checkpoint moves between device counts. Equal up to float rounding:
+    XLA's batched matmuls over 1, 2 or 4 members may sum in another order."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("pbt_worker.py")
+    proc = subprocess.run([sys.executable, str(worker)], capture_output=True, text=True,
+                          timeout=600, cwd=worker.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    assert r["devices"] == {"1": 1, "2": 2, "4": 4}
+    for name in ("d2", "d4", "resumed4", "resumed1"):
+        got = r[name]
+        assert got["params_shape"][0] == 4, got  # [members, ...]: one per member
+        assert got["same_parents"] and got["same_episodes"] and got["same_returns"], (name, got)
+        assert max(got["max_rel_diff"].values()) < 1e-3, (name, got)
+        assert got["max_param_diff"] < 1e-4, (name, got)

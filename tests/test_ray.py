@@ -759,3 +759,41 @@ def test_a_sweep_on_hosts_is_recorded_and_resumes_with_its_hyperparameters(
         assert lrs[(0, it)] == pytest.approx(1e-3) and lrs[(1, it)] == pytest.approx(3e-3), it
     members = json.loads((run / "summary.json").read_text())["members"]
     assert [m["label"] for m in members] == ["lr=0.001", "lr=0.003"]
+
+
+def test_a_pbt_population_split_over_hosts_trains_as_one_process(
+        cluster, compile_cache_dir, tmp_path):
+    """PBT with 4 members on 2 hosts: each host trains 2 whole members (no collective between
+    exploit steps) and the hosts exchange fitness and the best members' learner states at
+    exploit steps. The same exploit steps, episodes and (up to float rounding) numbers as one
+    process; the folder gets the search files; a resume continues the population."""
+    cfg = tiny(compile_cache_dir, num_seeds=4, total_timesteps=4 * 16 * 8, log_every=2,
+               search={"lr": {"loguniform": [1e-4, 1e-2]}, "clip_param": {"uniform": [0.1, 0.3]}},
+               pbt={"interval": 2, "fraction": 0.25})
+    run = tmp_path / "run"
+    part = train_distributed(cfg, hosts=2, run_dir=run, progress=False, plot=False,
+                             stop_after_iterations=4)
+    assert part.iterations_done == 4
+    multi = train_distributed(None, hosts=2, resume=run, progress=False, plot=False)
+    single = jaxppo.train(cfg, progress=False)
+    assert multi.hosts == 2 and multi.completed
+    m, s = multi.metrics, single.metrics
+    np.testing.assert_array_equal(m["pbt_parent"], s["pbt_parent"])
+    assert np.isfinite(s["pbt_parent"][0]).sum() == 3  # after iterations 2, 4, 6
+    np.testing.assert_array_equal(m["episodes"], s["episodes"])
+    for k in ("hp_lr", "hp_clip_param", "value_loss", "grad_norm"):
+        np.testing.assert_allclose(m[k], s[k], rtol=1e-3, atol=1e-6, err_msg=k)
+    for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params)):
+        assert np.shape(a) == np.shape(b) and np.shape(a)[0] == 4  # [members, ...]
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=0)
+    rec = json.loads((run / "search.json").read_text())
+    assert len(rec["members"]) == 4 and "lineage" in rec["pbt"]
+    assert (run / "best.yaml").exists()
+
+
+def test_pbt_population_not_divisible_by_hosts_is_a_config_error():
+    from jaxppo.resolve import Layout, resolve
+
+    cfg = tiny(num_seeds=6, search={"lr": {"uniform": [1e-4, 1e-2]}}, pbt={"interval": 1})
+    with pytest.raises(jaxppo.ConfigError, match="members over 4 hosts"):
+        resolve(cfg, Layout(1, 4, 0))

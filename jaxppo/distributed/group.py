@@ -152,7 +152,7 @@ class HostGroup:
 
     def _keep(self, parts) -> None:
         """Keep the unsharded state joined from every host's part."""
-        state = join_parts(parts, self.shards, self.config.num_seeds)
+        state = join_parts(parts, self.shards, self.config.num_seeds, self.population)
         self.snapshot_state, self.snapshot_iter = state, self.iteration
         self.snapshot_time = time.monotonic()
 
@@ -164,11 +164,20 @@ class HostGroup:
             self._call_all("run", self.learners_at, nxt, False)
             self.learners_at = nxt
 
+    @property
+    def population(self) -> bool:
+        """A PBT population split over the hosts (each trains its own members)."""
+        return self.config.pbt is not None and self.shards > 1
+
+    @property
+    def params_replicated(self) -> bool:
+        return not self.population
+
     def final_state(self):
         state = self.snapshot()
-        if self.shards > 1:
+        if self.shards > 1 and not self.population:
             return shard_state(state, self.shards, self.config.num_seeds)
-        return state
+        return state  # a population: [members, ...]
 
     def close(self) -> None:
         """Leave the jax.distributed group in order (a barrier; otherwise the learners that
