@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ from types import SimpleNamespace
 import jax
 import numpy as np
 import pytest
+import yaml
 
 ray = pytest.importorskip("ray")
 
@@ -797,3 +799,85 @@ def test_pbt_population_not_divisible_by_hosts_is_a_config_error():
     cfg = tiny(num_seeds=6, search={"lr": {"uniform": [1e-4, 1e-2]}}, pbt={"interval": 1})
     with pytest.raises(jaxppo.ConfigError, match="members over 4 hosts"):
         resolve(cfg, Layout(1, 4, 0))
+
+
+# ---------------------------------------------------------------------- Ray Tune
+TUNE_BASE = dict(num_epochs=1, total_timesteps=4 * 16 * 20, log_every=5)
+
+
+def test_a_tune_search_with_optuna_and_asha_drives_jaxppo(cluster, compile_cache_dir, tmp_path):
+    """4 trials drawn by Optuna, stopped early by ASHA: every trial reports per chunk, the
+    reports carry checkpoints (run folders), and the best trial's config is one of them."""
+    pytest.importorskip("optuna")
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    import jaxppo.tune
+
+    base = tiny(compile_cache_dir, **TUNE_BASE)
+    tuner = tune.Tuner(
+        jaxppo.tune.trainable(base, checkpoint_every=10),
+        param_space={"lr": tune.loguniform(1e-4, 1e-2), "clip_param": tune.uniform(0.1, 0.3)},
+        tune_config=tune.TuneConfig(
+            metric="episode_return_mean", mode="max", num_samples=4,
+            search_alg=OptunaSearch(seed=0),
+            scheduler=ASHAScheduler(time_attr="iteration", max_t=20, grace_period=10)),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="search", verbose=0))
+    results = tuner.fit()
+    assert len(results) == 4 and not results.errors
+    lrs = set()
+    for r in results:
+        assert r.metrics["iteration"] in (10, 20)  # ASHA stops some at its rung
+        assert math.isfinite(r.metrics["episode_return_mean"])
+        assert 1e-4 <= r.config["lr"] <= 1e-2
+        lrs.add(r.config["lr"])
+        with r.checkpoint.as_directory() as d:  # a jaxppo run folder with its checkpoint
+            saved = yaml.safe_load((Path(d) / "config.yaml").read_text())
+            assert saved["lr"] == pytest.approx(r.config["lr"])
+            assert (Path(d) / "checkpoints").is_dir() and (Path(d) / "metrics.jsonl").exists()
+        iterations = list(r.metrics_dataframe["iteration"])
+        assert iterations[:2] == [5, 10]  # one report per chunk (log_every=5)
+    assert len(lrs) == 4
+    best = results.get_best_result()
+    assert best.config["lr"] in lrs
+
+
+def test_tunes_population_based_training_restores_jaxppo_checkpoints(
+        cluster, compile_cache_dir, tmp_path):
+    """Tune's PBT scheduler clones the better trial's checkpoint into the worse one and
+    perturbs its lr: the trial resumes that jaxppo run folder with the new lr."""
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    import jaxppo.tune
+
+    base = tiny(compile_cache_dir, **{**TUNE_BASE, "total_timesteps": 4 * 16 * 40},
+                lr_schedule="constant")
+    pbt = PopulationBasedTraining(time_attr="iteration", perturbation_interval=10,
+                                  hyperparam_mutations={"lr": tune.loguniform(1e-5, 1e-2)},
+                                  quantile_fraction=0.5)
+    tuner = tune.Tuner(
+        jaxppo.tune.trainable(base, checkpoint_every=10),
+        param_space={"lr": tune.grid_search([1e-5, 3e-3])},
+        tune_config=tune.TuneConfig(metric="episode_return_mean", mode="max", scheduler=pbt),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="pbt", verbose=0))
+    results = tuner.fit()
+    assert len(results) == 2 and not results.errors
+    for r in results:
+        assert r.metrics["iteration"] == 40
+    # at least one exploit step: a trial was cloned and trained on with a perturbed lr
+    assert {r.config["lr"] for r in results} != {1e-5, 3e-3}
+    for r in results:
+        with r.checkpoint.as_directory() as d:
+            rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+        assert [row["iteration"] for row in rows] == list(range(1, 41))
+        assert rows[-1]["lr"] == pytest.approx(r.config["lr"], rel=1e-6)
+
+
+def test_tune_trainable_rejects_unknown_fields():
+    import jaxppo.tune
+
+    with pytest.raises(jaxppo.ConfigError, match="unknown config key 'lrr'"):
+        jaxppo.tune.trial_config(tiny(), {"lrr": 1e-3})
+    assert jaxppo.tune.trial_config(tiny(), {"network.hidden_sizes": [8]}).network.hidden_sizes == (8,)
