@@ -15,7 +15,6 @@ from jaxppo.envs import registered_env_names
 from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderError,
                            TrainingDivergedError, TrainingInterrupted, VideoError)
 from jaxppo.plotting import plot_runs, unplottable
-from jaxppo.population import SEARCH_EXAMPLE
 from jaxppo.policy import load_policy
 from jaxppo.runlog import read_metrics
 from jaxppo.train import train
@@ -68,6 +67,10 @@ def _build_parser() -> argparse.ArgumentParser:
     runargs.add_config_flags(s)
     s.add_argument("--population", type=int, metavar="N",
                    help="settings to draw (search.population); num_seeds follows it")
+    s.add_argument("--hosts", type=int, metavar="H",
+                   help="split the population over H hosts of a Ray cluster (each trains "
+                        "population/H whole members; hosts exchange only fitness and the copied "
+                        "learner states at PBT steps), as `jaxppo train --hosts H`")
     s.add_argument("--runs-dir", default="runs", help="folder that receives the run folder")
     s.add_argument("--run-name", help="run folder name (default <env>-search-<YYYYmmdd-HHMMSS>)")
 
@@ -331,27 +334,19 @@ def _train_on_hosts(args) -> int:
     # Imported here only: the multi-host entry point loads Ray, which nothing else needs.
     from jaxppo.distributed.__main__ import main as distributed_main
 
-    return distributed_main(argv)
-
-
-def _searched(config):
-    """`jaxppo search`'s config, which must have a `search`."""
-    if config.search is None:
-        raise ConfigError("jaxppo search needs a `search` in the config (a file's `search:` "
-                          "or --set 'search={...}'): " + SEARCH_EXAMPLE)
-    return config.validate()
+    return distributed_main(argv, search=args.command == "search")
 
 
 def _train(args) -> int:
     searching = args.command == "search"
-    if getattr(args, "hosts", None) is not None:
-        return _train_on_hosts(args)
     if searching and args.population is not None:  # --population N: search.population=N
         args.overrides = [*(args.overrides or []), f"search.population={args.population}"]
+    if getattr(args, "hosts", None) is not None:
+        return _train_on_hosts(args)
     try:
         config, source, run_dir = runargs.start(args, "-search" if searching else "")
         if searching and not args.resume:
-            config = _searched(config)
+            config = runargs.searched(config)
     except (ConfigError, CheckpointError) as e:
         return runargs.fail(e)
     print(f"config: {source}; run folder: {run_dir}", file=sys.stderr)

@@ -17,6 +17,7 @@ from jaxppo.checkpoint import load_run_config
 from jaxppo.config import NetworkConfig, PPOConfig, read_config_file, tuned_config_path
 from jaxppo.envs import check_recorded_env
 from jaxppo.errors import CheckpointError, ConfigError
+from jaxppo.population import SEARCH_EXAMPLE
 from jaxppo.rundir import fresh_run_dir
 
 PRECEDENCE = ("defaults < the packaged tuned config of the env (unless --defaults) < --config "
@@ -154,6 +155,14 @@ def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
     config, source = new_config(args)
     name = args.run_name or f"{config.env_name}{name_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
     return config, source, fresh_run_dir(args.runs_dir, name)
+
+
+def searched(config: PPOConfig) -> PPOConfig:
+    """`jaxppo search`'s config, which must have a `search`."""
+    if config.search is None:
+        raise ConfigError("jaxppo search needs a `search` in the config (a file's `search:` "
+                          "or --set 'search={...}'): " + SEARCH_EXAMPLE)
+    return config.validate()
 
 
 def fail(err: Exception, code: int = 2) -> int:

@@ -793,7 +793,28 @@ def test_a_pbt_population_split_over_hosts_trains_as_one_process(
     assert (run / "best.yaml").exists()
 
 
-def test_pbt_population_not_divisible_by_hosts_is_a_config_error():
+def test_jaxppo_search_hosts_runs_the_multi_host_driver_on_a_search(tmp_path, capsys,
+                                                                    monkeypatch):
+    """`jaxppo search --hosts H` is the multi-host driver with its options (and --population),
+    on a config that must have a `search` (checked before any cluster is contacted)."""
+    import jaxppo.distributed.__main__ as driver
+    from jaxppo.cli import main
+
+    seen = {}
+    monkeypatch.setattr(driver, "train_distributed",
+                        lambda config, hosts, **kw: seen.update(config=config, hosts=hosts, **kw))
+    monkeypatch.setattr(driver.runargs, "report", lambda result, resume_command: 0)
+    code = main(["search", "--hosts", "2", "--env", "CartPole-v1", "--population", "4",
+                 "--runs-dir", str(tmp_path), "--stop-after", "3", "--no-progress",
+                 "--set", "search={lr: {loguniform: [1.0e-4, 1.0e-2]}}", "pbt={interval: 5}"])
+    assert code == 0, capsys.readouterr().err
+    assert seen["hosts"] == 2 and seen["stop_after_iterations"] == 3
+    assert seen["config"].search["population"] == 4 and seen["config"].num_seeds == 4
+    assert seen["config"].pbt == {"interval": 5}
+    assert seen["run_dir"].name.startswith("CartPole-v1-search-ray2-"), seen["run_dir"]
+
+    code = main(["search", "--hosts", "2", "--env", "CartPole-v1", "--runs-dir", str(tmp_path)])
+    assert code == 2 and "needs a `search`" in capsys.readouterr().err  # before any cluster
     from jaxppo.resolve import Layout, resolve
 
     cfg = tiny(num_seeds=6, search={"lr": {"uniform": [1e-4, 1e-2]}}, pbt={"interval": 1})

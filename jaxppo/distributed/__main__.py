@@ -52,7 +52,9 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, search: bool = False) -> int:
+    """The driver's command line; `search`: `jaxppo search --hosts H` (the config must have a
+    `search`, and the run folder is named <env>-search-rayH-<time>)."""
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -64,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")
     try:
-        config, source, run_dir = runargs.start(args, name_tag=f"-ray{args.hosts}")
+        config, source, run_dir = runargs.start(
+            args, name_tag=f"{'-search' if search else ''}-ray{args.hosts}")
+        if search and not args.resume:
+            config = runargs.searched(config)
     except (ConfigError, CheckpointError) as e:
         return runargs.fail(e)
 
