@@ -315,3 +315,24 @@ def test_a_population_split_over_devices_trains_the_same_members():
         assert got["same_parents"] and got["same_episodes"] and got["same_returns"], (name, got)
         assert max(got["max_rel_diff"].values()) < 1e-3, (name, got)
         assert got["max_param_diff"] < 1e-4, (name, got)
+
+
+# ---------------------------------------------------------------------- learning
+@pytest.mark.slow
+def test_a_tiny_pbt_run_beats_a_deliberately_bad_fixed_lr_on_cartpole():
+    """4 seeds at lr=1e-5 (the bottom of the searched range) barely move; a PBT population of
+    4 drawn from [1e-5, 1e-2] at the same per-member budget learns, and its exploit steps
+    leave every member with an lr well above the bad one."""
+    base = dict(env="CartPole-v1", num_envs=8, num_steps=32, total_timesteps=8 * 32 * 32,
+                num_epochs=2, num_minibatches=2, network=jaxppo.NetworkConfig((32, 32)),
+                lr_schedule="constant", compilation_cache_dir=None, num_seeds=4, log_every=8)
+    fixed = jaxppo.train(jaxppo.PPOConfig(**base, lr=1e-5), progress=False)
+    pbt = jaxppo.train(jaxppo.PPOConfig(**base, search={"lr": {"loguniform": [1e-5, 1e-2]}},
+                                        pbt={"interval": 4, "fraction": 0.25}), progress=False)
+    last = np.s_[:, -4:]
+    fixed_return = np.nanmean(fixed.metrics["episode_return_mean"][last])
+    pbt_return = np.nanmean(pbt.metrics["episode_return_mean"][last])
+    assert fixed_return < 40, fixed_return
+    assert pbt_return > 2 * fixed_return, (pbt_return, fixed_return)
+    assert np.isfinite(pbt.metrics["pbt_parent"]).any()
+    assert (pbt.metrics["hp_lr"][:, -1] > 1e-4).all(), pbt.metrics["hp_lr"][:, -1]
