@@ -37,6 +37,7 @@ GYMNAX_PPO = {
     "CartPole-v1": (500.0, 1.5e5),
     "Acrobot-v1": (-80.0, 5e5),
     "Pendulum-v1": (-130.0, 1e6),
+    "MountainCar-v0": (-118.0, 5e5),
     "Catch-bsuite": (1.0, 1e5),
     "Asterix-MinAtar": (15.0, 1e7),
     "Breakout-MinAtar": (28.0, 1e7),
