@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import weakref
 from typing import Any, NamedTuple
 
@@ -20,7 +21,10 @@ import numpy as np
 from jaxppo._imports import import_gymnax
 from jaxppo.errors import ConfigError
 from jaxppo.gymnasium_env import is_gymnasium_env, make_gymnasium_env
-from jaxppo.suites import is_brax_env, make_brax_env, registered_brax_envs
+from jaxppo.suites import is_suite_env, make_brax_env, registered_brax_envs, suite_of
+from jaxppo.suites_craftax import make_craftax_env, registered_craftax_envs
+from jaxppo.suites_jumanji import make_jumanji_env, registered_jumanji_envs
+from jaxppo.suites_xminigrid import make_xminigrid_env, registered_xminigrid_envs
 from jaxppo.transforms import box_bounds, wrap_env
 
 
@@ -59,8 +63,9 @@ def check_env_name(name: str) -> None:
     lowered = {n.lower(): n for n in names}
     if name.lower() in lowered:
         close = [lowered[name.lower()]]
-    if _is_brax_name(name):
-        close = [f"brax:{name}"]
+    suite = _suite_with_name(name)
+    if suite:
+        close = [f"{suite}:{name}"]
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise ConfigError(
         f"env={name!r} is not a registered gymnax environment{hint or '.'} "
@@ -68,17 +73,33 @@ def check_env_name(name: str) -> None:
     )
 
 
-def _is_brax_name(name: str) -> bool:
-    """True when brax is installed and registers `name` (its envs are named "brax:<name>")."""
+# suite -> (its names' look: a gymnax typo loads no suite package, the package, its names)
+_SUITE_NAMES = {
+    # Brax's names are lower case ("halfcheetah"), gymnax's not.
+    "brax": (lambda n: n == n.lower() and "-" not in n, "brax", registered_brax_envs),
+    "jumanji": (lambda n: re.fullmatch(r"[A-Z][\w-]*-v\d+", n) is not None, "jumanji",
+                registered_jumanji_envs),
+    "craftax": (lambda n: n.startswith("Craftax-"), "craftax", registered_craftax_envs),
+    "xminigrid": (lambda n: n.startswith(("MiniGrid-", "XLand-MiniGrid-")), "xminigrid",
+                  registered_xminigrid_envs),
+}
+
+
+def _suite_with_name(name: str) -> str | None:
+    """The suite that is installed and has an env called `name` (then it is meant as
+    "<suite>:<name>"), or None. Only suites whose names look like `name` are imported."""
     import importlib.util
 
-    # Brax's names are lower case ("halfcheetah"), gymnax's not: a gymnax typo loads no brax.
-    if name != name.lower() or "-" in name or importlib.util.find_spec("brax") is None:
-        return False
-    try:
-        return name in registered_brax_envs()
-    except ConfigError:
-        return False
+    for suite, (looks_like, package, registered) in _SUITE_NAMES.items():
+        if not looks_like(name) or importlib.util.find_spec(package) is None:
+            continue
+        try:
+            found = name in registered()
+        except Exception:  # noqa: BLE001 - a suggestion only: a broken suite suggests nothing
+            found = False
+        if found:
+            return suite
+    return None
 
 
 def check_recorded_env(config, run_dir, fix: str) -> None:
@@ -126,8 +147,8 @@ def make_env(config) -> EnvSpec:
         _check_params_type(config.env_params, default_params, config.env_name)
     else:
         ctor_args: list[str] | None = None
-        if is_brax_env(config.env):  # "brax:<name>": jaxppo.suites' adapter, gymnax API
-            env, env_kwargs = make_brax_env(config.env, env_kwargs)
+        if is_suite_env(config.env):  # "<suite>:<name>": jaxppo.suites*' adapters, gymnax API
+            env, env_kwargs = make_suite_env(config.env, env_kwargs)
         elif isinstance(config.env, str):  # "module:Class" or "module:function"
             env, env_kwargs, ctor_args = import_env(config.env, env_kwargs)
         else:
@@ -148,14 +169,24 @@ def make_env(config) -> EnvSpec:
     if param_kwargs:
         _check_param_values(param_kwargs, env_params, config.env_name)
         env_params = env_params.replace(**param_kwargs)
-    if (not isinstance(config.env, str) or ":" in config.env) and not is_brax_env(config.env):
-        # gymnax's own envs and the Brax adapter (tests/test_brax.py checks it; the check
-        # would add ~6 s of compiling to every Brax run on a CPU) are trusted.
+    if (not isinstance(config.env, str) or ":" in config.env) and not is_suite_env(config.env):
+        # gymnax's own envs and the suite adapters (tests/test_brax.py etc. check them; the
+        # check would add ~6 s of compiling to every Brax run on a CPU) are trusted.
         if not type(env).__module__.startswith("gymnax.environments."):
             check_env(env, env_params, config.env_name)
     if config.transforms:
         env = wrap_env(env, config)  # observation transforms (frame stacking, ...)
     return _env_spec(config, env, env_params)
+
+
+_SUITE_MAKERS = {"brax": make_brax_env, "jumanji": make_jumanji_env,
+                 "craftax": make_craftax_env, "xminigrid": make_xminigrid_env}
+
+
+def make_suite_env(path: str, env_kwargs: dict) -> tuple[Any, dict]:
+    """The adapter env "<suite>:<name>" names (jaxppo.suites and jaxppo.suites_<suite>), built
+    with the env_kwargs its suite takes. Returns (env, the other env_kwargs: params)."""
+    return _SUITE_MAKERS[suite_of(path)](path, env_kwargs)
 
 
 def _env_spec(config, env, env_params) -> EnvSpec:

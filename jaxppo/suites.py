@@ -12,6 +12,12 @@ in `info["final_observation"]`, and on either end resets with the key jaxppo giv
 step (a new random start every episode).
 
 brax is imported only when a `brax:` env is built: `import jaxppo` does not load it.
+
+The other suites' adapters (`jaxppo.suites_jumanji`, `jaxppo.suites_craftax`,
+`jaxppo.suites_xminigrid`) follow the same rules and share this module's helpers: `SUITES`
+names every prefix, its package and its pip extra; `suite_of` says which suite an env name
+belongs to; `import_suite` imports a suite's package or raises the ConfigError that names the
+install; `unknown_env_error` lists the names a suite has.
 """
 
 from __future__ import annotations
@@ -28,8 +34,86 @@ from flax import struct
 
 from jaxppo.errors import ConfigError
 
+# ------------------------------------------------------------------ every suite
+# suite -> (the package it needs, the pip extra that installs it). An env named
+# "<suite>:<name>" is built by that suite's adapter (jaxppo.envs.make_env dispatches).
+SUITES = {
+    "brax": ("brax", "brax"),
+    "jumanji": ("jumanji", "jumanji"),
+    "craftax": ("craftax", "craftax"),
+    "xminigrid": ("xminigrid", "xminigrid"),
+}
+
+
+def suite_of(env: Any) -> str | None:
+    """The suite of an env named "<suite>:<name>" (e.g. "jumanji" for "jumanji:Snake-v1"),
+    or None for any other env (a gymnax name, "module:Class", an object)."""
+    if not isinstance(env, str):
+        return None
+    suite, sep, _ = env.partition(":")
+    return suite if sep and suite in SUITES else None
+
+
+def is_suite_env(env: Any) -> bool:
+    """True for an env named "<suite>:<name>" that one of jaxppo's adapters builds."""
+    return suite_of(env) is not None
+
+
+def install_line(suite: str) -> str:
+    """The pip command that installs a suite's package with the version jaxppo is tested on."""
+    return f"pip install 'jaxppo[{SUITES[suite][1]}]'"
+
+
+def import_suite(suite: str, module: str | None = None):
+    """The suite's package (or its submodule `module`), or a ConfigError naming the install."""
+    import importlib
+
+    name = module or SUITES[suite][0]
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ConfigError(f"env='{suite}:...' needs the {SUITES[suite][0]} package "
+                          f"({type(e).__name__}: {e}): {install_line(suite)}") from None
+
+
+def unknown_env_error(path: str, names: list[str], what: str,
+                      listing: str = "Available") -> ConfigError:
+    """The ConfigError for "<suite>:<name>" whose name the suite does not have: the nearest
+    names, then all of them (after `listing`), each with the prefix to paste."""
+    prefix, _, name = path.partition(":")
+    prefix += ":"
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
+    lowered = {n.lower(): n for n in names}
+    if name.lower() in lowered:
+        close = [lowered[name.lower()]]
+    hint = f"; did you mean {' or '.join(repr(prefix + c) for c in close)}?" if close else "."
+    return ConfigError(f"env={path!r}: {name!r} is not {what}{hint} "
+                       f"{listing}: {', '.join(prefix + n for n in names)}")
+
+
+def select_reset(done: jax.Array, reset: Any, stepped: Any) -> Any:
+    """`reset` where the episode ended, else `stepped` (two trees of the same structure).
+    Computed for every step and selected, as gymnax does: under vmap a cond would run both
+    branches anyway."""
+    return jax.tree.map(lambda r, s: jnp.where(done, r, s), reset, stepped)
+
+
+def gymnax_spaces():
+    """gymnax's spaces module (Box, Discrete), which every adapter's spaces are made of."""
+    from jaxppo._imports import import_gymnax
+
+    return import_gymnax().environments.spaces
+
+
+def first_line(e: BaseException) -> str:
+    """The first non-empty line of an exception's message (at most 300 characters)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else "")[:300]
+
+
+# ------------------------------------------------------------------ Brax
 PREFIX = "brax:"
-INSTALL = "pip install 'jaxppo[brax]'"
+INSTALL = install_line("brax")
 DEFAULT_EPISODE_LENGTH = 1000  # Brax's episode_length default (envs.create, ppo.train)
 
 
@@ -40,15 +124,10 @@ def is_brax_env(env: Any) -> bool:
 
 def import_brax_envs():
     """brax.envs, or a ConfigError naming the install."""
-    try:
-        # mujoco.mjx prints "Failed to import mujoco_warp" when the optional warp GPU backend
-        # is absent; Brax's pipelines do not use it, so keep it out of the run's output.
-        with contextlib.redirect_stdout(io.StringIO()):
-            import brax.envs
-    except ImportError as e:
-        raise ConfigError(f"env='brax:...' needs the brax package ({type(e).__name__}: {e}): "
-                          f"{INSTALL}") from None
-    return brax.envs
+    # mujoco.mjx prints "Failed to import mujoco_warp" when the optional warp GPU backend
+    # is absent; Brax's pipelines do not use it, so keep it out of the run's output.
+    with contextlib.redirect_stdout(io.StringIO()):
+        return import_suite("brax", "brax.envs")
 
 
 def registered_brax_envs() -> list[str]:
@@ -65,10 +144,7 @@ def make_brax_env(path: str, env_kwargs: dict) -> tuple["BraxEnv", dict]:
     envs = import_brax_envs()
     names = registered_brax_envs()
     if names and name not in names:  # (no names: a brax without the registry dict we read)
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.4)
-        hint = f"; did you mean {' or '.join(repr(PREFIX + c) for c in close)}?" if close else "."
-        raise ConfigError(f"env={path!r}: {name!r} is not a registered Brax environment{hint} "
-                          f"Registered: {', '.join(PREFIX + n for n in names)}")
+        raise unknown_env_error(path, names, "a registered Brax environment", "Registered")
     params = {k: v for k, v in env_kwargs.items() if k in _PARAM_FIELDS}
     kwargs = {k: v for k, v in env_kwargs.items() if k not in _PARAM_FIELDS}
     try:
@@ -82,30 +158,31 @@ def make_brax_env(path: str, env_kwargs: dict) -> tuple["BraxEnv", dict]:
         hint = (" (the time limit is env_kwargs max_steps_in_episode, Brax's episode_length)"
                 if "episode_length" in kwargs else "")
         raise ConfigError(f"env={path!r}: brax.envs.get_environment({call}) raised "
-                          f"{type(e).__name__}: {_first_line(e)}{hint}. env_kwargs other than "
+                          f"{type(e).__name__}: {first_line(e)}{hint}. env_kwargs other than "
                           f"{sorted(_PARAM_FIELDS)} go to it (e.g. backend='positional')") from None
     env = BraxEnv(brax_env, name=f"brax-{name}")
-    _trace_step(env, path)
+    trace_step(env, path, "brax", "Brax", jax.ShapeDtypeStruct((env._action_size,), jnp.float32))
     return env, params
 
 
-def _trace_step(env: "BraxEnv", path: str) -> None:
-    """ConfigError when tracing the env's step fails: a Brax env that does not run with this
-    jax (brax 0.14.2's swimmer calls jnp.clip(a_min=...), which jax 0.10 removed) is named
-    before anything compiles. Tracing only (jax.eval_shape): a fraction of a second."""
+def trace_step(env: Any, path: str, suite: str, label: str, action: Any, hint: str = "") -> None:
+    """ConfigError when tracing the adapter's reset or step fails: suite code that does not
+    run with this jax (brax 0.14.2's swimmer calls jnp.clip(a_min=...), which jax 0.10
+    removed), or params it cannot take, is named before anything compiles. Tracing only
+    (jax.eval_shape): a fraction of a second. `suite` is the package, `label` its name in
+    the message ("Brax"), `action` an example action (an array or a ShapeDtypeStruct)."""
     import importlib.metadata
 
     params = env.default_params
-    action = jax.ShapeDtypeStruct((env._action_size,), jnp.float32)
     key = jax.random.PRNGKey(0)
     try:
         _, state = jax.eval_shape(lambda k: env.reset(k, params), key)
         jax.eval_shape(lambda k, s, a: env.step(k, s, a, params), key, state, action)
-    except Exception as e:  # noqa: BLE001 - Brax's own code failing: one clear error
-        versions = ", ".join(f"{p} {importlib.metadata.version(p)}" for p in ("brax", "jax"))
-        raise ConfigError(f"env={path!r}: Brax's own reset or step fails with {versions} "
-                          f"({type(e).__name__}: {_first_line(e)}): this Brax env does not run "
-                          "with these versions; use another one") from e
+    except Exception as e:  # noqa: BLE001 - the suite's own code failing: one clear error
+        versions = ", ".join(f"{p} {importlib.metadata.version(p)}" for p in (suite, "jax"))
+        raise ConfigError(f"env={path!r}: {label}'s own reset or step fails with {versions} "
+                          f"({type(e).__name__}: {first_line(e)}): this {label} env does not run "
+                          f"with these versions{hint}; use another one") from e
 
 
 @struct.dataclass
@@ -165,20 +242,17 @@ class BraxEnv:
         truncated = jnp.logical_and(time >= params.max_steps_in_episode, ~terminated)
         done = jnp.logical_or(terminated, truncated)
         reset_obs, reset_state = self.reset(key, params)
-        # Computed for every step and selected, as gymnax does: under vmap a cond would
-        # run both branches anyway.
-        next_state = jax.tree.map(lambda r, s: jnp.where(done, r, s), reset_state,
-                                  BraxEnvState(stepped, time))
+        next_state = select_reset(done, reset_state, BraxEnvState(stepped, time))
         obs = jnp.where(done, reset_obs, stepped.obs)
         info = {"final_observation": stepped.obs}
         return obs, next_state, stepped.reward, terminated, truncated, info
 
     def observation_space(self, params: BraxParams | None = None):
-        spaces = _gymnax_spaces()
+        spaces = gymnax_spaces()
         return spaces.Box(-jnp.inf, jnp.inf, self._obs_shape, self._obs_dtype)
 
     def action_space(self, params: BraxParams | None = None):
-        spaces = _gymnax_spaces()
+        spaces = gymnax_spaces()
         return spaces.Box(-1.0, 1.0, (self._action_size,), jnp.float32)
 
     def __repr__(self) -> str:
@@ -190,14 +264,3 @@ def _plain_state(state):
     floats, which would change the state's leaf types between reset and step)."""
     return state.replace(reward=jnp.asarray(state.reward, jnp.float32),
                          done=jnp.asarray(state.done, jnp.float32))
-
-
-def _gymnax_spaces():
-    from jaxppo._imports import import_gymnax
-
-    return import_gymnax().environments.spaces
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return (lines[0] if lines else "")[:300]
