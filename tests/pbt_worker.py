@@ -1,5 +1,7 @@
 """Run in a subprocess with 4 forced host devices: a PBT population split over 1, 2 and 4
-devices, and a checkpoint of the 2-device run resumed on 4 devices and on 1.
+devices, and a checkpoint of the 2-device run resumed on 4 devices and on 1. With
+JAXPPO_TEST_CACHE_DIR set it uses that persistent compilation cache (a resume on a device
+count already run then compiles nothing).
 
 Prints one JSON object (after "RESULT ") with what `test_pbt.py` asserts on.
 """
@@ -13,6 +15,11 @@ from pathlib import Path
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 
 import jax  # noqa: E402
+
+if os.environ.get("JAXPPO_TEST_CACHE_DIR"):  # the suite's compilation cache (conftest.py)
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAXPPO_TEST_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 import numpy as np  # noqa: E402
 
 import jaxppo  # noqa: E402

@@ -295,17 +295,19 @@ def test_hyperparams_of_a_pbt_member_are_recorded_per_iteration(pbt_runs):
     assert ok.all() and math.isfinite(float(lr0.min()))
 
 
-def test_a_population_split_over_devices_trains_the_same_members():
+def test_a_population_split_over_devices_trains_the_same_members(compile_cache_dir):
     """Members split over 2 or 4 devices (no collective between exploit steps) train as on
     one device, and a checkpoint moves between device counts. Equal up to float rounding:
     XLA's batched matmuls over 1, 2 or 4 members may sum in another order."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     worker = Path(__file__).with_name("pbt_worker.py")
+    env = {**os.environ, **({"JAXPPO_TEST_CACHE_DIR": compile_cache_dir} if compile_cache_dir else {})}
     proc = subprocess.run([sys.executable, str(worker)], capture_output=True, text=True,
-                          timeout=600, cwd=worker.parent)
+                          timeout=600, cwd=worker.parent, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
     assert r["devices"] == {"1": 1, "2": 2, "4": 4}

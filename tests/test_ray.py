@@ -53,6 +53,10 @@ def tiny(cache_dir=None, **kw) -> PPOConfig:
     return PPOConfig(**base)
 
 
+HEALTH_CHECK_ENV = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "1000",
+                    "RAY_health_check_timeout_ms": "2000", "RAY_health_check_failure_threshold": "4"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,6 +70,10 @@ def cluster():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
         for k, v in LOOPBACK_ENV.items():
+            mp.setenv(k, v)
+        # Ray notices a dead node after missed health checks (by default ~15-30 s); checked
+        # more often here, the lost-node tests spend seconds, not half a minute, waiting.
+        for k, v in HEALTH_CHECK_ENV.items():
             mp.setenv(k, v)
         port = _free_port()
         with _quiet_fork_warning():
