@@ -42,7 +42,7 @@ SEARCH = {
     "Acrobot-v1": {"lr": {"loguniform": [7.5e-4, 1.2e-2]},
                    "entropy_coeff": {"loguniform": [1e-3, 3e-2]},
                    "clip_param": {"uniform": [0.1, 0.3]}, "gae_lambda": {"uniform": [0.9, 0.99]}},
-    "Breakout-MinAtar": {"lr": {"loguniform": [1.25e-3, 2e-2]},
+    "Breakout-MinAtar": {"lr": {"loguniform": [1.25e-4, 2e-3]},
                          "entropy_coeff": {"loguniform": [3e-3, 3e-2]},
                          "clip_param": {"uniform": [0.1, 0.3]}},
 }
@@ -58,14 +58,30 @@ def _run(cmd: list[str], run_dir: Path) -> tuple[float, dict]:
     return wall, json.loads((run_dir / "summary.json").read_text())
 
 
+def _constant_lr(values: dict, total: int) -> list[str]:
+    """A search scales a number, not a points schedule: a tuned lr given as points that is
+    constant over the (capped) budget becomes that constant, the same for both runs."""
+    lr = values.get("lr")
+    if not isinstance(lr, list):
+        return []
+    upto = [(step, v) for step, v in lr if step <= total]
+    after = [v for step, v in lr if step > total][:1] if upto[-1][0] < total else []
+    held = [v for _, v in upto] + after  # the values the lr takes (or moves toward) in budget
+    if len(set(held)) != 1:
+        raise SystemExit(f"the tuned lr {lr} changes within {total} steps: searching it needs "
+                         "a constant or linear lr; cap the budget with --max-steps")
+    return [f"lr={held[0]}", "lr_schedule=constant"]
+
+
 def run_env(env: str, repeats: int, max_steps: float | None) -> dict:
     config = CONFIGS / f"{env}.yaml"
-    total = int(yaml.safe_load(config.read_text())["total_timesteps"])
+    values = yaml.safe_load(config.read_text())
+    total = int(values["total_timesteps"])
     if max_steps is not None:
         total = min(total, int(max_steps))
     common = ["--config", str(config), "--runs-dir", str(RUNS), "--no-progress", "--no-plot",
               "--set", f"eval_every={10**9}", f"eval_episodes={EVAL_EPISODES}",
-              "eval_deterministic=false", f"total_timesteps={total}"]
+              "eval_deterministic=false", f"total_timesteps={total}", *_constant_lr(values, total)]
     search = {"population": POPULATION, **SEARCH[env]}
     tuned, pbt = [], []
     for r in range(repeats):

@@ -69,7 +69,9 @@ def check_env_name(name: str) -> None:
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise ConfigError(
         f"env={name!r} is not a registered gymnax environment{hint or '.'} "
-        f"Registered: {', '.join(names)}. Or pass an env object with the gymnax API as env="
+        f"Registered: {', '.join(names)}. Other suites by prefix: brax:<name>, jumanji:<Id>, "
+        "craftax:<name>, xminigrid:<name>, gymnasium:<id>; or module:Class of your own env, "
+        "or an env object with the gymnax API as env="
     )
 
 
