@@ -21,7 +21,7 @@ import numpy as np
 from jaxppo._imports import import_gymnax
 from jaxppo.errors import ConfigError
 from jaxppo.gymnasium_env import is_gymnasium_env, make_gymnasium_env
-from jaxppo.suites import is_suite_env, make_brax_env, registered_brax_envs, suite_of
+from jaxppo.suites import SUITES, is_suite_env, make_brax_env, registered_brax_envs, suite_of
 from jaxppo.suites_craftax import make_craftax_env, registered_craftax_envs
 from jaxppo.suites_jumanji import make_jumanji_env, registered_jumanji_envs
 from jaxppo.suites_xminigrid import make_xminigrid_env, registered_xminigrid_envs
@@ -75,14 +75,14 @@ def check_env_name(name: str) -> None:
     )
 
 
-# suite -> (its names' look: a gymnax typo loads no suite package, the package, its names)
+# suite -> (its names' look: a gymnax typo loads no suite package, its registered names)
 _SUITE_NAMES = {
     # Brax's names are lower case ("halfcheetah"), gymnax's not.
-    "brax": (lambda n: n == n.lower() and "-" not in n, "brax", registered_brax_envs),
-    "jumanji": (lambda n: re.fullmatch(r"[A-Z][\w-]*-v\d+", n) is not None, "jumanji",
+    "brax": (lambda n: n == n.lower() and "-" not in n, registered_brax_envs),
+    "jumanji": (lambda n: re.fullmatch(r"[A-Z][\w-]*-v\d+", n) is not None,
                 registered_jumanji_envs),
-    "craftax": (lambda n: n.startswith("Craftax-"), "craftax", registered_craftax_envs),
-    "xminigrid": (lambda n: n.startswith(("MiniGrid-", "XLand-MiniGrid-")), "xminigrid",
+    "craftax": (lambda n: n.startswith("Craftax-"), registered_craftax_envs),
+    "xminigrid": (lambda n: n.startswith(("MiniGrid-", "XLand-MiniGrid-")),
                   registered_xminigrid_envs),
 }
 
@@ -92,8 +92,8 @@ def _suite_with_name(name: str) -> str | None:
     "<suite>:<name>"), or None. Only suites whose names look like `name` are imported."""
     import importlib.util
 
-    for suite, (looks_like, package, registered) in _SUITE_NAMES.items():
-        if not looks_like(name) or importlib.util.find_spec(package) is None:
+    for suite, (looks_like, registered) in _SUITE_NAMES.items():
+        if not looks_like(name) or importlib.util.find_spec(SUITES[suite][0]) is None:
             continue
         try:
             found = name in registered()

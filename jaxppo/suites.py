@@ -117,11 +117,6 @@ INSTALL = install_line("brax")
 DEFAULT_EPISODE_LENGTH = 1000  # Brax's episode_length default (envs.create, ppo.train)
 
 
-def is_brax_env(env: Any) -> bool:
-    """True for an env named "brax:<name>"."""
-    return isinstance(env, str) and env.startswith(PREFIX)
-
-
 def import_brax_envs():
     """brax.envs, or a ConfigError naming the install."""
     # mujoco.mjx prints "Failed to import mujoco_warp" when the optional warp GPU backend
