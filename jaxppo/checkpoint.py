@@ -200,19 +200,30 @@ def _ignore_closed_loop_reports() -> None:
 class _BackgroundSaveErrors(logging.Filter):
     """Orbax logs a save that fails in its background threads (a full disk) as several ERROR
     records with tracebacks, then raises the same error in the caller at the next save, wait
-    or close, where the run folder turns it into one clear RunFolderError. Drop those records."""
+    or close, where the run folder turns it into one clear RunFolderError. Drop those records.
+
+    The same failure also leaves orbax's other write tasks (one per array) with exceptions
+    nobody awaits; asyncio logs each as "Task exception was never retrieved" with a traceback
+    when the task is garbage-collected, which can be at any later moment. Drop those too (only
+    those whose task is orbax's)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR or "orbax" not in record.pathname:
+        if record.levelno < logging.ERROR:
+            return True
+        if record.name == "asyncio":
+            text = record.getMessage()
+            return not ("exception was never retrieved" in text and "orbax" in text)
+        if "orbax" not in record.pathname:
             return True
         text = str(record.msg).lower()
         return not ("raised an exception" in text or "failed" in text)
 
 
 def _drop_background_save_tracebacks() -> None:
-    logger = logging.getLogger("absl")
-    if not any(isinstance(f, _BackgroundSaveErrors) for f in logger.filters):
-        logger.addFilter(_BackgroundSaveErrors())
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _BackgroundSaveErrors) for f in logger.filters):
+            logger.addFilter(_BackgroundSaveErrors())
 
 
 @contextlib.contextmanager

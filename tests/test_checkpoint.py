@@ -489,6 +489,37 @@ def test_cli_on_a_really_full_disk_and_a_read_only_folder(tiny_disk, tmp_path):
                      proc.stderr), proc.stderr[-3000:]
 
 
+def test_unretrieved_orbax_write_task_errors_are_not_logged(tmp_path, caplog):
+    """A failed save leaves orbax's other per-array write tasks holding exceptions nobody
+    awaits; asyncio logs each with a traceback whenever the task is garbage-collected. Those
+    (and only those of orbax's tasks) are dropped once a checkpoint store exists."""
+    import asyncio
+    import gc
+    import logging
+
+    CheckpointStore(tmp_path / "checkpoints")  # installs the filter
+    namespace: dict = {}
+    for label, filename in (("orbax", "/site-packages/orbax/checkpoint/type_handlers.py"),
+                            ("other", "/site-packages/something/else.py")):
+        src = f"async def write_{label}():\n    raise ValueError('RESOURCE_EXHAUSTED: {label}')\n"
+        exec(compile(src, filename, "exec"), namespace)
+
+    def leave_unretrieved(coro_fn):
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(coro_fn())
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()
+        del task
+        gc.collect()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        leave_unretrieved(namespace["write_orbax"])
+        assert not [r for r in caplog.records if r.name == "asyncio"]
+        leave_unretrieved(namespace["write_other"])
+        kept = [r for r in caplog.records if r.name == "asyncio"]
+        assert len(kept) == 1 and "never retrieved" in kept[0].getMessage()
+
+
 def test_an_unusable_compilation_cache_folder_is_a_warning(tmp_path):
     """A cache folder that cannot be created (here under a file; a read-only HOME alike)
     leaves the cache off with a note; nothing is created elsewhere."""
