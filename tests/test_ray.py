@@ -244,7 +244,7 @@ def _add_worker_node(cluster):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("min_hosts", [1, None], ids=["continues-on-fewer", "waits-for-a-node"])
-def test_killed_raylet_of_a_worker_node_mid_run(cluster, compile_cache_dir, tmp_path, caplog,
+def test_killed_raylet_of_a_worker_node_mid_run(cluster, two_host_run, tmp_path, caplog,
                                                 min_hosts):
     """SIGKILL of a worker node's raylet after iteration 2 (its learner dies with it; Ray
     notices the node's death only after missed health checks). With min_hosts=1 the run goes
@@ -253,8 +253,7 @@ def test_killed_raylet_of_a_worker_node_mid_run(cluster, compile_cache_dir, tmp_
     iteration is logged once and the numbers are those of an uninterrupted run."""
     from ray._private import ray_constants
 
-    cfg = tiny(compile_cache_dir, total_timesteps=4 * 16 * 6, log_every=2,
-               normalize_observations=True)
+    cfg = two_host_run.cfg  # 6 iterations; its programs and its one-process run are shared
     worker = next(iter(cluster.cluster.worker_nodes))
     killed, added = [], []
 
@@ -303,7 +302,7 @@ def test_killed_raylet_of_a_worker_node_mid_run(cluster, compile_cache_dir, tmp_
                    "one (--min-hosts 1 would continue without it)" in m for m in messages), messages
         assert any("the group runs again on 2 hosts" in m for m in messages), messages
     assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
-    _assert_same_run(result, jaxppo.train(cfg, progress=False))
+    _assert_same_run(result, two_host_run.single)
 
 
 # ---------------------------------------------------------------------- bad input
@@ -616,12 +615,11 @@ def test_cartpole_learns_on_two_hosts(cluster, compile_cache_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_lost_node_continues_on_fewer_hosts_with_min_hosts(cluster, compile_cache_dir, tmp_path,
+def test_lost_node_continues_on_fewer_hosts_with_min_hosts(cluster, two_host_run, tmp_path,
                                                            caplog):
     """A whole worker node goes away mid-run: with min_hosts=1 the run goes on with one host
     (all envs on it) from the last snapshot, every iteration once, same numbers."""
-    cfg = tiny(compile_cache_dir, total_timesteps=4 * 16 * 6, log_every=2,
-               normalize_observations=True)
+    cfg = two_host_run.cfg
     worker = next(iter(cluster.cluster.worker_nodes))
     removed = []
 
@@ -644,7 +642,7 @@ def test_lost_node_continues_on_fewer_hosts_with_min_hosts(cluster, compile_cach
     assert result.hosts == 1
     assert any("continuing on 1 host(s) instead of 2" in r.getMessage() for r in caplog.records)
     assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
-    _assert_same_run(result, jaxppo.train(cfg, progress=False))
+    _assert_same_run(result, two_host_run.single)
 
 
 # ---------------------------------------------------------------------- make targets
