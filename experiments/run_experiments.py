@@ -118,11 +118,31 @@ def run_env(env: str, seeds: int, max_steps: float | None) -> dict:
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
     }
+    if env == "Pendulum-v1":
+        result.update(pendulum_deterministic(run_dir))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{env}.json").write_text(json.dumps(result, indent=2))
     if (run_dir / "curve.png").exists():
         shutil.copy(run_dir / "curve.png", RESULTS / f"{env}.png")
     return result
+
+
+def pendulum_deterministic(run_dir: Path) -> dict:
+    """Each seed's deterministic policy against the optimum, on the same 2000 random start
+    states (experiments/pendulum_optimum.py --policy, which also writes the gap analysis)."""
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "pendulum_optimum.py"),
+                    "--policy", str(run_dir)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    gap = json.loads((RESULTS / "pendulum-policy-gap.json").read_text())["policy_comparison"]
+    per_seed = [s["return_mean"] for s in gap["seeds"]]
+    return {
+        "deterministic_return_mean": sum(per_seed) / len(per_seed),
+        "deterministic_return_per_seed": per_seed,
+        "deterministic_return_definition": (
+            f"after the last iteration, mean return of {gap['episodes']} episodes with the "
+            "deterministic (most likely) action from random start states, per seed "
+            "(experiments/pendulum_optimum.py --policy)"),
+        "optimum_return_mean_same_starts": gap["greedy_return_mean"],
+    }
 
 
 def _fmt_steps(x: float) -> str:
