@@ -82,11 +82,13 @@ def learns_on_two_devices():
     }
 
 
-if __name__ == "__main__":
-    which = sys.argv[1]
-    fn = {"equivalence": one_iteration_equivalence,
+CHECKS = {"equivalence": one_iteration_equivalence,
           "equivalence-state-std": lambda: one_iteration_equivalence(EQUIVALENCE_STATE_STD),
           "equivalence-batch": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH),
           "equivalence-batch-gru": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH_GRU),
-          "learn": learns_on_two_devices}[which]
-    print("RESULT " + json.dumps(fn()))
+          "learn": learns_on_two_devices}
+
+
+if __name__ == "__main__":
+    # One process for several checks (one jax start): {name: result} for each name given.
+    print("RESULT " + json.dumps({which: CHECKS[which]() for which in sys.argv[1:]}))

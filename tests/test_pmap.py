@@ -10,18 +10,27 @@ import pytest
 WORKER = Path(__file__).with_name("pmap_worker.py")
 
 
-def _run(which: str) -> dict:
-    proc = subprocess.run([sys.executable, str(WORKER), which], capture_output=True, text=True,
+EQUIVALENCE_CHECKS = ["equivalence", "equivalence-state-std", "equivalence-batch",
+                      "equivalence-batch-gru"]
+
+
+def _run(*which: str) -> dict:
+    proc = subprocess.run([sys.executable, str(WORKER), *which], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
 
-@pytest.mark.parametrize("which", ["equivalence", "equivalence-state-std", "equivalence-batch",
-                                   "equivalence-batch-gru"])
-def test_one_iteration_on_four_devices_equals_one_device(which):
-    r = _run(which)
+@pytest.fixture(scope="module")
+def equivalence_results() -> dict:
+    """Every equivalence check in one worker process (one jax start, not four)."""
+    return _run(*EQUIVALENCE_CHECKS)
+
+
+@pytest.mark.parametrize("which", EQUIVALENCE_CHECKS)
+def test_one_iteration_on_four_devices_equals_one_device(equivalence_results, which):
+    r = equivalence_results[which]
     assert r["replicated_after_iteration"]
     assert r["max_param_diff"] < 1e-5, r["max_param_diff"]
     assert r["max_obs_mean_diff"] < 1e-5 and r["max_obs_var_diff"] < 1e-5
@@ -33,7 +42,7 @@ def test_one_iteration_on_four_devices_equals_one_device(which):
 
 @pytest.mark.slow
 def test_cartpole_learns_on_two_devices_and_params_stay_replicated():
-    r = _run("learn")
+    r = _run("learn")["learn"]
     assert r["devices"] == 2
     assert r["replicated_after_training"]
     # Random play scores ~20; a learning run is far above that after 300k steps.
