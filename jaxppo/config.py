@@ -57,8 +57,9 @@ class NetworkConfig:
     activation: str = "tanh"  # tanh | relu | gelu | silu | elu
     shared_trunk: bool = False  # one torso for actor and critic, two heads
     torso: str = "auto"  # "mlp", "cnn" (image observations), or "auto": cnn for [H, W, C] obs
-    conv_channels: tuple[int, ...] = (16,)  # cnn torso: channels of each 3x3 conv layer
+    conv_channels: tuple[int, ...] = (16,)  # cnn torso: channels of each conv layer
     conv_kernel: int = 3  # cnn torso: kernel size
+    conv_pool: int = 1  # cnn torso: average-pool window (and stride) after each conv; 1 = none
     recurrent_size: int = 0  # 0 = feed-forward; > 0 = a GRU core of this size
     # continuous actions: the Gaussian's initial log std, and whether the std is a learned
     # vector shared by all states (False) or a head on the actor's features (True)
@@ -423,6 +424,11 @@ class PPOConfig:
                 f"network.conv_channels={_listed(net.conv_channels)} / conv_kernel={net.conv_kernel!r} "
                 "must be positive, e.g. conv_channels=[16], conv_kernel=3"
             )
+        if not _is_int(net.conv_pool) or net.conv_pool < 1:
+            raise ConfigError(
+                f"network.conv_pool={net.conv_pool!r} must be an integer >= 1: the average-pool "
+                "window after each conv layer (1 = no pooling, 2 halves each side)"
+            )
         _check_std_options(net)
         v = net.recurrent_size
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -751,7 +757,7 @@ def _same_attrs(a: dict, b: dict) -> bool:
     return True
 
 
-_NET_INT_FIELDS = ("conv_kernel", "recurrent_size")
+_NET_INT_FIELDS = ("conv_kernel", "conv_pool", "recurrent_size")
 _BOOL_FIELDS = ("use_kl_loss", "normalize_advantages", "normalize_observations",
                 "normalize_rewards", "eval_deterministic", "tensorboard")
 

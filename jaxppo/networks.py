@@ -152,10 +152,12 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    """Conv layers over [..., H, W, C] images (given flat), then the MLP layers.
+    """Conv layers over [..., H, W, C] images (given flat), each followed by a `pool` x `pool`
+    average pool (stride `pool`; none when 1), then the MLP layers.
 
     The MinAtar-sized default (one 3x3 conv of 16 channels, then 64-64) follows the small
-    torsos of gymnax's own PPO baselines.
+    torsos of gymnax's own PPO baselines; channels=(32,), kernel=2, pool=2, hidden (64,) is
+    the conv-pool torso of Pgx's MinAtar PPO example.
     """
 
     obs_shape: Sequence[int]
@@ -163,6 +165,7 @@ class CNN(nn.Module):
     kernel: int
     hidden_sizes: Sequence[int]
     activation: str
+    pool: int = 1
 
     @nn.compact
     def __call__(self, x):
@@ -171,6 +174,8 @@ class CNN(nn.Module):
         x = x.reshape((-1,) + tuple(self.obs_shape))
         for c in self.channels:
             x = act(_dense(c, float(np.sqrt(2.0)))(_patches(x, self.kernel)))
+            if self.pool > 1:
+                x = _avg_pool(x, self.pool)
         x = x.reshape(lead + (-1,))
         return MLP(self.hidden_sizes, self.activation)(x)
 
@@ -189,12 +194,21 @@ def _patches(x: jax.Array, k: int) -> jax.Array:
     return jnp.concatenate(views, axis=-1)
 
 
+def _avg_pool(x: jax.Array, p: int) -> jax.Array:
+    """[N, H, W, C] -> [N, H // p, W // p, C]: means of non-overlapping p x p windows (a
+    remainder row or column is dropped, as a "VALID" pool drops it)."""
+    n, h, w, c = x.shape
+    h, w = h // p, w // p
+    x = x[:, :h * p, :w * p, :].reshape(n, h, p, w, p, c)
+    return jnp.mean(x, axis=(2, 4))
+
+
 def make_torso(net) -> nn.Module:
     """The CNN or MLP torso described by a network module's fields (torso, obs_shape,
-    conv_channels, conv_kernel, hidden_sizes, activation)."""
+    conv_channels, conv_kernel, conv_pool, hidden_sizes, activation)."""
     if net.torso == "cnn":
         return CNN(net.obs_shape, net.conv_channels, net.conv_kernel, net.hidden_sizes,
-                   net.activation)
+                   net.activation, net.conv_pool)
     return MLP(net.hidden_sizes, net.activation)
 
 
@@ -237,6 +251,7 @@ class PolicyNetwork(nn.Module):
     obs_shape: Sequence[int] = ()
     conv_channels: Sequence[int] = (16,)
     conv_kernel: int = 3
+    conv_pool: int = 1
     log_std_init: float = 0.0
     state_dependent_std: bool = False
     carry_size: int = 0
@@ -326,6 +341,7 @@ def make_network(config, spec) -> nn.Module:
         obs_shape=tuple(spec.obs_shape),
         conv_channels=tuple(net.conv_channels),
         conv_kernel=net.conv_kernel,
+        conv_pool=net.conv_pool,
         log_std_init=float(net.log_std_init),
         state_dependent_std=bool(net.state_dependent_std),
     )

@@ -190,12 +190,13 @@ def _plain_value(v):
 
 
 def _check_conv_options(config: PPOConfig, spec: EnvSpec) -> None:
-    """network.conv_* only shape a CNN torso, and a kernel wider than the image is padding."""
+    """network.conv_* only shape a CNN torso, a kernel wider than the image is padding, and
+    pooling must leave at least one pixel."""
     net, default = config.network, NetworkConfig()
     torso = networks.resolve_torso(config, spec)
     if torso != "cnn":
         given = [f"network.{name}={_listed(getattr(net, name))!r}"
-                 for name in ("conv_channels", "conv_kernel")
+                 for name in ("conv_channels", "conv_kernel", "conv_pool")
                  if getattr(net, name) != getattr(default, name)]
         if given:
             why = ("network.torso is 'mlp'" if net.torso == "mlp" else
@@ -212,6 +213,14 @@ def _check_conv_options(config: PPOConfig, spec: EnvSpec) -> None:
             f"network.conv_kernel={net.conv_kernel} is wider than {config.env_name}'s "
             f"{spec.obs_shape[0]}x{spec.obs_shape[1]} images (each window would be mostly "
             f"padding); use a kernel of at most {side}, e.g. 3")
+    h, w = spec.obs_shape[:2]
+    for _ in net.conv_channels:
+        h, w = h // net.conv_pool, w // net.conv_pool
+    if min(h, w) < 1:
+        raise ConfigError(
+            f"network.conv_pool={net.conv_pool} after each of {len(net.conv_channels)} conv "
+            f"layer(s) shrinks {config.env_name}'s {spec.obs_shape[0]}x{spec.obs_shape[1]} "
+            "images to nothing; use fewer conv layers or a smaller conv_pool")
 
 
 def _default_limit(config: PPOConfig):

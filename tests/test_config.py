@@ -563,6 +563,8 @@ def test_unknown_keywords_name_the_nearest_field(make, match):
     (dict(hidden_sizes="64"), r"^network\.hidden_sizes='64' must be a non-empty list"),
     (dict(conv_channels=16), r"^network\.conv_channels=16 / conv_kernel=3 must be positive"),
     (dict(conv_channels=None), r"^network\.conv_channels=None / conv_kernel=3 must be positive"),
+    (dict(conv_pool=0), r"^network\.conv_pool=0 must be an integer >= 1"),
+    (dict(conv_pool=1.5), r"^network\.conv_pool=1\.5 must be an integer >= 1"),
 ])
 def test_list_fields_given_a_scalar_are_config_errors(network, match):
     bad(match, network=NetworkConfig(**network))
@@ -625,6 +627,11 @@ def test_env_params_given_a_non_number_are_config_errors(env_kwargs, match):
      r"^network\.conv_kernel=5 only shapes a CNN torso, but network\.torso is 'mlp'; remove it"),
     ("Breakout-MinAtar", dict(conv_kernel=50),
      r"^network\.conv_kernel=50 is wider than Breakout-MinAtar's 10x10 images .* at most 10"),
+    ("CartPole-v1", dict(conv_pool=2),
+     r"^network\.conv_pool=2 only shapes a CNN torso, but CartPole-v1's observations"),
+    ("Breakout-MinAtar", dict(conv_channels=(8, 8), conv_pool=4),
+     r"^network\.conv_pool=4 after each of 2 conv layer\(s\) shrinks Breakout-MinAtar's 10x10 "
+     r"images to nothing; use fewer conv layers or a smaller conv_pool"),
 ])
 def test_conv_options_that_shape_nothing_are_errors(env, network, match):
     with pytest.raises(ConfigError, match=match):
@@ -633,4 +640,5 @@ def test_conv_options_that_shape_nothing_are_errors(env, network, match):
 
 def test_conv_options_of_a_cnn_torso_pass():
     resolve(PPOConfig(env="Breakout-MinAtar", network=NetworkConfig(conv_channels=(8, 8), conv_kernel=10)))
+    resolve(PPOConfig(env="Breakout-MinAtar", network=NetworkConfig(conv_channels=(8, 8), conv_pool=3)))
     resolve(PPOConfig(env="Breakout-MinAtar", network=NetworkConfig(torso="mlp")))

@@ -38,6 +38,29 @@ def test_cnn_torso_is_chosen_for_image_observations_and_runs():
     assert Algorithm(cfg.replace(env="CartPole-v1")).network.torso == "mlp"
 
 
+def test_pooled_cnn_torso_equals_conv_then_average_pool_then_dense():
+    """conv_pool: the torso's output against lax's convolution and reduce_window average pool
+    with the torso's own weights; 10x10 pooled by 3 drops the last row and column."""
+    net = ActorCritic(action_dim=3, discrete=True, hidden_sizes=(8,), activation="relu",
+                      torso="cnn", obs_shape=(10, 10, 4), conv_channels=(6,), conv_kernel=2,
+                      conv_pool=3)
+    obs = jax.random.bernoulli(jax.random.PRNGKey(0), 0.3, (5, 400)).astype(jnp.float32)
+    params = net.init(jax.random.PRNGKey(1), obs)
+    p = params["params"]["critic_torso"]
+    assert p["Dense_0"]["kernel"].shape == (2 * 2 * 4, 6)
+    assert p["MLP_0"]["Dense_0"]["kernel"].shape == (3 * 3 * 6, 8)  # 10 // 3 = 3 per side
+    conv = jax.lax.conv_general_dilated(
+        obs.reshape(5, 10, 10, 4), p["Dense_0"]["kernel"].reshape(2, 2, 4, 6), (1, 1), "SAME",
+        dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["Dense_0"]["bias"]
+    pooled = jax.lax.reduce_window(jax.nn.relu(conv), 0.0, jax.lax.add, (1, 3, 3, 1),
+                                   (1, 3, 3, 1), "VALID") / 9.0
+    hidden = jax.nn.relu(pooled.reshape(5, -1) @ p["MLP_0"]["Dense_0"]["kernel"]
+                         + p["MLP_0"]["Dense_0"]["bias"])
+    value = hidden @ params["params"]["value_head"]["kernel"] + params["params"]["value_head"]["bias"]
+    _, ours, _ = net.apply(params, obs)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(value[:, 0]), rtol=1e-5, atol=1e-5)
+
+
 def test_cnn_torso_on_flat_observations_is_a_config_error():
     cfg = jaxppo.PPOConfig(env="CartPole-v1", network=jaxppo.NetworkConfig(torso="cnn"))
     try:
