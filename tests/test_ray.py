@@ -873,13 +873,17 @@ def test_a_tune_search_with_optuna_and_asha_drives_jaxppo(cluster, compile_cache
 def test_tunes_population_based_training_restores_jaxppo_checkpoints(
         cluster, compile_cache_dir, tmp_path):
     """Tune's PBT scheduler clones the better trial's checkpoint into the worse one and
-    perturbs its lr: the trial resumes that jaxppo run folder with the new lr."""
+    perturbs its lr: the trial resumes that jaxppo run folder with the new lr.
+
+    45 iterations with a perturbation every 10: the last report (45) comes 5 after the last
+    perturbation, so no exploit can land on the final report, which would clone a finished
+    run and leave no iteration to train with the new lr (which trial reports first is a race)."""
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
     import jaxppo.tune
 
-    base = tiny(compile_cache_dir, **{**TUNE_BASE, "total_timesteps": 4 * 16 * 40},
+    base = tiny(compile_cache_dir, **{**TUNE_BASE, "total_timesteps": 4 * 16 * 45},
                 lr_schedule="constant")
     pbt = PopulationBasedTraining(time_attr="iteration", perturbation_interval=10,
                                   hyperparam_mutations={"lr": tune.loguniform(1e-5, 1e-2)},
@@ -892,13 +896,13 @@ def test_tunes_population_based_training_restores_jaxppo_checkpoints(
     results = tuner.fit()
     assert len(results) == 2 and not results.errors
     for r in results:
-        assert r.metrics["iteration"] == 40
+        assert r.metrics["iteration"] == 45
     # at least one exploit step: a trial was cloned and trained on with a perturbed lr
     assert {r.config["lr"] for r in results} != {1e-5, 3e-3}
     for r in results:
         with r.checkpoint.as_directory() as d:
             rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
-        assert [row["iteration"] for row in rows] == list(range(1, 41))
+        assert [row["iteration"] for row in rows] == list(range(1, 46))
         assert rows[-1]["lr"] == pytest.approx(r.config["lr"], rel=1e-6)
 
 
