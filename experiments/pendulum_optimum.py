@@ -15,7 +15,11 @@ near-optimal policy. Writes experiments/results/pendulum-optimum.json.
 
 With --policy, a trained jaxppo policy (deterministic, each seed of the run) plays the same
 reset states as the greedy policy, and the return gap is broken down by the starting angle:
-this shows where a policy loses against the optimum.
+this shows where a policy loses against the optimum. It also counts the episodes that "fall
+back": the pendulum comes within 0.7 rad of upright and later hangs more than 2 rad from it
+again, a swing-up given up near the top that costs a lap (and the share of the worst tenth
+of episodes where the policy fell back and the greedy policy did not); and how many steps
+later than the greedy policy it first comes within 0.3 rad of upright.
 """
 
 from __future__ import annotations
@@ -93,9 +97,22 @@ def solve(p, n: int, n_torques: int):
     return value_iteration().block_until_ready(), interp, torques
 
 
+# An episode "falls back" when the pendulum comes within NEAR_TOP rad of upright and later
+# hangs more than LOW rad from it again: a swing-up given up near the top, costing a lap.
+# It is "up" at the first step that ends within UP rad of upright.
+NEAR_TOP, LOW, UP = 0.7, 2.0, 0.3
+
+
+def fell_back(near_before, theta):
+    """(came near the top so far, fell back now) after a step that reached `theta`."""
+    angle = jnp.abs(angle_normalize(theta))
+    return near_before | (angle < NEAR_TOP), near_before & (angle > LOW)
+
+
 def make_player(env, p, act):
     """jit(vmap) of one episode per key with act(obs, state, t) -> torque [1]; returns
-    (returns, starting theta)."""
+    (returns, starting theta, whether it fell back after coming near the top, the first step
+    that ends within UP rad of upright: HORIZON if none)."""
 
     def episode(key):
         k_reset, k_step = jax.random.split(key)
@@ -103,12 +120,16 @@ def make_player(env, p, act):
         theta0 = state.theta
 
         def step(carry, t):
-            obs, state, ret = carry
+            obs, state, ret, near, fell, up = carry
             obs, state, r, _, _ = env.step_env(k_step, state, act(obs, state, t), p)
-            return (obs, state, ret + r), None
+            near, fell_now = fell_back(near, state.theta)
+            up = jnp.where((up == HORIZON) & (jnp.abs(angle_normalize(state.theta)) < UP), t, up)
+            return (obs, state, ret + r, near, fell | fell_now, up), None
 
-        (_, _, ret), _ = jax.lax.scan(step, (obs, state, jnp.float32(0.0)), jnp.arange(HORIZON))
-        return ret, theta0
+        start = (obs, state, jnp.float32(0.0), jnp.bool_(False), jnp.bool_(False),
+                 jnp.int32(HORIZON))
+        (_, _, ret, _, fell, up), _ = jax.lax.scan(step, start, jnp.arange(HORIZON))
+        return ret, theta0, fell, up
 
     return jax.jit(jax.vmap(episode))
 
@@ -120,7 +141,8 @@ def compare_policy(run_dir: str, env, p, play_greedy, keys) -> dict:
     """Each seed's deterministic policy against the greedy optimum on the same resets."""
     from jaxppo import load_policy
 
-    greedy, theta0 = (np.asarray(x, np.float64) for x in play_greedy(keys))
+    greedy, theta0, greedy_fell, greedy_up = (np.asarray(x, np.float64)
+                                              for x in play_greedy(keys))
     angle = np.abs(np.asarray(theta0))
     num_seeds = load_policy(run_dir).config.num_seeds
     seeds = []
@@ -128,9 +150,10 @@ def compare_policy(run_dir: str, env, p, play_greedy, keys) -> dict:
         policy = load_policy(run_dir, seed_index=i)
         # The run's env: a discretize_actions run maps its action index to a torque there.
         play = make_player(policy.spec.env, p, lambda obs, state, t: policy(obs[None])[0])
-        ours = np.asarray(play(keys)[0], np.float64)
+        ours, _, fell, up = (np.asarray(x, np.float64) for x in play(keys))
         gap = greedy - ours
         worst = np.sort(gap)[::-1]
+        worst_tenth = np.argsort(-gap)[: max(1, len(gap) // 10)]
         seeds.append({
             "return_mean": float(ours.mean()),
             "gap_mean": float(gap.mean()),
@@ -143,6 +166,17 @@ def compare_policy(run_dir: str, env, p, play_greedy, keys) -> dict:
             ],
             "share_of_gap_in_worst_10pct_episodes": float(
                 worst[: len(worst) // 10].sum() / max(gap.sum(), 1e-9)),
+            # came within NEAR_TOP of upright, then hung LOW from it again (a lap lost)
+            "episodes_fell_back": int(fell.sum()),
+            "greedy_episodes_fell_back": int(greedy_fell.sum()),
+            "worst_10pct_fell_back_where_greedy_did_not": float(
+                np.mean((fell[worst_tenth] > 0) & (greedy_fell[worst_tenth] == 0))),
+            # steps until the pendulum first ends a step within UP rad of upright
+            "steps_to_up_mean": float(up.mean()),
+            "greedy_steps_to_up_mean": float(greedy_up.mean()),
+            "worst_10pct_steps_later_up_than_greedy": {
+                q: float(np.percentile(up[worst_tenth] - greedy_up[worst_tenth], pct))
+                for q, pct in (("p25", 25), ("median", 50), ("p75", 75))},
         })
     return {"run_dir": str(run_dir), "episodes": len(greedy),
             "greedy_return_mean": float(greedy.mean()), "seeds": seeds}

@@ -3,6 +3,7 @@ files, and the Pendulum optimum script models gymnax's Pendulum exactly."""
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -95,6 +96,25 @@ def test_pendulum_interpolation_is_exact_on_nodes_and_periodic():
     assert float(mid) == pytest.approx(float(v[2, 3] + v[3, 3]) / 2, abs=1e-5)
 
 
+def test_pendulum_fell_back_marks_a_swing_up_given_up_near_the_top():
+    """An episode falls back when it comes within 0.7 rad of upright and later hangs more
+    than 2 rad from it; starting low, or swinging up and staying, does not."""
+    po = _load_script("pendulum_optimum")
+
+    def run(thetas):
+        near, fell = jnp.bool_(False), jnp.bool_(False)
+        for th in thetas:
+            near, now = po.fell_back(near, jnp.float32(th))
+            fell = fell | now
+        return bool(fell)
+
+    assert run([3.0, 2.5, 1.0, 0.6, 1.5, 2.5, 3.1])          # near the top, then down again
+    assert run([3.0, -0.5, -2.0 * math.pi + 2.1])            # wraps: 2.1 rad from upright
+    assert not run([3.0, 2.5, 2.9, 2.2, 2.6])               # never near the top
+    assert not run([3.0, 1.5, 0.6, 0.3, 0.0, -0.1, 0.05])    # swings up and stays
+    assert not run([0.2, 1.0, 1.9, 0.1])                     # falls to 1.9 only: not low
+
+
 def test_pendulum_policy_comparison_plays_the_run_on_the_greedy_resets(tmp_path):
     """--policy: each seed's deterministic policy on the same resets as the greedy one; the
     script's return equals a plain Python loop over gymnax, and the angle bins partition it."""
@@ -118,18 +138,27 @@ def test_pendulum_policy_comparison_plays_the_run_on_the_greedy_resets(tmp_path)
     assert len(out["seeds"]) == 2 and out["episodes"] == 6
 
     policy = jaxppo.load_policy(tmp_path / "run", seed_index=1)
-    returns = []
+    returns, fells, ups = [], [], []
     for key in keys[:2]:
         k_reset, k_step = jax.random.split(key)
         obs, state = env.reset(k_reset, p)
-        total = 0.0
-        for _ in range(po.HORIZON):
+        total, near, fell, up = 0.0, False, False, po.HORIZON
+        for t in range(po.HORIZON):
             obs, state, r, _, _ = env.step_env(k_step, state, policy(obs[None])[0], p)
             total += float(r)
+            angle = abs((float(state.theta) + math.pi) % (2 * math.pi) - math.pi)
+            fell = fell or (near and angle > 2.0)
+            near = near or angle < 0.7
+            up = t if up == po.HORIZON and angle < 0.3 else up
         returns.append(total)
+        fells.append(fell)
+        ups.append(up)
     seed = out["seeds"][1]
-    ours = po.make_player(env, p, lambda o, s, t: policy(o[None])[0])(keys)[0]
+    ours, _, fell, up = po.make_player(env, p, lambda o, s, t: policy(o[None])[0])(keys)
     np.testing.assert_allclose(np.asarray(ours)[:2], returns, rtol=1e-4)
+    assert list(np.asarray(fell)[:2]) == fells and list(np.asarray(up)[:2]) == ups
+    assert seed["episodes_fell_back"] == int(np.sum(fell))
+    assert seed["steps_to_up_mean"] == pytest.approx(float(np.mean(up)))
     assert seed["return_mean"] == pytest.approx(float(np.mean(ours)), rel=1e-5)
     bins = seed["gap_by_start_angle"]
     assert sum(b["episodes"] for b in bins) == 6
