@@ -9,13 +9,17 @@ HOSTS  ?= 2
 RUNS_DIR ?= runs
 RESUME ?=
 PYTEST_ARGS ?=
+# Test files run in parallel, one worker per CPU (pytest-xdist): a file's tests stay on one
+# worker (the Ray tests share one cluster). PYTEST_WORKERS=0 runs everything in this process.
+PYTEST_WORKERS ?= logical
+PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: install train test test-fast bench experiments clean help
 
 help:
 	@echo "make train ENV=CartPole-v1 [ARGS='--set lr=3e-4 --seeds 4']  train, write RUNS_DIR/<env>-<time>/ (RUNS_DIR=runs)"
 	@echo "make train RESUME=runs/<dir> [ARGS='--set total_timesteps=2e6']  continue that run (its env and config)"
-	@echo "make test                                                  the whole test suite (CPU)"
+	@echo "make test [PYTEST_WORKERS=0] [PYTEST_ARGS=...]             the whole test suite (CPU), files in parallel over the cores"
 	@echo "make bench [BENCH_ARGS=--only-side-by-side]                side by side with PureJaxRL + own benchmarks -> experiments/results/bench-<date>.json"
 	@echo "make experiments [EXPERIMENT_ARGS=...]                     tuned configs x 4 seeds -> README table"
 	@echo "make ray-cluster [RAY_WORKERS=2 RAY_PORT=6379]             a loopback Ray cluster: head + worker nodes, one core each"
@@ -47,10 +51,10 @@ train: $(STAMP)
 		--runs-dir $(RUNS_DIR) $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python experiments/bench.py $(BENCH_ARGS)
