@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import linecache
 import os
 import re
 import signal
@@ -57,7 +58,7 @@ def config_keys_help() -> str:
     for cls, prefix in ((PPOConfig, ""), (NetworkConfig, "network.")):
         defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}
         section, above = None, []
-        for line in inspect.getsource(cls).splitlines():
+        for line in _class_lines(cls):
             text = line.strip()
             if text.startswith("# ---"):
                 section, above = re.split(r"[(:]| ---", text.strip("# -"))[0].strip(), []
@@ -76,6 +77,21 @@ def config_keys_help() -> str:
         if prefix:
             out.insert(-len(defaults), "  network:")
     return "\n".join(out)
+
+
+def _class_lines(cls) -> list[str]:
+    """The source lines of a top-level class, found by scanning its module's file.
+
+    Not `inspect.getsource`: for a class it runs `ast.parse` over the whole module, and
+    CPython 3.11's AST constructor keeps its recursion depth in state shared by all threads,
+    so a parse while another thread parses can fail with a spurious "SystemError: AST
+    constructor recursion depth mismatch" (python/cpython#106905).
+    """
+    lines = linecache.getlines(inspect.getsourcefile(cls))
+    start = next(i for i, line in enumerate(lines) if re.match(rf"class {cls.__name__}\b", line))
+    end = next((j for j in range(start + 1, len(lines))
+                if lines[j].strip() and not lines[j][0].isspace()), len(lines))
+    return [line.rstrip("\n") for line in lines[start:end]]
 
 
 def _default(f: dataclasses.Field) -> str:
