@@ -7,7 +7,8 @@
         jaxppo.tune.trainable(jaxppo.PPOConfig.tuned("CartPole-v1", total_timesteps=100_000)),
         param_space={"lr": tune.loguniform(1e-4, 1e-2), "clip_param": tune.uniform(0.1, 0.3)},
         tune_config=tune.TuneConfig(metric="episode_return_mean", mode="max", num_samples=8,
-                                    scheduler=tune.schedulers.ASHAScheduler()))
+                                    scheduler=tune.schedulers.ASHAScheduler(),
+                                    reuse_actors=True))
     best = tuner.fit().get_best_result()
 
 Each trial trains `base` with the trial's values on top (config field names; "network.x" for
@@ -19,7 +20,8 @@ evaluated, `iteration`, `env_steps` and `sps`. Every `checkpoint_every` iteratio
 tenth of the run) the report carries a Tune checkpoint: the run folder, with a complete
 jaxppo checkpoint. A trial that Tune restores (a PBT/PB2 exploit, a restarted trial) resumes
 that folder bit-exactly with the trial's current values (jaxppo's resume accepts new values
-of the tunable fields, not of fields that shape the program). Needs `pip install
+of the tunable fields, not of fields that shape the program). `reuse_actors=True` lets a new or
+restored trial train in a worker process that already has JAX imported. Needs `pip install
 'jaxppo[tune]'`; `import jaxppo` does not import Ray.
 """
 

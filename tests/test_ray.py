@@ -847,7 +847,7 @@ def test_a_tune_search_with_optuna_and_asha_drives_jaxppo(cluster, compile_cache
         jaxppo.tune.trainable(base, checkpoint_every=10),
         param_space={"lr": tune.loguniform(1e-4, 1e-2), "clip_param": tune.uniform(0.1, 0.3)},
         tune_config=tune.TuneConfig(
-            metric="episode_return_mean", mode="max", num_samples=4,
+            metric="episode_return_mean", mode="max", num_samples=4, reuse_actors=True,
             search_alg=OptunaSearch(seed=0),
             scheduler=ASHAScheduler(time_attr="iteration", max_t=20, grace_period=10)),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="search", verbose=0))
@@ -891,7 +891,8 @@ def test_tunes_population_based_training_restores_jaxppo_checkpoints(
     tuner = tune.Tuner(
         jaxppo.tune.trainable(base, checkpoint_every=10),
         param_space={"lr": tune.grid_search([1e-5, 3e-3])},
-        tune_config=tune.TuneConfig(metric="episode_return_mean", mode="max", scheduler=pbt),
+        tune_config=tune.TuneConfig(metric="episode_return_mean", mode="max", scheduler=pbt,
+                                    reuse_actors=True),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="pbt", verbose=0))
     results = tuner.fit()
     assert len(results) == 2 and not results.errors
