@@ -183,6 +183,24 @@ def test_train_help_mentions_every_option():
     assert "    use_kl_loss = false  -- " in keys and "    num_devices = null  -- " in keys
 
 
+def test_config_keys_help_parses_no_python(monkeypatch):
+    """The help's config keys come from scanning config.py's lines: no ast.parse (which
+    inspect.getsource runs for a class), whose AST state CPython 3.11 shares between threads
+    and which can then fail with a spurious SystemError while another thread parses."""
+    import ast
+
+    from jaxppo import runargs
+
+    expected = runargs.config_keys_help()
+    parsed, real_parse = [], ast.parse
+    monkeypatch.setattr(ast, "parse", lambda *a, **k: parsed.append(a) or real_parse(*a, **k))
+    got = runargs.config_keys_help()
+    monkeypatch.undo()
+    assert not parsed, "config_keys_help ran ast.parse"
+    assert got == expected
+    assert "    network.hidden_sizes = [64, 64]  -- " in expected
+
+
 def test_top_level_help_lists_commands():
     proc = run_cli("--help", timeout=120)
     assert proc.returncode == 0
