@@ -115,7 +115,7 @@ ENV_ONLY_SNIPPET = r"""
 import json, sys, time
 import jax, jax.numpy as jnp
 from jaxppo.config import PPOConfig
-from jaxppo.envs import make_env
+from jaxppo.envs.make import make_env
 cfg = PPOConfig(num_envs=int(sys.argv[1]), num_steps=128)
 spec = make_env(cfg)
 env, params = spec.env, spec.env_params

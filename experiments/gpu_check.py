@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 
 import jaxppo
-from jaxppo.envs import make_env
-from jaxppo.algorithm import HyperParams
-from jaxppo.layouts import build_program
+from jaxppo.envs.make import make_env
+from jaxppo.core.algorithm import HyperParams
+from jaxppo.program import build_program
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

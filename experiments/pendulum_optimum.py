@@ -34,7 +34,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from jaxppo._imports import import_gymnax
+from jaxppo.envs.gymnax_import import import_gymnax
 
 ROOT = Path(__file__).resolve().parent.parent
 HORIZON = 200

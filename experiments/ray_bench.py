@@ -137,8 +137,8 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 import jaxppo
-from jaxppo.algorithm import HyperParams
-from jaxppo.layouts import build_program
+from jaxppo.core.algorithm import HyperParams
+from jaxppo.program import build_program
 cfg = jaxppo.PPOConfig.from_dict(json.loads(sys.argv[1])).replace(num_devices=2, compilation_cache_dir=None)
 hp = HyperParams.from_config(cfg)
 prog = build_program(jaxppo.resolve(cfg, "local"), hp, 1)
@@ -174,7 +174,7 @@ def all_reduce_times(sizes: list[int]) -> dict:
     import ray
 
     from jaxppo import PPOConfig, resolve
-    from jaxppo.algorithm import HyperParams
+    from jaxppo.core.algorithm import HyperParams
     from jaxppo.distributed.group import HostGroup
 
     cfg = PPOConfig(**{**CARTPOLE, "num_envs": 8}, compilation_cache_dir=None)
@@ -195,7 +195,7 @@ def num_params(cfg: dict) -> int:
     import jax
 
     from jaxppo import PPOConfig
-    from jaxppo.algorithm import Algorithm, HyperParams
+    from jaxppo.core.algorithm import Algorithm, HyperParams
 
     config = PPOConfig.from_dict(cfg)
     algo = Algorithm(config)

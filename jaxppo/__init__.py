@@ -6,16 +6,17 @@
 Single-host training never imports Ray; `jaxppo.distributed` does, on demand.
 """
 
-from jaxppo.algorithm import Algorithm, HyperParams, TrainState
+from jaxppo.core.algorithm import Algorithm, TrainState
+from jaxppo.core.hyperparams import HyperParams
 from jaxppo.config import NetworkConfig, PPOConfig, tuned_env_names
 from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderError,
                            TrainingDivergedError, TrainingInterrupted, VideoError)
-from jaxppo.export import export_policy
-from jaxppo.loop import TrainResult
-from jaxppo.policy import Policy, load_policy
+from jaxppo.run.export import export_policy
+from jaxppo.run.loop import TrainResult
+from jaxppo.run.policy import Policy, load_policy
 from jaxppo.resolve import Resolved, resolve
-from jaxppo.runtime import __version__
-from jaxppo.train import make_train, train
+from jaxppo.process import __version__
+from jaxppo.run.train import make_train, train
 
 __all__ = [
     "PPOConfig",

@@ -9,15 +9,16 @@ import textwrap
 import warnings
 from pathlib import Path
 
-from jaxppo import runargs, sweep
+from jaxppo.run import command
+from jaxppo.search import sweep
 from jaxppo.config import MAX_TIMESTEPS, check_seed, tuned_env_names
-from jaxppo.envs import registered_env_names
+from jaxppo.envs.make import registered_env_names
 from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderError,
                            TrainingDivergedError, TrainingInterrupted, VideoError)
-from jaxppo.plotting import plot_runs, unplottable
-from jaxppo.policy import load_policy
-from jaxppo.runlog import read_metrics
-from jaxppo.train import train
+from jaxppo.run.plots import plot_runs, unplottable
+from jaxppo.run.policy import load_policy
+from jaxppo.run.logs import read_metrics
+from jaxppo.run.train import train
 
 
 class _DefaultsKeepEpilog(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -35,14 +36,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "train",
         help="train a policy and write a run folder",
         description=textwrap.fill(
-            f"Train PPO. Config precedence: {runargs.PRECEDENCE}. Tuned configs ship for "
+            f"Train PPO. Config precedence: {command.PRECEDENCE}. Tuned configs ship for "
             f"{', '.join(tuned_env_names())}. The run folder runs/<env>-<time>/ gets "
             "config.yaml, metrics.jsonl, checkpoints/, params.msgpack, summary.json and curve.png.",
             width=88, break_on_hyphens=False),
-        epilog=runargs.config_keys_help(),
+        epilog=command.config_keys_help(),
         formatter_class=_DefaultsKeepEpilog,
     )
-    runargs.add_config_flags(t)
+    command.add_config_flags(t)
     t.add_argument("--runs-dir", default="runs", help="folder that receives the run folder")
     t.add_argument("--run-name", help="run folder name (default <env>-<YYYYmmdd-HHMMSS>)")
     t.add_argument("--hosts", type=int, metavar="H",
@@ -61,10 +62,10 @@ def _build_parser() -> argparse.ArgumentParser:
             "run's files the folder gets search.json (every member and setting, ranked), "
             "search.csv, search.png and best.yaml (the best setting as a config).",
             width=88, break_on_hyphens=False),
-        epilog=runargs.config_keys_help(),
+        epilog=command.config_keys_help(),
         formatter_class=_DefaultsKeepEpilog,
     )
-    runargs.add_config_flags(s)
+    command.add_config_flags(s)
     s.add_argument("--population", type=int, metavar="N",
                    help="settings to draw (search.population); num_seeds follows it")
     s.add_argument("--hosts", type=int, metavar="H",
@@ -279,7 +280,7 @@ def _eval(args) -> int:
 
 
 def _video(args) -> int:
-    from jaxppo.video import write_video
+    from jaxppo.run.video import write_video
 
     try:
         policy = load_policy(args.run, seed_index=args.seed_index, env=args.env)
@@ -298,7 +299,7 @@ def _video(args) -> int:
 
 
 def _export(args) -> int:
-    from jaxppo.export import export_policy
+    from jaxppo.run.export import export_policy
 
     try:
         out = export_policy(args.run, args.format, args.output, stochastic=args.stochastic,
@@ -344,11 +345,11 @@ def _train(args) -> int:
     if getattr(args, "hosts", None) is not None:
         return _train_on_hosts(args)
     try:
-        config, source, run_dir = runargs.start(args, "-search" if searching else "")
+        config, source, run_dir = command.start(args, "-search" if searching else "")
         if searching and not args.resume:
-            config = runargs.searched(config)
+            config = command.searched(config)
     except (ConfigError, CheckpointError) as e:
-        return runargs.fail(e)
+        return command.fail(e)
     print(f"config: {source}; run folder: {run_dir}", file=sys.stderr)
     print("compiling the training program (a few seconds; cached for the next run) ...",
           file=sys.stderr, flush=True)
@@ -358,12 +359,12 @@ def _train(args) -> int:
                        progress=False if args.no_progress else None,
                        stop_after_iterations=args.stop_after, plot=not args.no_plot)
     except TrainingInterrupted as e:
-        return runargs.interrupted(e)
+        return command.interrupted(e)
     except (TrainingDivergedError, RunFolderError) as e:
-        return runargs.fail(e, 1)
+        return command.fail(e, 1)
     except (ConfigError, CheckpointError) as e:
-        return runargs.fail(e)
-    code = runargs.report(result, resume_command=f"jaxppo {args.command} --resume {run_dir}")
+        return command.fail(e)
+    code = command.report(result, resume_command=f"jaxppo {args.command} --resume {run_dir}")
     if result.completed and result.config.search is not None:
         rec = json.loads((run_dir / "search.json").read_text())
         best = rec["best"]

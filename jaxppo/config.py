@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, Union
 
-from jaxppo import population
+from jaxppo.search import space
 from jaxppo.errors import ConfigError
 
 # A schedule is a constant, or a piecewise-linear list of [env_step, value] points.
@@ -120,7 +120,7 @@ class PPOConfig:
     normalize_rewards: bool = False  # scale rewards by the std of the discounted return
     # --- network ---
     network: NetworkConfig = field(default_factory=NetworkConfig)
-    # --- user transforms (jaxppo.transforms): observation wrappers and reward hooks, in order,
+    # --- user transforms (jaxppo.envs.transforms): observation wrappers and reward hooks, in order,
     # e.g. [{"frame_stack": {"k": 4}}, {"count_bonus": {"scale": 0.1}}] ---
     transforms: tuple = ()  # observation wrappers and reward hooks, in order
     # --- devices ---
@@ -151,7 +151,7 @@ class PPOConfig:
     # tags, notes} (only project is needed; mode defaults to WANDB_MODE, else online). Logging
     # only: it changes neither the compiled program nor what a resume may change.
     wandb: dict | None = None  # W&B logging, e.g. {project: jaxppo, mode: offline}; null = off
-    # --- hyperparameter search and population-based training (jaxppo.population) ---
+    # --- hyperparameter search and population-based training (jaxppo.search.space) ---
     # Distributions over tunable fields, drawn once per member of the vmapped population, e.g.
     # {population: 8, lr: {loguniform: [1e-4, 1e-2]}, gamma: {choice: [0.99, 0.995]}};
     # population = settings (num_seeds follows it when left at 1), each num_seeds/population seeds.
@@ -443,8 +443,8 @@ class PPOConfig:
         if not isinstance(self.env_kwargs, dict):
             raise ConfigError(f"env_kwargs={self.env_kwargs!r} must be a mapping of keyword arguments")
         _check_wandb(self.wandb)
-        population.check_search(self)
-        population.check_pbt(self)
+        space.check_search(self)
+        space.check_pbt(self)
         return self
 
 

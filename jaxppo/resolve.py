@@ -18,13 +18,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxppo import networks
+from jaxppo.core import networks
 from jaxppo.config import NetworkConfig, PPOConfig, divisors, require_config
-from jaxppo.envs import EnvSpec, make_env
+from jaxppo.envs.make import EnvSpec, make_env
 from jaxppo.errors import ConfigError
-from jaxppo.evaluation import eval_max_steps
-from jaxppo.gymnasium_env import check_config as check_host_loop_config
-from jaxppo.transforms import resolve_transforms
+from jaxppo.core.evaluation import eval_max_steps
+from jaxppo.envs.gymnasium_env import check_config as check_host_loop_config
+from jaxppo.envs.transforms import resolve_transforms
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Resolved:
 
     @property
     def host_loop(self) -> bool:
-        """True when the env steps in Python (gymnasium): `jaxppo.hostloop` runs the run."""
+        """True when the env steps in Python (gymnasium): `jaxppo.run.hostloop` runs the run."""
         return self.spec.host_loop
 
     @property
@@ -91,7 +91,7 @@ class Resolved:
 def splits_population(config: PPOConfig, layout: Layout) -> bool:
     """A PBT run on several devices or hosts splits its members between them: members never
     combine gradients, so each trains where it lives, and shards exchange learner states only
-    at exploit steps (jaxppo.pbt)."""
+    at exploit steps (jaxppo.search.pbt)."""
     return config.pbt is not None and layout.shards > 1
 
 
@@ -109,7 +109,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     spec = make_env(config)
     _check_for_env(config, spec)
     network = networks.make_network(config, spec)
-    if spec.host_loop:  # one process, one device (jaxppo.hostloop)
+    if spec.host_loop:  # one process, one device (jaxppo.run.hostloop)
         check_host_loop_config(config, layout)
         layout = None
     if layout is None:

@@ -26,7 +26,7 @@ def readme_train_config(env: str):
     """The config the README's train command for `env` builds (defaults < tuned < --set),
     exactly as `jaxppo train` would; the test fails when the README has no such command."""
     from jaxppo.cli import _build_parser
-    from jaxppo.runargs import new_config
+    from jaxppo.run.command import new_config
 
     matches = [argv for argv in readme_train_commands()
                if "--env" in argv and argv[argv.index("--env") + 1] == env]

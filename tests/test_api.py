@@ -58,7 +58,7 @@ def test_train_with_swept_hparams_gives_one_seed_per_setting():
 def test_schedule_value_equals_jnp_interp(points):
     """The schedule's own interpolation gives jnp.interp's numbers, at and between points,
     before the first and past the last."""
-    from jaxppo.algorithm import schedule_value
+    from jaxppo.core.hyperparams import schedule_value
 
     p = jnp.asarray(points, jnp.float32)
     steps = np.concatenate([np.random.default_rng(0).integers(0, 2_000_000, 500),

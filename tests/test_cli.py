@@ -189,12 +189,12 @@ def test_config_keys_help_parses_no_python(monkeypatch):
     and which can then fail with a spurious SystemError while another thread parses."""
     import ast
 
-    from jaxppo import runargs
+    from jaxppo.run import command
 
-    expected = runargs.config_keys_help()
+    expected = command.config_keys_help()
     parsed, real_parse = [], ast.parse
     monkeypatch.setattr(ast, "parse", lambda *a, **k: parsed.append(a) or real_parse(*a, **k))
-    got = runargs.config_keys_help()
+    got = command.config_keys_help()
     monkeypatch.undo()
     assert not parsed, "config_keys_help ran ast.parse"
     assert got == expected
@@ -226,24 +226,24 @@ def test_config_precedence_defaults_tuned_file_set(tmp_path):
     env is --env or the file's."""
     import argparse
 
-    from jaxppo import runargs
+    from jaxppo.run import command
 
     parser = argparse.ArgumentParser()
-    runargs.add_config_flags(parser)
+    command.add_config_flags(parser)
     parser.add_argument("--run-name")
     path = tmp_path / "c.yaml"
     path.write_text("env: CartPole-v1\nlr: 0.005\nnetwork: {activation: relu}\n")
     tuned = PPOConfig.tuned("CartPole-v1")
 
-    cfg, source = runargs.new_config(parser.parse_args(["--config", str(path), "--set", "num_epochs=3"]))
+    cfg, source = command.new_config(parser.parse_args(["--config", str(path), "--set", "num_epochs=3"]))
     assert (cfg.lr, cfg.num_epochs, cfg.network.activation) == (0.005, 3, "relu")  # file, --set
     assert cfg.num_envs == tuned.num_envs != PPOConfig().num_envs  # from the tuned config
     assert cfg.network.hidden_sizes == tuned.network.hidden_sizes
     assert source == f"defaults < tuned CartPole-v1 < {path} < --set"
 
-    cfg, source = runargs.new_config(parser.parse_args(["--config", str(path), "--defaults"]))
+    cfg, source = command.new_config(parser.parse_args(["--config", str(path), "--defaults"]))
     assert cfg.num_envs == PPOConfig().num_envs and cfg.lr == 0.005 and source == f"defaults < {path}"
-    cfg, _ = runargs.new_config(parser.parse_args(["--env", "Acrobot-v1", "--config", str(path)]))
+    cfg, _ = command.new_config(parser.parse_args(["--env", "Acrobot-v1", "--config", str(path)]))
     assert cfg.env == "Acrobot-v1" and cfg.num_envs == PPOConfig.tuned("Acrobot-v1").num_envs
 
 

@@ -15,7 +15,7 @@ import pytest
 from jaxppo.errors import ConfigError
 
 from jaxppo.config import TUNED_DIR, PPOConfig, tuned_env_names
-from jaxppo.envs import make_env
+from jaxppo.envs.make import make_env
 from jaxppo.resolve import resolve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -57,30 +57,61 @@ def test_no_import_cycles():
 
 def test_leaf_modules_import_nothing_from_jaxppo_but_errors():
     graph = _imports()
-    assert graph["jaxppo.errors"] == set() and graph["jaxppo.runtime"] == set()
-    # config checks `search` and `pbt` with jaxppo.population, itself a leaf over errors
-    assert graph["jaxppo.population"] == {"jaxppo.errors"}
-    assert graph["jaxppo.config"] == {"jaxppo.errors", "jaxppo.population"}
+    assert graph["jaxppo.errors"] == set() and graph["jaxppo.process"] == set()
+    # config checks `search` and `pbt` with jaxppo.search.space, itself a leaf over errors
+    assert graph["jaxppo.search.space"] == {"jaxppo.errors"}
+    assert graph["jaxppo.config"] == {"jaxppo.errors", "jaxppo.search.space"}
+
+
+# What a folder never imports: the algorithm knows nothing of runs, searches, Ray or the CLI;
+# envs know nothing of the algorithm; a run knows nothing of Ray or the CLI.
+FORBIDDEN = {
+    "core": ("run", "search", "distributed", "cli", "program"),
+    "envs": ("core", "run", "search", "distributed", "cli", "program", "resolve"),
+    "run": ("distributed", "cli"),
+}
+
+
+def test_folders_import_only_what_their_layer_may():
+    for m, deps in _imports().items():
+        parts = m.split(".")
+        if len(parts) < 3 or parts[1] not in FORBIDDEN:
+            continue
+        for d in deps:
+            top = d.split(".")[1] if d != "jaxppo" else ""
+            assert top not in FORBIDDEN[parts[1]], f"{m} imports {d}"
+
+
+def _listed(path: str) -> str:
+    """A Code layout entry as a module name ("core/gae.py" -> "jaxppo.core.gae") or a folder
+    prefix ("distributed/" -> "jaxppo.distributed")."""
+    return "jaxppo." + path.removesuffix(".py").rstrip("/").replace("/", ".")
 
 
 def test_readme_code_layout_lists_every_module_below_what_it_imports():
-    """README's Code layout table says a module uses only those above it (or in its row)."""
+    """README's Code layout table says a module uses only those above it (or in its row); a
+    folder entry (`distributed/`) stands for every module in it."""
     import re
 
     text = (PKG.parent / "README.md").read_text().split("## Code layout", 1)[1].split("\n## ", 1)[0]
     rank = {}
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     for i, row in enumerate(rows):
-        for name in re.findall(r"`([a-z_]+)(\.py|/)`", row):
-            stem, kind = name
-            rank["jaxppo.distributed" if kind == "/" else f"jaxppo.{stem}"] = i
+        for path in re.findall(r"`([a-z_/]+(?:\.py|/))`", row):
+            rank[_listed(path)] = i
     graph = _imports()
-    top = lambda m: "jaxppo.distributed" if m.startswith("jaxppo.distributed") else m  # noqa: E731
-    missing = sorted({top(m) for m in graph} - set(rank) - {"jaxppo"})
+
+    def entry(m):  # the most specific entry that lists module m
+        while m not in rank and "." in m:
+            m = m.rsplit(".", 1)[0]
+        return m
+
+    packages = {"jaxppo", "jaxppo.core", "jaxppo.envs", "jaxppo.run", "jaxppo.search"}
+    missing = sorted(m for m in graph if m not in packages and entry(m) not in rank)
     assert not missing, f"modules missing from README's Code layout: {missing}"
     for m, deps in graph.items():
-        if m == "jaxppo" or m.startswith("jaxppo.distributed"):
+        if m in packages or entry(m) == "jaxppo.distributed":
             continue
         for d in deps:
-            if d != "jaxppo":
-                assert rank[top(d)] <= rank[top(m)], f"{m} imports {d}, listed below it"
+            if d not in packages and entry(d) != entry(m):
+                assert rank[entry(d)] <= rank[entry(m)], f"{m} imports {d}, listed below it"

@@ -11,7 +11,7 @@ import sys
 
 import jax
 
-from jaxppo import runargs
+from jaxppo.run import command
 from jaxppo.distributed.cluster import DistributedError, quiet_library_logs
 from jaxppo.distributed.launch import train_distributed
 from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, TrainingDivergedError,
@@ -27,7 +27,7 @@ def _build_parser() -> argparse.ArgumentParser:
             "statistics are all-reduced inside the compiled iteration. Connects to RAY_ADDRESS "
             "when set (a submitted job has it), else starts a local Ray instance. num_envs is "
             "the global env count (split evenly over hosts x devices). "
-            f"Config precedence as in `jaxppo train`: {runargs.PRECEDENCE}."
+            f"Config precedence as in `jaxppo train`: {command.PRECEDENCE}."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -36,7 +36,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="after a host is lost, continue on fewer hosts (down to M; the envs are "
                         "re-split) when no node can replace it (default: --hosts, i.e. wait for "
                         "a node or stop)")
-    runargs.add_config_flags(p)
+    command.add_config_flags(p)
     p.add_argument("--runs-dir", default="runs",
                    help="folder that receives the run folder (give an absolute path under "
                         "`ray job submit --working-dir`, whose cwd is a temporary copy)")
@@ -66,12 +66,12 @@ def main(argv: list[str] | None = None, *, search: bool = False) -> int:
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")
     try:
-        config, source, run_dir = runargs.start(
+        config, source, run_dir = command.start(
             args, name_tag=f"{'-search' if search else ''}-ray{args.hosts}")
         if search and not args.resume:
-            config = runargs.searched(config)
+            config = command.searched(config)
     except (ConfigError, CheckpointError) as e:
-        return runargs.fail(e)
+        return command.fail(e)
 
     print(f"config: {source}; hosts: {args.hosts}; run folder: {run_dir.resolve()}",
           file=sys.stderr, flush=True)
@@ -85,12 +85,12 @@ def main(argv: list[str] | None = None, *, search: bool = False) -> int:
             coordinator_port=args.coordinator_port,
         )
     except (DistributedError, ConfigError, CheckpointError) as e:
-        return runargs.fail(e)
+        return command.fail(e)
     except TrainingInterrupted as e:
-        return runargs.interrupted(e)
+        return command.interrupted(e)
     except (TrainingDivergedError, RunFolderError) as e:
-        return runargs.fail(e, 1)
-    return runargs.report(result, resume_command=f"python -m jaxppo.distributed --resume {run_dir} "
+        return command.fail(e, 1)
+    return command.report(result, resume_command=f"python -m jaxppo.distributed --resume {run_dir} "
                                          f"--hosts {args.hosts}")
 
 

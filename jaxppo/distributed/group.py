@@ -1,5 +1,5 @@
 """The host group: Ray places one learner per node, they join one `jax.distributed` group,
-and the run loop (jaxppo.loop) drives them chunk by chunk, as it drives one process.
+and the run loop (jaxppo.run.loop) drives them chunk by chunk, as it drives one process.
 
     driver (this process)                         learners (one Ray actor per node)
     place bundles (STRICT_SPREAD) ─────────────►  start; host 0 picks the coordinator port
@@ -28,9 +28,9 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jaxppo.algorithm import Algorithm
+from jaxppo.core.algorithm import Algorithm
 from jaxppo.errors import ConfigError
-from jaxppo.layouts import join_parts, shard_state
+from jaxppo.program import join_parts, shard_state
 from jaxppo.resolve import Layout, Resolved
 from jaxppo.distributed.cluster import (DistributedError, HostsConfigError, NotEnoughNodesError,
                                         _node_summary)
@@ -78,7 +78,7 @@ def check_hosts(run: Resolved, hosts: int, min_hosts: int | None = None) -> None
 
 
 class HostGroup:
-    """A runner for jaxppo.loop.run_loop whose chunk runs on `hosts` Ray learners.
+    """A runner for jaxppo.run.loop.run_loop whose chunk runs on `hosts` Ray learners.
 
     restored: the unsharded state to start from (a resumed run), else None (fresh, from the
     config's seed). Ray must be connected (jaxppo.distributed.cluster.connect).

@@ -9,12 +9,12 @@ import sys
 
 import ray
 
-from jaxppo import checkpoint as ckpt
-from jaxppo import sweep
-from jaxppo.algorithm import HyperParams
+from jaxppo.run import checkpoints as ckpt
+from jaxppo.search import sweep
+from jaxppo.core.hyperparams import HyperParams
 from jaxppo.config import PPOConfig
-from jaxppo.loop import chunk_length, finish_run, open_folder, restore_checkpoint, run_loop
-from jaxppo.train import prepare
+from jaxppo.run.loop import chunk_length, finish_run, open_folder, restore_checkpoint, run_loop
+from jaxppo.run.train import prepare
 from jaxppo.distributed.cluster import connect
 from jaxppo.distributed.group import HostGroup, check_hosts
 

@@ -1,6 +1,6 @@
 """One host's learner: a process in a `jax.distributed` group that runs the run's program.
 
-Every host runs the same compiled chunk (jaxppo.layouts) over an axis that spans all hosts'
+Every host runs the same compiled chunk (jaxppo.program) over an axis that spans all hosts'
 devices; gradients and statistics are all-reduced inside it by XLA (gloo on CPU, NCCL on GPU).
 The learner is a Ray actor started by jaxppo.distributed.group, but nothing here needs Ray
 except `info` and `coordinator_address`, which ask Ray for the node's address.
@@ -23,9 +23,9 @@ import ray
 from jax.experimental import multihost_utils
 
 from jaxppo.distributed.cluster import quiet_library_logs
-from jaxppo.layouts import ChunkRunner, build_program
+from jaxppo.program import ChunkRunner, build_program
 from jaxppo.resolve import resolve
-from jaxppo.runtime import __version__, enable_compilation_cache
+from jaxppo.process import __version__, enable_compilation_cache
 
 logger = logging.getLogger("jaxppo.distributed")
 

@@ -1,0 +1,120 @@
+"""The PPO loss and the adaptive KL-coefficient rule, as pure functions of arrays."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxppo.core import networks
+from jaxppo.core.networks import DistParams
+
+
+class Batch(NamedTuple):
+    """Training samples: the iteration's batch (leading axes [T, E]) or a minibatch cut from
+    it ([B], or [T, B] whole sequences for a recurrent network). Shapes below for [B]."""
+
+    obs: jax.Array  # [B, obs_dim], already normalised if observation normalisation is on
+    actions: jax.Array  # [B] int (discrete) or [B, D] float (unclipped policy sample)
+    old_log_probs: jax.Array  # [B]
+    old_dist: DistParams  # acting policy: loc [B, A|D], log_std [A|D] or [B, A|D]
+    old_values: jax.Array  # [B]
+    advantages: jax.Array  # [B], already standardised when that is on
+    value_targets: jax.Array  # [B]
+    # What replaying a recurrent network needs (None for feed-forward): the carry was zeroed
+    # before step t ([T, E]), and each env's carry at the rollout's start ([E, ...]).
+    reset: jax.Array | None = None
+    carry0: jax.Array | None = None
+
+
+def shares_log_std(dist: DistParams) -> bool:
+    """True when `log_std` is one vector for every sample (state-independent std), so
+    batching code must pass it through unsliced; False when it is per sample like `loc`."""
+    return dist.log_std.ndim < dist.loc.ndim
+
+
+def map_dist(fn, dist: DistParams) -> DistParams:
+    """fn applied to `loc`, and to `log_std` only when it is per sample."""
+    return DistParams(fn(dist.loc), dist.log_std if shares_log_std(dist) else fn(dist.log_std))
+
+
+def unstack_shared_log_std(dist: DistParams) -> DistParams:
+    """A scan over time stacks a shared log_std [D] into equal rows [T, D]: keep one."""
+    if dist.log_std.ndim == dist.loc.ndim - 1:
+        return dist._replace(log_std=dist.log_std[0])
+    return dist
+
+
+def map_samples(fn, batch: Batch) -> Batch:
+    """Apply fn to every per-sample array of a Batch ([T, E] or [B] leading axes), passing
+    a shared old log_std and the per-env `carry0` through unchanged."""
+    shared = shares_log_std(batch.old_dist)
+    kept = batch.old_dist.log_std if shared else None
+    stripped = batch._replace(carry0=None)
+    if shared:
+        stripped = stripped._replace(old_dist=batch.old_dist._replace(log_std=None))
+    out = jax.tree.map(fn, stripped)._replace(carry0=batch.carry0)
+    return out._replace(old_dist=out.old_dist._replace(log_std=kept)) if shared else out
+
+
+class LossTerms(NamedTuple):
+    total: jax.Array
+    policy_loss: jax.Array
+    value_loss: jax.Array
+    entropy: jax.Array
+    kl: jax.Array  # mean analytic KL(old || new)
+    approx_kl: jax.Array  # mean of (ratio - 1) - log(ratio), the low-variance estimator
+    clip_fraction: jax.Array
+
+
+def ppo_loss_terms(
+    discrete: bool,
+    new_dist: DistParams,
+    new_values: jax.Array,
+    batch: Batch,
+    *,
+    clip_param,
+    vf_clip_param,
+    vf_coeff,
+    entropy_coeff,
+    kl_coeff,
+    use_kl_loss: bool,
+    use_vf_clip: bool,
+) -> LossTerms:
+    """Total = policy_loss + kl_coeff*kl (if use_kl_loss) + vf_coeff*value_loss - entropy_coeff*entropy.
+
+    policy_loss = -mean(min(r*A, clip(r, 1-eps, 1+eps)*A)), r = exp(logp_new - logp_old);
+    value_loss = 0.5*mean((V - target)^2), or with value clipping
+    0.5*mean(max((V - target)^2, (V_old + clip(V - V_old, -c, c) - target)^2)).
+    """
+    log_probs = networks.log_prob(discrete, new_dist, batch.actions)
+    log_ratio = log_probs - batch.old_log_probs
+    ratio = jnp.exp(log_ratio)
+    adv = batch.advantages
+    surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_param, 1.0 + clip_param) * adv)
+    policy_loss = -jnp.mean(surrogate)
+
+    value_err = jnp.square(new_values - batch.value_targets)
+    if use_vf_clip:
+        clipped = batch.old_values + jnp.clip(new_values - batch.old_values, -vf_clip_param, vf_clip_param)
+        value_err = jnp.maximum(value_err, jnp.square(clipped - batch.value_targets))
+    value_loss = 0.5 * jnp.mean(value_err)
+
+    ent = jnp.mean(networks.entropy(discrete, new_dist))
+    kl = jnp.mean(networks.kl_divergence(discrete, batch.old_dist, new_dist))
+    total = policy_loss + vf_coeff * value_loss - entropy_coeff * ent
+    if use_kl_loss:
+        total = total + kl_coeff * kl
+    approx_kl = jnp.mean((ratio - 1.0) - log_ratio)
+    clip_fraction = jnp.mean((jnp.abs(ratio - 1.0) > clip_param).astype(jnp.float32))
+    return LossTerms(total, policy_loss, value_loss, ent, kl, approx_kl, clip_fraction)
+
+
+def update_kl_coeff(kl_coeff: jax.Array, mean_kl: jax.Array, kl_target) -> jax.Array:
+    """RLlib's rule: x1.5 when the KL is above 2*target, x0.5 when below target/2."""
+    return jnp.where(
+        mean_kl > 2.0 * kl_target,
+        kl_coeff * 1.5,
+        jnp.where(mean_kl < 0.5 * kl_target, kl_coeff * 0.5, kl_coeff),
+    )

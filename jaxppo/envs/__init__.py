@@ -1,0 +1,1 @@
+"""Environments behind one contract: gymnax by name, suite adapters, gymnasium, a user's env, transforms."""

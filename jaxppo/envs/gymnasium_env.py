@@ -1,0 +1,203 @@
+"""Gymnasium environments by name (`env="gymnasium:CartPole-v1"`), for the host-loop mode.
+
+A gymnasium env steps in Python, so it cannot live inside the compiled iteration: its
+`gymnasium.make_vec(..., vectorization_mode="sync")` vector env is stepped by
+`jaxppo.run.hostloop`, and everything else (the policy, GAE, the PPO update) stays compiled.
+`GymnasiumEnv` is what the rest of jaxppo sees of it: the single env's spaces (the shape of
+the networks), its time limit (the evaluation bound) and how a policy action becomes an env
+action. It is built once per run to read the spaces; the vector env is made by the host loop.
+
+Vector envs run in SAME_STEP autoreset mode (gymnasium >= 1.1): the step that ends an episode
+returns the next episode's first observation, with the true final observation in
+`info["final_obs"]` — exactly the gymnax contract the rest of jaxppo is written for
+(terminated and truncated apart, bootstrapping a truncation from V(final observation)), so
+every transition is a real one. Gymnasium's default NEXT_STEP mode would instead return the
+reset observation one step later, through a step whose action is ignored and whose transition
+must be masked out of GAE and the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+import numpy as np
+
+from jaxppo.errors import ConfigError
+
+PREFIX = "gymnasium:"
+INSTALL = "pip install 'jaxppo[gymnasium]'"
+
+
+def is_gymnasium_env(env: Any) -> bool:
+    """True for an env named "gymnasium:<id>"."""
+    return isinstance(env, str) and env.startswith(PREFIX)
+
+
+def import_gymnasium():
+    """gymnasium, at a version with SAME_STEP autoreset; ConfigError naming the install."""
+    try:
+        import gymnasium
+    except ImportError:
+        raise ConfigError(f"env='gymnasium:...' needs the gymnasium package: {INSTALL}") from None
+    mode = getattr(getattr(gymnasium.vector, "AutoresetMode", None), "SAME_STEP", None)
+    if mode is None:
+        raise ConfigError(
+            f"gymnasium {gymnasium.__version__} has no SAME_STEP autoreset (added in 1.1), which "
+            f"jaxppo's host loop relies on: {INSTALL} (gymnasium 1.3.0)")
+    return gymnasium
+
+
+@dataclasses.dataclass(frozen=True)
+class GymnasiumParams:
+    """The only env param jaxppo reads of a gymnasium env: its time limit (TimeLimit's
+    max_episode_steps), the bound on an evaluation episode."""
+
+    max_steps_in_episode: int
+
+
+class GymnasiumEnv:
+    """A registered gymnasium env (by id, with its make kwargs), as jaxppo sees it: the single
+    env's spaces, its time limit, and actions. Box observations; Discrete or Box actions."""
+
+    host_loop = True  # it steps in Python: jaxppo.run.hostloop runs it
+
+    def __init__(self, env_id: str, kwargs: dict | None = None):
+        gym = import_gymnasium()
+        self.id = env_id
+        self.kwargs = dict(kwargs or {})
+        self.name = env_id.rpartition(":")[2].rpartition("/")[2]
+        _check_registered(gym, env_id)
+        try:
+            probe = gym.make(env_id, **self.kwargs)
+        except Exception as e:  # noqa: BLE001 - a missing extra, a bad kwarg: one clear error
+            raise ConfigError(
+                f"env='gymnasium:{env_id}': gymnasium.make({env_id!r}"
+                + "".join(f", {k}={v!r}" for k, v in self.kwargs.items())
+                + f") raised {type(e).__name__}: {_one_line(e)} (env_kwargs go to gymnasium.make)"
+            ) from None
+        try:
+            self.obs_space = probe.observation_space
+            self.act_space = probe.action_space
+            limit = getattr(probe.spec, "max_episode_steps", None)
+        finally:
+            probe.close()
+        self.max_episode_steps = int(limit) if limit else None
+        self._check_spaces(gym)
+
+    def _check_spaces(self, gym) -> None:
+        spaces = gym.spaces
+        where = f"env='gymnasium:{self.id}'"
+        if not isinstance(self.obs_space, spaces.Box):
+            raise ConfigError(
+                f"{where} has observation space {self.obs_space}; the host loop takes Box "
+                "observations (flatten others with a gymnasium wrapper, e.g. "
+                "FlattenObservation, in your own registered env)")
+        if isinstance(self.act_space, spaces.Discrete):
+            return
+        if isinstance(self.act_space, spaces.Box):
+            if len(self.act_space.shape) > 1:
+                raise ConfigError(f"{where}: Box actions must be a vector, got shape "
+                                  f"{self.act_space.shape}")
+            return
+        raise ConfigError(f"{where} has action space {self.act_space}; jaxppo supports "
+                          "Discrete and Box actions")
+
+    @property
+    def params(self) -> GymnasiumParams | None:
+        return None if self.max_episode_steps is None else GymnasiumParams(self.max_episode_steps)
+
+    # The gymnax-style accessors the rest of jaxppo reads spaces through.
+    def observation_space(self, params=None):
+        return self.obs_space
+
+    def action_space(self, params=None):
+        return self.act_space
+
+    def make_vec(self, num_envs: int):
+        """A sync vector env of `num_envs` copies in SAME_STEP autoreset mode."""
+        gym = import_gymnasium()
+        envs = gym.make_vec(self.id, num_envs=num_envs, vectorization_mode="sync",
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                            **self.kwargs)
+        if envs.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
+            envs.close()
+            raise ConfigError(f"gymnasium:{self.id}: its vector env did not take SAME_STEP "
+                              "autoreset, which the host loop needs")
+        return envs
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Policy actions [E, ...] (already clipped to the bounds) as the vector env takes them:
+        Discrete ones shifted by the space's start, Box ones in the space's dtype."""
+        space = self.act_space
+        if hasattr(space, "n"):
+            return np.asarray(actions, np.int64) + int(space.start)
+        return np.asarray(actions, space.dtype).reshape((-1,) + tuple(space.shape))
+
+    def __repr__(self):
+        return f"GymnasiumEnv({self.id!r})"
+
+
+def make_gymnasium_env(config) -> tuple[GymnasiumEnv, GymnasiumParams | None]:
+    """(env, params) for config.env = "gymnasium:<id>"; ConfigError for what the host loop
+    cannot run."""
+    if config.env_params is not None:
+        raise ConfigError("env_params is for gymnax envs; a gymnasium env takes its options "
+                          "as env_kwargs (passed to gymnasium.make)")
+    env = GymnasiumEnv(config.env[len(PREFIX):], config.env_kwargs)
+    return env, env.params
+
+
+def check_config(config, layout) -> None:
+    """What the host loop does not run: several seeds or devices, hosts, recurrent policies,
+    observation wrappers (they wrap a gymnax env; reward hooks are fine)."""
+    from jaxppo.envs.transforms import env_wrappers
+
+    where = f"env={config.env!r} steps in Python (host-loop mode)"
+    if config.num_seeds != 1:
+        raise ConfigError(f"num_seeds={config.num_seeds}: {where}, one seed per process; start "
+                          "one run per seed (seed=0, seed=1, ...)")
+    if layout == "hosts" or getattr(layout, "num_processes", 1) > 1:
+        raise ConfigError(f"{where}: it trains in one process; multi-host training needs a gymnax env")
+    if config.num_devices not in (None, 1):
+        raise ConfigError(f"num_devices={config.num_devices}: {where}, on one device; leave "
+                          "num_devices unset")
+    if config.network.recurrent_size:
+        raise ConfigError(f"network.recurrent_size={config.network.recurrent_size}: {where}, "
+                          "with feed-forward policies only; set network.recurrent_size=0")
+    wrappers = env_wrappers(config)
+    if wrappers:
+        raise ConfigError(f"transforms {[type(w).__name__ for w in wrappers]} wrap a gymnax env; "
+                          f"{where}: use gymnasium wrappers in a registered env instead (reward "
+                          "hooks such as count_bonus work)")
+
+
+def _check_registered(gym, env_id: str) -> None:
+    module, _, short = env_id.rpartition(":")
+    if module:  # "module:Env-v0": gymnasium.make imports the module that registers it
+        import importlib
+
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"env='gymnasium:{env_id}': importing module {module!r} (which "
+                              f"should register {short!r}) failed with {type(e).__name__}: "
+                              f"{_one_line(e)}") from None
+        env_id = short
+    names = list(gym.envs.registry)
+    if env_id in names:
+        return
+    lowered = {n.lower(): n for n in names}
+    close = ([lowered[env_id.lower()]] if env_id.lower() in lowered
+             else difflib.get_close_matches(env_id, names, n=5, cutoff=0.5))
+    hint = (f"; registered ids like it: {', '.join(close)}" if close else
+            f"; registered: {', '.join(sorted(names)[:40])}{', ...' if len(names) > 40 else ''}")
+    raise ConfigError(
+        f"env='gymnasium:{env_id}' is not a registered gymnasium env{hint}. (A gymnasium env "
+        "of your own: gymnasium.register(id=..., entry_point=...) before training; gymnax env "
+        "names take no prefix)")
+
+
+def _one_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:200]

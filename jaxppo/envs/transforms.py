@@ -1,0 +1,420 @@
+"""User transforms: observation wrappers and reward hooks, inside the one compiled program.
+
+The JAX form of RLlib's connector pipelines. `PPOConfig.transforms` lists them in order:
+
+    transforms=[{"frame_stack": {"k": 4}}, {"count_bonus": {"scale": 0.1, "power": 0.5}}]
+
+Each entry is a registered name ("frame_stack"), a one-key mapping {name: kwargs}, a pair
+(name, kwargs), or a transform object (an `EnvWrapper`, a `RewardHook`, or a plain function
+`hook(hook_state, traj) -> (hook_state, rewards)` with empty state).
+
+* Env wrappers (`EnvWrapper`: frame stacking, action discretisation) wrap the gymnax env in
+  `make_env` (the first entry innermost), so the rollout, evaluation and `load_policy` all
+  see the transformed observations and action space. A wrapper keeps whatever it needs
+  (e.g. the last k frames) in the env state.
+* Reward hooks see the whole rollout batch (`traj`, leading axes [T, E]) before GAE and
+  return new rewards [T, E]; each hook's state lives in `TrainState.hook_state` (a tuple, one
+  entry per hook) and is carried from iteration to iteration. Hooks run in order, each seeing
+  the rewards of the one before in `traj.reward`. They run before reward normalisation, and
+  the episode-return metrics stay those of the env's own rewards.
+
+Everything here is a pure function of arrays: no Python runs per iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo.errors import ConfigError
+
+
+# ---------------------------------------------------------------------- base classes
+class EnvWrapper:
+    """An env wrapper: `wrap(env)` returns a gymnax-API env (reset, step, observation_space,
+    action_space) whose observations or action space are transformed."""
+
+    name = "env_wrapper"
+
+    def wrap(self, env):
+        raise NotImplementedError
+
+    def to_config(self):
+        return _dataclass_config(self)
+
+
+class RewardHook:
+    """A jittable hook over the rollout batch before GAE.
+
+    `init(spec)` gives the hook's initial state (a pytree, identical on every device);
+    `__call__(hook_state, traj, axis_name=None)` returns (hook_state, rewards [T, E]).
+    `axis_name` names the pmap axis when the batch is split over devices: a hook that keeps
+    global statistics reduces over it (`lax.psum`) so every device holds the same state.
+    """
+
+    name = "reward_hook"
+
+    def init(self, spec) -> Any:
+        return ()
+
+    def __call__(self, hook_state, traj, axis_name=None):
+        raise NotImplementedError
+
+    def to_config(self):
+        return _dataclass_config(self)
+
+
+class FunctionHook(RewardHook):
+    """A plain function `fn(hook_state, traj) -> (hook_state, rewards)` with initial state
+    `init_state` (default: none)."""
+
+    def __init__(self, fn: Callable, init_state: Any = ()):
+        self.fn = fn
+        self.init_state = init_state
+        self.name = getattr(fn, "__name__", "function_hook")
+
+    def init(self, spec):
+        return self.init_state
+
+    def __call__(self, hook_state, traj, axis_name=None):
+        return self.fn(hook_state, traj)
+
+    def to_config(self):
+        return self.name
+
+
+def _dataclass_config(t):
+    if dataclasses.is_dataclass(t):
+        return {t.name: {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}}
+    return t.name
+
+
+# ---------------------------------------------------------------------- frame stacking
+@dataclass(frozen=True)
+class FrameStack(EnvWrapper):
+    """Observe the last `k` observations, oldest first.
+
+    Frames go on a new last axis ([*obs_shape] -> [*obs_shape, k]), except image observations
+    [H, W, C], whose channels are concatenated ([H, W, k*C]) so the CNN torso sees k*C
+    channels. At an episode's start every slot holds the first observation.
+    """
+
+    k: int = 4
+    name = "frame_stack"
+
+    def __post_init__(self):
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
+            raise ConfigError(f"frame_stack k={self.k!r} must be an integer >= 1, e.g. k=4")
+
+    def wrap(self, env):
+        return FrameStackEnv(env, self.k)
+
+
+class FrameStackState(NamedTuple):
+    env_state: Any
+    frames: jax.Array  # [k, *obs_shape], oldest first
+
+
+class FrameStackEnv:
+    """A gymnax env whose observations are the last k of the wrapped env's.
+
+    `info["final_observation"]` is the stack ending in the wrapped env's pre-reset
+    observation, so the value bootstrap of a truncated step sees the right frames.
+    Anything else (name, default_params, num_actions, ...) is the wrapped env's.
+    """
+
+    def __init__(self, env, k: int):
+        self._env = env
+        self.k = k
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def _layout(self, frames: jax.Array) -> jax.Array:
+        """[k, *obs_shape] -> the stacked observation."""
+        if frames.ndim == 4:  # images [k, H, W, C] -> [H, W, k*C]
+            k, h, w, c = frames.shape
+            return jnp.transpose(frames, (1, 2, 0, 3)).reshape(h, w, k * c)
+        return jnp.moveaxis(frames, 0, -1)
+
+    def reset(self, key, params=None):
+        obs, env_state = self._env.reset(key, params)
+        frames = jnp.repeat(obs[None], self.k, axis=0)
+        return self._layout(frames), FrameStackState(env_state, frames)
+
+    def step(self, key, state: FrameStackState, action, params=None):
+        obs, env_state, reward, terminated, truncated, info = self._env.step(
+            key, state.env_state, action, params)
+        done = jnp.logical_or(terminated, truncated)
+        final_frames = jnp.concatenate([state.frames[1:], info["final_observation"][None]])
+        frames = jnp.where(done, jnp.repeat(obs[None], self.k, axis=0),
+                           jnp.concatenate([state.frames[1:], obs[None]]))
+        info = {**info, "final_observation": self._layout(final_frames)}
+        return self._layout(frames), FrameStackState(env_state, frames), reward, terminated, truncated, info
+
+    def step_env(self, key, state: FrameStackState, action, params=None):
+        """The wrapped env's step without auto-reset: the new frame joins the stack."""
+        obs, env_state, reward, done, info = self._env.step_env(key, state.env_state, action, params)
+        frames = jnp.concatenate([state.frames[1:], obs[None]])
+        return self._layout(frames), FrameStackState(env_state, frames), reward, done, info
+
+    def observation_space(self, params):
+        from gymnax.environments import spaces
+
+        inner = self._env.observation_space(params)
+        shape = tuple(int(s) for s in inner.shape)
+        stacked = lambda b: b if np.ndim(b) == 0 else self._layout(  # noqa: E731
+            jnp.repeat(jnp.broadcast_to(jnp.asarray(b), shape)[None], self.k, axis=0))
+        new_shape = jax.eval_shape(self._layout, jax.ShapeDtypeStruct((self.k,) + shape, inner.dtype)).shape
+        return spaces.Box(stacked(inner.low), stacked(inner.high), tuple(new_shape), inner.dtype)
+
+    def action_space(self, params=None):
+        return self._env.action_space(params)
+
+    def __repr__(self):
+        return f"FrameStackEnv({self._env!r}, k={self.k})"
+
+
+# ---------------------------------------------------------------------- discretised actions
+@dataclass(frozen=True)
+class DiscretizeActions(EnvWrapper):
+    """Turn a continuous (Box) action space into a discrete one of `bins` evenly spaced
+    values per dimension, from low to high inclusive; the policy becomes a categorical over
+    the bins**D joint actions. A categorical can put its mass on two separate torques where a
+    Gaussian can only average them, which matters where the best action switches sharply
+    (e.g. which way to swing a pendulum hanging at rest).
+    """
+
+    bins: int = 11
+    name = "discretize_actions"
+    MAX_JOINT_ACTIONS = 4096
+
+    def __post_init__(self):
+        if not isinstance(self.bins, int) or isinstance(self.bins, bool) or self.bins < 2:
+            raise ConfigError(f"discretize_actions bins={self.bins!r} must be an integer >= 2, "
+                              "e.g. bins=11")
+
+    def wrap(self, env):
+        return DiscreteActionEnv(env, self.bins)
+
+
+class DiscreteActionEnv:
+    """A gymnax env with a Box action space seen through Discrete(bins**D) actions: action
+    index i has base-`bins` digits (first dimension most significant), digit j of dimension d
+    meaning low[d] + j * (high[d] - low[d]) / (bins - 1)."""
+
+    def __init__(self, env, bins: int):
+        self._env = env
+        self.bins = bins
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def _box(self, params):
+        space = self._env.action_space(params)
+        if hasattr(space, "n") or not hasattr(space, "low"):
+            raise ConfigError(
+                f"discretize_actions needs a continuous (Box) action space, but the env has "
+                f"{space!r}; remove the transform for discrete-action envs")
+        shape = tuple(space.shape)
+        dim = int(np.prod(shape)) if shape else 1
+        if self.bins ** dim > DiscretizeActions.MAX_JOINT_ACTIONS:
+            raise ConfigError(
+                f"discretize_actions bins={self.bins} over {dim} action dimensions makes "
+                f"{self.bins}**{dim} = {self.bins ** dim} joint actions (at most "
+                f"{DiscretizeActions.MAX_JOINT_ACTIONS}); use fewer bins or the Gaussian policy")
+        low, high = box_bounds(space, dim)
+        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+            raise ConfigError("discretize_actions needs finite action bounds, but the env's are "
+                              f"low={low.tolist()} high={high.tolist()}")
+        return shape, dim, low, high
+
+    def continuous_action(self, index: jax.Array, params=None) -> jax.Array:
+        """The Box action (the env's action shape) for a discrete action index."""
+        shape, dim, low, high = self._box(params)
+        powers = self.bins ** np.arange(dim - 1, -1, -1)
+        digits = (index // jnp.asarray(powers)) % self.bins
+        values = jnp.asarray(low) + digits * jnp.asarray((high - low) / (self.bins - 1))
+        return values.reshape(shape).astype(jnp.float32)
+
+    def reset(self, key, params=None):
+        return self._env.reset(key, params)
+
+    def step(self, key, state, action, params=None):
+        return self._env.step(key, state, self.continuous_action(action, params), params)
+
+    def step_env(self, key, state, action, params=None):
+        """The wrapped env's step without auto-reset, for a discrete action."""
+        return self._env.step_env(key, state, self.continuous_action(action, params), params)
+
+    def observation_space(self, params):
+        return self._env.observation_space(params)
+
+    def action_space(self, params=None):
+        from gymnax.environments import spaces
+
+        _, dim, _, _ = self._box(params)
+        return spaces.Discrete(self.bins ** dim)
+
+    def __repr__(self):
+        return f"DiscreteActionEnv({self._env!r}, bins={self.bins})"
+
+
+# ---------------------------------------------------------------------- count bonus
+@dataclass(frozen=True)
+class CountBonus(RewardHook):
+    """Count-based intrinsic reward: r + scale / N(s')**power.
+
+    N(s') counts visits to the discretised successor observation s' (the pre-reset
+    `final_obs` of each step) in a hashed table of `buckets` entries, updated with the whole
+    batch before the bonus is computed (so N >= 1). power=0.5 is the classic
+    scale/sqrt(N) bonus (MBIE-EB, #Exploration), power=1 is scale/N. Observations are
+    discretised as round(obs / resolution). Counts are global: under pmap the batch's counts
+    are summed over devices, so every device holds the same table.
+    """
+
+    scale: float = 0.1
+    power: float = 0.5
+    buckets: int = 2 ** 16
+    resolution: float = 1.0
+    name = "count_bonus"
+
+    def __post_init__(self):
+        for f in ("scale", "power", "resolution"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0 \
+                    or (f == "resolution" and v == 0):
+                raise ConfigError(f"count_bonus {f}={v!r} must be a number "
+                                  f"{'> 0' if f == 'resolution' else '>= 0'}")
+        b = self.buckets
+        if not isinstance(b, int) or isinstance(b, bool) or b < 2 or b & (b - 1):
+            raise ConfigError(f"count_bonus buckets={b!r} must be a power of two >= 2, e.g. 65536")
+
+    def init(self, spec):
+        return jnp.zeros((self.buckets,), jnp.int32)
+
+    def bucket(self, obs: jax.Array, obs_ndim: int) -> jax.Array:
+        """Table index [...] of observations [..., *obs_shape] (obs_ndim trailing axes)."""
+        lead = obs.shape[: obs.ndim - obs_ndim]
+        flat = jnp.round(obs.reshape(lead + (-1,)).astype(jnp.float32) / self.resolution)
+        return hash_rows(flat.astype(jnp.int32)) & jnp.uint32(self.buckets - 1)
+
+    def __call__(self, counts, traj, axis_name=None):
+        obs_ndim = traj.final_obs.ndim - traj.reward.ndim
+        idx = self.bucket(traj.final_obs, obs_ndim).astype(jnp.int32)
+        visits = jnp.zeros_like(counts).at[idx.reshape(-1)].add(1)
+        if axis_name is not None:
+            visits = jax.lax.psum(visits, axis_name)
+        counts = counts + visits
+        n = counts[idx].astype(jnp.float32)
+        bonus = self.scale * jnp.power(n, -self.power)
+        return counts, traj.reward + bonus
+
+
+def hash_rows(x: jax.Array) -> jax.Array:
+    """uint32 hash of each integer row x[..., D]: a random odd multiplier per position, summed
+    (mod 2**32), then MurmurHash3's finaliser to spread the bits. Vectorised, so it costs one
+    multiply-add per element rather than a sequential loop."""
+    d = x.shape[-1]
+    mult = np.random.RandomState(0x5EED).randint(1, 2 ** 31, size=d, dtype=np.int64) * 2 + 1
+    h = jnp.sum(x.astype(jnp.uint32) * jnp.asarray(mult.astype(np.uint32)), axis=-1, dtype=jnp.uint32)
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+# ---------------------------------------------------------------------- registry
+TRANSFORMS: dict[str, type] = {"frame_stack": FrameStack, "discretize_actions": DiscretizeActions,
+                               "count_bonus": CountBonus}
+
+
+def register_transform(name: str, cls: type) -> None:
+    """Make `cls(**kwargs)` available to configs as `name` (e.g. {"my_bonus": {...}})."""
+    TRANSFORMS[name] = cls
+
+
+def resolve_transforms(entries) -> list:
+    """Transform objects for the config's `transforms` entries, in order (ConfigError for an
+    unknown name, a malformed entry or arguments the transform does not take)."""
+    out = []
+    for entry in entries or ():
+        if isinstance(entry, (EnvWrapper, RewardHook)):
+            out.append(entry)
+            continue
+        if callable(entry) and not isinstance(entry, type):
+            out.append(FunctionHook(entry))
+            continue
+        if isinstance(entry, str):
+            name, kwargs = entry, {}
+        elif isinstance(entry, dict) and len(entry) == 1:
+            (name, kwargs), = entry.items()
+        elif isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str):
+            name, kwargs = entry
+        else:
+            raise ConfigError(
+                f"transforms entry {entry!r} must be a name, {{name: {{arg: value}}}} or "
+                "[name, {arg: value}], e.g. {'frame_stack': {'k': 4}}"
+            )
+        kwargs = {} if kwargs is None else kwargs
+        if name not in TRANSFORMS:
+            close = difflib.get_close_matches(str(name), list(TRANSFORMS), n=2, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise ConfigError(f"unknown transform {name!r}{hint} Known: {', '.join(TRANSFORMS)} "
+                              "(add your own with jaxppo.envs.transforms.register_transform)")
+        if not isinstance(kwargs, dict):
+            raise ConfigError(f"transform {name!r}: arguments {kwargs!r} must be a mapping")
+        try:
+            out.append(TRANSFORMS[name](**kwargs))
+        except TypeError as e:
+            cls = TRANSFORMS[name]
+            accepted = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else "?"
+            raise ConfigError(f"transform {name!r} does not take {kwargs!r} ({e}); "
+                              f"its arguments: {accepted}") from None
+    return out
+
+
+def env_wrappers(config) -> list[EnvWrapper]:
+    return [t for t in resolve_transforms(config.transforms) if isinstance(t, EnvWrapper)]
+
+
+def reward_hooks(config) -> list[RewardHook]:
+    return [t for t in resolve_transforms(config.transforms) if isinstance(t, RewardHook)]
+
+
+# ---------------------------------------------------------------------- hook points
+def wrap_env(env, config):
+    """The env wrapped by the config's observation transforms (first entry innermost)."""
+    for t in env_wrappers(config):
+        env = t.wrap(env)
+    return env
+
+
+def init_reward_hooks(config, spec) -> tuple:
+    """Initial hook states, one per reward hook; () when there are none."""
+    return tuple(h.init(spec) for h in reward_hooks(config))
+
+
+def apply_reward_hooks(config, hook_state: tuple, traj, rewards, axis_name=None):
+    """Run the reward hooks in order over the batch [T, E]. Returns (rewards, hook_state)."""
+    hooks = reward_hooks(config)
+    if not hooks:
+        return rewards, hook_state
+    new_states = []
+    for hook, st in zip(hooks, hook_state):
+        st, rewards = hook(st, traj._replace(reward=rewards), axis_name)
+        new_states.append(st)
+    return rewards, tuple(new_states)
+
+
+def box_bounds(space, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """A Box space's low and high as float32 vectors [dim] (scalar bounds broadcast)."""
+    return tuple(np.broadcast_to(np.asarray(b, np.float32), (dim,)).copy()
+                 for b in (space.low, space.high))

@@ -1,0 +1,387 @@
+"""Where the chunk runs: one device, this host's devices, or the devices of several hosts.
+
+All three run the same `Algorithm.chunk`; only how it is compiled differs. With one device it
+is `jit`; with several it is `pmap` over an axis that spans every device of the run, whether
+they belong to this process or (after `jax.distributed.initialize`) to several processes on
+several hosts. Collectives over that axis are XLA's: within a host, shared memory; across
+hosts, gloo on CPU and NCCL on GPU.
+
+State layouts. The *device layout* is what the program holds: `[local_devices, seeds?, ...]`
+on each process when pmapped, `[seeds?, ...]` otherwise. The *unsharded layout* is one
+host-side (numpy) TrainState of the whole run, as if it ran on one device: every env in
+global order, one copy of the replicated fields. Snapshots and checkpoints use the unsharded
+layout, so a run saved on any number of devices or hosts resumes on any other number that
+divides num_envs; keys derive from global env ids, so the continuation is the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo.core.algorithm import Algorithm, TrainState
+from jaxppo.core.hyperparams import HyperParams
+from jaxppo.errors import ConfigError
+from jaxppo.resolve import Layout, Resolved
+
+AXIS = "device"
+
+# TrainState fields with one entry per env (split over devices); every other field is the
+# same on every device (replicated).
+PER_ENV_FIELDS = ("env_state", "last_obs", "discounted_return", "episode_return",
+                  "episode_length", "env_ids", "carry")
+
+
+# ---------------------------------------------------------------------- the program
+class Program(NamedTuple):
+    """The compiled entry points of a run: `init(key, hp)` and `chunk(state, hp, start, stop)`
+    (iterations start..min(start + chunk_len, stop) - 1; the rest of the chunk is skipped)."""
+
+    algorithm: Algorithm
+    layout: Layout
+    init: Callable
+    chunk: Callable
+    population: bool = False  # the shards hold different PBT members (splits_population)
+
+
+def _program_devices(layout: Layout) -> list:
+    """The devices the pmap spans, in shard order: each process's first local_devices."""
+    if layout.num_processes == 1:
+        return jax.local_devices()[:layout.local_devices]
+    by_process: dict[int, list] = {}
+    for d in jax.devices():
+        by_process.setdefault(d.process_index, []).append(d)
+    return [d for p in sorted(by_process) for d in by_process[p][:layout.local_devices]]
+
+
+def build_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
+    """jit (one shard) or pmap (several, on one host or many: `run.layout`) of init and
+    chunk, vmapped over seeds when asked. Device layout: [local_devices?, seeds?, ...]."""
+    if run.splits_population:
+        return _population_program(run, hp, chunk_len)
+    seeds = run.config.num_seeds
+    layout = run.layout
+    shards = layout.shards
+    algo = Algorithm(run, axis_name=AXIS if shards > 1 else None)
+    local = algo.local_envs
+    hp_axis = (0 if _is_batched(hp, seeds) else None) if seeds > 1 else None
+
+    def init_one(key, hp, shard):
+        return algo.init(key, hp, env_index_offset=shard * local)
+
+    def chunk_one(state, hp, start, stop):
+        return algo.chunk(state, hp, start, chunk_len, stop)
+
+    if seeds > 1:
+        def init_dev(root, hp, shard):
+            keys = jax.random.split(root, seeds)
+            return jax.vmap(init_one, in_axes=(0, hp_axis, None))(keys, hp, shard)
+
+        chunk_dev = jax.vmap(chunk_one, in_axes=(0, hp_axis, None, None))
+        if run.config.pbt is not None:
+            chunk_dev = _population_chunk(algo, chunk_len)
+    else:
+        init_dev, chunk_dev = init_one, chunk_one
+
+    if shards == 1:
+        init = jax.jit(lambda root, hp: init_dev(root, hp, 0))
+        chunk = jax.jit(chunk_dev, donate_argnums=0)
+    else:
+        devices = _program_devices(layout)
+        pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
+        first = layout.first_shard
+        init = lambda root, hp: pinit(root, hp, jnp.arange(first, first + layout.local_devices))  # noqa: E731
+        chunk = jax.pmap(chunk_dev, axis_name=AXIS, in_axes=(0, None, None, None), devices=devices,
+                         donate_argnums=0)
+    return Program(algo, layout, init, chunk)
+
+
+def _population_chunk(algo: Algorithm, chunk_len: int, axis_name: str | None = None) -> Callable:
+    """A PBT run's chunk: each iteration runs every member (vmapped, each with the
+    hyperparameters in its state), then the population's exploit/explore step (jaxppo.search.pbt)
+    sees all of them at once. With `axis_name` the members are split over that pmap axis;
+    the chunk's metrics are then gathered over it, so every shard returns the whole
+    population's. Metrics come back [members, chunk_len], as from the vmapped chunk."""
+    from jaxppo.search.pbt import Explorer
+
+    explorer = Explorer(algo)
+    n_iter = algo.config.num_iterations
+    step = jax.vmap(algo.chunk_step, in_axes=(0, 0, None, None))
+
+    def chunk(state, hp, start, stop):
+        stop = jnp.minimum(stop, n_iter)
+
+        def body(s, i):
+            s, m = step(s, s.hparams, start + i, stop)
+            s, pm = explorer.step(s, m, start + i, stop, axis_name)
+            return s, {**m, **pm}
+
+        state, m = jax.lax.scan(body, state, jnp.arange(chunk_len))
+        m = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), m)
+        if axis_name is not None:
+            m = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, tiled=True), m)
+        return state, m
+
+    return chunk
+
+
+def _population_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
+    """A PBT population split over the layout's shards (devices, or hosts): each shard trains
+    num_seeds / shards whole members, with no collective between iterations; the shards
+    exchange fitness values and the best members' learner states at exploit steps only.
+    Member i is the same as on one device (its key is the i-th of the run's)."""
+    layout = run.layout
+    seeds = run.config.num_seeds
+    local = seeds // layout.shards
+    algo = Algorithm(dataclasses.replace(run, layout=Layout()))  # a member's envs: one shard
+    batched = _is_batched(hp, seeds)
+
+    def init_dev(root, hp, shard):
+        first = shard * local
+        keys = jax.lax.dynamic_slice_in_dim(jax.random.split(root, seeds), first, local)
+        if batched:
+            hp = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, first, local), hp)
+            return jax.vmap(lambda k, h: algo.init(k, h))(keys, hp)
+        return jax.vmap(lambda k: algo.init(k, hp))(keys)
+
+    devices = _program_devices(layout)
+    pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
+    first = layout.first_shard
+    init = lambda root, hp: pinit(root, hp, jnp.arange(first, first + layout.local_devices))  # noqa: E731
+    chunk = jax.pmap(_population_chunk(algo, chunk_len, AXIS), axis_name=AXIS,
+                     in_axes=(0, None, None, None), devices=devices, donate_argnums=0)
+    return Program(algo, layout, init, chunk, population=True)
+
+
+def initialise_and_compile(program: Program, key: jax.Array, hp: HyperParams):
+    """Run `init`, then compile `chunk` for the resulting state; returns (state, compiled).
+
+    (Compiling the chunk in a second thread while init runs was measured: no faster on two
+    cores, and about 170 MB more peak memory, so the two run one after the other.)
+    """
+    start0 = jnp.asarray(0, jnp.int32)
+    state = program.init(key, hp)
+    if program.layout.num_processes > 1:
+        # Across processes, pmap's ahead-of-time lowering takes the global shapes while calls
+        # pass each process's part; compile by calling it instead, on an empty range of
+        # iterations (every iteration is skipped, the state comes back unchanged).
+        state, _ = program.chunk(state, hp, start0, start0)
+        return state, program.chunk
+    return state, program.chunk.lower(state, hp, start0, start0).compile()
+
+
+def _is_batched(hp: HyperParams, seeds: int) -> bool:
+    """True when `hp` carries one set of hyperparameters per seed (a leading axis)."""
+    n = np.ndim(hp.clip_param)
+    if n == 0:
+        return False
+    if n == 1 and hp.clip_param.shape[0] == seeds:
+        return True
+    raise ConfigError(
+        f"hparams has a leading axis of {np.shape(hp.clip_param)}, but num_seeds={seeds}; "
+        "a batched HyperParams needs exactly one entry per seed"
+    )
+
+
+# ---------------------------------------------------------------------- state layouts
+def _split_fields(population: bool) -> tuple[str, ...]:
+    """The TrainState fields split over shards: the per-env ones, or (a PBT population split
+    over its shards) every field, by member."""
+    return tuple(TrainState.__dataclass_fields__) if population else PER_ENV_FIELDS
+
+
+def _map_fields(fn_env: Callable, fn_rep: Callable, state: TrainState,
+                population: bool = False) -> TrainState:
+    split = _split_fields(population)
+    return state.replace(**{
+        name: jax.tree.map(fn_env if name in split else fn_rep, getattr(state, name))
+        for name in state.__dataclass_fields__})
+
+
+def shard_state(state: TrainState, shards: int, seeds: int, population: bool = False) -> TrainState:
+    """Unsharded layout -> [shards, seeds?, ...] (numpy): each shard's envs, the rest copied
+    (population: each shard's members, [shards, members/shards, ...])."""
+    def env(x):
+        x = np.asarray(x)
+        s = 1 if seeds > 1 and not population else 0  # the env (or member) axis
+        x = x.reshape(x.shape[:s] + (shards, x.shape[s] // shards) + x.shape[s + 1:])
+        return np.moveaxis(x, s, 0)
+
+    def rep(x):
+        x = np.asarray(x)
+        return np.broadcast_to(x, (shards,) + x.shape).copy()
+
+    return _map_fields(env, rep, state, population)
+
+
+def unshard_state(state: TrainState, shards: int, seeds: int, population: bool = False) -> TrainState:
+    """[shards, seeds?, ...] -> unsharded layout (numpy); replicated fields from shard 0."""
+    def env(x):
+        x = np.asarray(x)
+        s = 1 if seeds > 1 and not population else 0
+        x = np.moveaxis(x, 0, s)
+        return x.reshape(x.shape[:s] + (x.shape[s] * x.shape[s + 1],) + x.shape[s + 2:])
+
+    return _map_fields(env, lambda x: np.asarray(x)[0], state, population)
+
+
+def to_unsharded(state: TrainState, layout: Layout, seeds: int,
+                 population: bool = False) -> TrainState:
+    """The whole run's state in the unsharded layout (numpy), from a single process's
+    device-layout state. (Several processes: `local_part` on each, `join_parts` of them.)"""
+    if layout.num_processes > 1:
+        raise ValueError("to_unsharded needs every shard in this process; across processes use "
+                         "local_part on each and join_parts")
+    return join_parts([local_part(state, layout)], layout.shards, seeds, population)
+
+
+def local_part(state: TrainState, layout: Layout, replicated: bool = True,
+               population: bool = False) -> TrainState:
+    """This process's shards of the state as numpy [local_devices, seeds?, ...], with no
+    collective; the replicated fields are left out (None) unless `replicated` (a population
+    split over shards has none: every field is its members')."""
+    host = jax.device_get(state)
+    if layout.shards == 1:
+        host = jax.tree.map(lambda x: np.asarray(x)[None], host)
+    else:
+        host = jax.tree.map(np.asarray, host)
+    if not replicated:
+        split = _split_fields(population)
+        host = host.replace(**{n: None for n in host.__dataclass_fields__ if n not in split})
+    return host
+
+
+def join_parts(parts: list[TrainState], shards: int, seeds: int,
+               population: bool = False) -> TrainState:
+    """The unsharded state from every process's `local_part`, in process order (the first
+    with its replicated fields)."""
+    first = parts[0]
+    full = first.replace(**{
+        n: jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *(getattr(p, n) for p in parts))
+        for n in _split_fields(population) if getattr(first, n) is not None})
+    if shards == 1:
+        return jax.tree.map(lambda x: x[0], full)
+    return unshard_state(full, shards, seeds, population)
+
+
+def from_unsharded(state: TrainState, template: TrainState, layout: Layout, seeds: int,
+                   population: bool = False) -> TrainState:
+    """This process's part of an unsharded state, placed as `template` (a device-layout state
+    of the same program) is placed."""
+    if layout.shards == 1:
+        return jax.tree.map(lambda new, old: jax.device_put(np.asarray(new), old.sharding),
+                            state, template)
+    full = shard_state(state, layout.shards, seeds, population)
+    lo, hi = layout.first_shard, layout.first_shard + layout.local_devices
+    return jax.tree.map(lambda new, old: jax.device_put(np.ascontiguousarray(new[lo:hi]), old.sharding),
+                        full, template)
+
+
+def local_metrics(metrics: dict, layout: Layout) -> dict[str, np.ndarray]:
+    """Metrics of a chunk as numpy, without the device axis (they are global already)."""
+    m = jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data if layout.shards > 1 else x),
+                     metrics)
+    return jax.tree.map(lambda x: x[0], m) if layout.shards > 1 else m
+
+
+class ChunkRunner:
+    """A compiled program and its state on this process's devices: what the run loop drives
+    (in-process for one host, inside each host's learner for several)."""
+
+    def __init__(self, program: Program, hp: HyperParams, key: jax.Array,
+                 restored: TrainState | None = None):
+        self.program = program
+        self.layout = program.layout
+        self.algorithm = program.algorithm
+        self.config = program.algorithm.config
+        self.shards = self.layout.shards
+        self.hosts = self.layout.num_processes
+        self.hp = hp
+        self.population = program.population
+        # pmapped params are one copy per device, unless the devices hold different members
+        self.params_replicated = not program.population
+        t0 = time.perf_counter()
+        self.state, self.compiled = initialise_and_compile(program, key, hp)
+        check_memory(self.compiled, self.config, self.layout)
+        if restored is not None:
+            self.state = from_unsharded(restored, self.state, self.layout, self.config.num_seeds,
+                                        self.population)
+        self.compile_seconds = time.perf_counter() - t0
+
+    def run(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Iterations start+1..stop (at most one chunk); their metrics [seeds?, stop - start]."""
+        self.state, m = self.compiled(self.state, self.hp, jnp.asarray(start, jnp.int32),
+                                      jnp.asarray(stop, jnp.int32))
+        m = local_metrics(m, self.layout)
+        return {k: v[..., :stop - start] for k, v in m.items()}
+
+    def snapshot(self) -> TrainState:
+        """The state after the last chunk, unsharded (one process holding every shard)."""
+        return to_unsharded(self.state, self.layout, self.config.num_seeds, self.population)
+
+    def local_part(self, replicated: bool = True) -> TrainState:
+        """This process's shards of the state after the last chunk (see `local_part`)."""
+        return local_part(self.state, self.layout, replicated, self.population)
+
+    def final_state(self) -> Any:
+        """The state as the program holds it (device layout), for TrainResult.state; a
+        population split over this process's devices as [members, ...] (unsharded)."""
+        if self.population and self.hosts == 1:
+            return self.snapshot()
+        return self.state
+
+    def close(self) -> None:
+        pass
+
+
+def check_memory(compiled, config, layout: Layout) -> None:
+    """Before the first call: a ConfigError when the compiled program needs more memory than
+    the device has free (XLA's own figure from compiling; running would fail with an
+    allocation error deep inside, or get the process killed)."""
+    try:
+        m = compiled.memory_analysis()
+        needed = int(m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
+    except Exception:  # noqa: BLE001 - no analysis on this backend: nothing to check
+        return
+    if jax.devices()[0].platform == "cpu":  # CPU "devices" share the host's memory
+        needed *= layout.local_devices
+    free = free_memory()
+    if free is None or needed <= free:
+        return
+    per_transition = needed / (config.batch_size * config.num_seeds)
+    fits = max(1, int(free / per_transition / config.num_steps))
+    raise ConfigError(
+        f"the training program needs about {needed / 2**30:.1f} GiB of working memory beyond "
+        f"its state (num_envs*num_steps = {config.batch_size:,} transitions per iteration"
+        + (f" x {config.num_seeds} seeds" if config.num_seeds > 1 else "")
+        + f", about {per_transition / 1024:.1f} KiB each with this env and network), but "
+        f"{free / 2**30:.1f} GiB is free on {jax.devices()[0].device_kind}; lower num_envs "
+        f"(about {fits} would fit), num_steps or num_seeds")
+
+
+def free_memory() -> int | None:
+    """Bytes free for the program: the accelerator's free memory, or the host's available
+    memory on a CPU; None where it cannot be known."""
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        if "bytes_limit" in stats:
+            return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def auto_chunk(num_iterations: int) -> int:
+    """About 40 progress updates per run; each chunk is one call into the compiled program."""
+    return max(1, math.ceil(num_iterations / 40))

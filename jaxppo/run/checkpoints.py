@@ -1,0 +1,476 @@
+"""Checkpoints of the whole TrainState (orbax) and the trained parameters (msgpack).
+
+A checkpoint is RUN_DIR/checkpoints/<iteration>/ written by orbax's CheckpointManager: the
+TrainState pytree (params, optimizer state, kl_coeff, normalisation statistics, rng,
+counters, env state and episode trackers, as numpy arrays in the unsharded layout of
+jaxppo.program: every env in global order, with a leading [seeds] axis when num_seeds > 1)
+plus a JSON record (iteration, env steps, devices, hosts, seeds, the run's config and a
+digest of every array). A run saved on any number of devices or hosts resumes on any other.
+Orbax writes each step into a temporary folder and renames it when complete, so a crash
+while saving leaves the earlier checkpoints as they were; only the newest
+`keep_checkpoints` are kept.
+
+Nothing here deletes or rewrites anything while a run is being checked for resuming: the
+manager is opened read-only until every check has passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import serialization
+
+from jaxppo.config import PPOConfig
+from jaxppo.errors import CheckpointError, ConfigError
+from jaxppo.run.logs import METRICS_FILE, read_metrics
+
+CHECKPOINT_DIR = "checkpoints"
+FORMAT_VERSION = 1
+_ITEMS = ("state", "meta")
+
+# Config fields that fix the shapes or the meaning of the saved state: a resumed run must
+# keep them. Everything else (total_timesteps, lr, eval/checkpoint cadence, ...) may change.
+# Every network.* field is locked (sizes, activation, torso, ...); so are observation
+# transforms, which can change the observation shape.
+LOCKED_FIELDS = (
+    "env", "env_kwargs", "env_params", "num_envs", "num_steps", "num_seeds", "seed",
+    "transforms", "network",
+)
+
+
+# ---------------------------------------------------------------------- orbax store
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def state_digest(tree) -> str:
+    """sha256 over every array (dtype, shape, bytes), independent of the tree's structure,
+    so a state restored as plain dicts and one restored as a TrainState give the same digest."""
+    parts = []
+    for leaf in jax.tree.leaves(tree):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+        parts.append(h.hexdigest())
+    return hashlib.sha256("".join(sorted(parts)).encode()).hexdigest()
+
+
+class CheckpointStore:
+    """RUN_DIR/checkpoints through an orbax CheckpointManager.
+
+    read_only=True never writes, renames or deletes anything (used to check a run before
+    resuming it and by `load_policy`).
+    """
+
+    def __init__(self, run_dir: str | Path, keep: int = 3, read_only: bool = False):
+        import orbax.checkpoint as ocp
+
+        self._ocp = ocp
+        self.run_dir = Path(run_dir)
+        self.directory = checkpoint_dir(run_dir)
+        with _quiet_absl(read_only):  # it warns that read-only mode is read-only
+            options = ocp.CheckpointManagerOptions(
+                create=not read_only,
+                read_only=read_only,
+                preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
+            )
+            self.manager = ocp.CheckpointManager(self.directory.absolute(), item_names=_ITEMS,
+                                                 options=options)
+        if not read_only:
+            _drop_background_save_tracebacks()
+            _ignore_closed_loop_reports()  # a failed save's late reports, as for a failed restore
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def step_path(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def save(self, step: int, state, meta: dict) -> None:
+        """Start saving `state` (device arrays are copied to host first, so the caller may
+        donate them to the next chunk) with `meta`; the write finishes in the background."""
+        ocp = self._ocp
+        host_state = jax.device_get(state)
+        meta = {**meta, "format": FORMAT_VERSION, "state_layout": "unsharded", "iteration": int(step),
+                "state_digest": state_digest(host_state)}
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(host_state),
+                                    meta=ocp.args.JsonSave(meta)),
+            force=True,
+        )
+
+    def read_meta(self, step: int) -> dict:
+        ocp = self._ocp
+        try:
+            out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            meta = out.meta
+            if not isinstance(meta, dict) or "iteration" not in meta:
+                raise ValueError(f"its record is {str(meta)[:80]!r}, not a jaxppo checkpoint record")
+        except Exception as e:  # orbax/tensorstore raise many types for unreadable files
+            raise self._unreadable(step, e) from None
+        if meta.get("state_layout") != "unsharded":
+            raise CheckpointError(
+                f"checkpoint {self.step_path(step)} holds the state split over devices, as "
+                "pre-release versions of jaxppo saved it; this version reads only whole "
+                "(unsharded) states. Resume it with the version that wrote it, or start a new "
+                "run. Nothing was changed.")
+        return meta
+
+    def restore(self, step: int, target=None) -> tuple[Any, dict]:
+        """(state, meta) of `step`. With `target` (a pytree of arrays or ShapeDtypeStructs) the
+        state comes back in that structure and every shape and dtype is checked; without it, as
+        nested dicts. The arrays are checked against the digest recorded at save time."""
+        ocp = self._ocp
+        meta = self.read_meta(step)
+        if target is not None:
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), target)
+            state_args = ocp.args.StandardRestore(abstract)
+        else:
+            state_args = ocp.args.StandardRestore()
+        try:
+            out = self.manager.restore(
+                step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
+            state = out.state
+        except Exception as e:
+            raise self._unreadable(step, e) from None
+        if target is not None:
+            _check_shapes(state, target, self.step_path(step))
+        digest = meta.get("state_digest")
+        if digest is not None and state_digest(state) != digest:
+            raise self._unreadable(step, ValueError(
+                "its arrays do not match the digest recorded when it was saved"))
+        return state, meta
+
+    def _unreadable(self, step: int, err: Exception) -> CheckpointError:
+        _ignore_closed_loop_reports()
+        path = self.step_path(step)
+        earlier = [s for s in self.steps() if s < step]
+        msg = f"checkpoint {path} is corrupt or incomplete ({type(err).__name__}: {_first_line(err)})."
+        if earlier:
+            msg += (f" Earlier checkpoints: {', '.join(str(s) for s in earlier)}; to go back to "
+                    f"iteration {earlier[-1]}, move {path} out of {self.directory} and run again.")
+        else:
+            msg += " No earlier checkpoint is left; start a new run."
+        return CheckpointError(msg + " Nothing in the run folder was changed.")
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _ignore_closed_loop_reports() -> None:
+    """After a failed restore, tensorstore's still-pending reads report back to orbax's event
+    loop, which is already closed; each prints an 'Event loop is closed' traceback after our
+    clear error. Swallow exactly those reports; every other one goes to the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_jaxppo_closed_loop_filter", False):
+        return
+
+    def hook(report):
+        if (report.object is None and isinstance(report.exc_value, RuntimeError)
+                and str(report.exc_value) == "Event loop is closed"):
+            return
+        previous(report)
+
+    hook._jaxppo_closed_loop_filter = True
+    sys.unraisablehook = hook
+
+
+class _BackgroundSaveErrors(logging.Filter):
+    """Orbax logs a save that fails in its background threads (a full disk) as several ERROR
+    records with tracebacks, then raises the same error in the caller at the next save, wait
+    or close, where the run folder turns it into one clear RunFolderError. Drop those records.
+
+    The same failure also leaves orbax's other write tasks (one per array) with exceptions
+    nobody awaits; asyncio logs each as "Task exception was never retrieved" with a traceback
+    when the task is garbage-collected, which can be at any later moment. Drop those too (only
+    those whose task is orbax's)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        if record.name == "asyncio":
+            text = record.getMessage()
+            return not ("exception was never retrieved" in text and "orbax" in text)
+        if "orbax" not in record.pathname:
+            return True
+        text = str(record.msg).lower()
+        return not ("raised an exception" in text or "failed" in text)
+
+
+def _drop_background_save_tracebacks() -> None:
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _BackgroundSaveErrors) for f in logger.filters):
+            logger.addFilter(_BackgroundSaveErrors())
+
+
+@contextlib.contextmanager
+def _quiet_absl(active: bool):
+    logger = logging.getLogger("absl")
+    level = logger.level
+    if active:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else repr(err))[:300]
+
+
+def _check_shapes(state, target, path: Path) -> None:
+    got = jax.tree_util.tree_flatten_with_path(state)[0]
+    want = jax.tree_util.tree_flatten_with_path(target)[0]
+    if len(got) != len(want):
+        raise CheckpointError(
+            f"checkpoint {path} holds {len(got)} arrays but this config's TrainState has "
+            f"{len(want)}; it was written by a different version or config. Nothing was changed."
+        )
+    for (kp, g), (_, w) in zip(got, want):
+        if np.shape(g) != np.shape(w) or np.asarray(g).dtype != w.dtype:
+            raise CheckpointError(
+                f"checkpoint {path}: {jax.tree_util.keystr(kp)} has shape {np.shape(g)} "
+                f"{np.asarray(g).dtype}, but this config needs {np.shape(w)} {w.dtype}; resume "
+                "with the run's own config (config.yaml). Nothing was changed."
+            )
+
+
+# ---------------------------------------------------------------------- resuming a run
+def find_latest(run_dir: str | Path) -> tuple[CheckpointStore, int]:
+    """A read-only store on RUN_DIR's checkpoints and its newest step; CheckpointError when
+    the folder or a complete checkpoint is missing."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(
+            f"run folder {run_dir} does not exist; check the path (`jaxppo train` creates run "
+            "folders under runs/ by default)"
+        )
+    ckdir = checkpoint_dir(run_dir)
+    if not ckdir.is_dir():
+        raise CheckpointError(
+            f"run folder {run_dir} has no {CHECKPOINT_DIR}/ folder, so there is nothing to resume "
+            "from (the run stopped before its first checkpoint, or was made without a run "
+            "folder); start a new run"
+        )
+    store = CheckpointStore(run_dir, read_only=True)
+    step = store.latest_step()
+    if step is None:
+        unfinished = sorted(p.name for p in ckdir.iterdir() if ".orbax-checkpoint-tmp" in p.name)
+        store.close()
+        extra = (f" (only unfinished saves, left by a crash while saving: {', '.join(unfinished)})"
+                 if unfinished else "")
+        raise CheckpointError(
+            f"no complete checkpoint in {ckdir}{extra}; the run stopped before its first "
+            "checkpoint was written, so start a new run. Nothing was changed."
+        )
+    return store, step
+
+
+def load_run_config(run_dir: str | Path, meta: dict | None = None):
+    """The PPOConfig of a run folder: RUN_DIR/config.yaml, else the checkpoint's record."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.yaml"
+    if path.exists():
+        import yaml
+
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML ({e}); fix or restore it") from None
+    elif meta is not None and isinstance(meta.get("config"), dict):
+        data = dict(meta["config"])
+    else:
+        raise ConfigError(f"run folder {run_dir} has no config.yaml; it is not a jaxppo run folder")
+    if not data and path.exists():
+        raise ConfigError(
+            f"{path} is empty, so the run's config is unknown (resuming would train with the "
+            "library defaults); restore the file, or delete it to resume with the config the "
+            "newest checkpoint recorded")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config fields")
+    if data.get("env_params") is not None:
+        raise ConfigError(
+            f"{path} records env_params={data['env_params']!r}, which cannot be rebuilt from the "
+            "file; pass a PPOConfig with the same env_params (train(config, resume=...))"
+        )
+    return PPOConfig.from_dict(data)
+
+
+def check_resumable(saved: dict, config, run_dir: str | Path) -> None:
+    """ConfigError naming the field, the saved and the new value when `config` changes a
+    field the saved state depends on. (The number of devices or hosts may change: the state
+    is saved unsharded, see jaxppo.program.)"""
+    new = config.to_dict()
+    pairs = []
+    for name in LOCKED_FIELDS:
+        if name == "network":
+            old_net, new_net = saved.get("network") or {}, new.get("network") or {}
+            pairs += [(f"network.{k}", old_net[k], new_net.get(k)) for k in old_net]
+        elif name in saved:  # a field the saving version did not have is not checked
+            pairs.append((name, saved[name], new.get(name)))
+    for name, old_v, new_v in pairs:
+        if _norm(old_v) != _norm(new_v):
+            raise ConfigError(
+                f"cannot resume {run_dir} with {name}={new_v!r}: its checkpoint was made with "
+                f"{name}={old_v!r}, and {name} fixes the shape or meaning of the saved state. "
+                f"Resume with {name}={old_v!r} (only fields such as total_timesteps, lr or "
+                "eval_every may change), or start a new run. Nothing was changed."
+            )
+
+
+def check_metrics_file(run_dir: str | Path, iteration: int, num_seeds: int) -> None:
+    """CheckpointError unless RUN_DIR/metrics.jsonl holds a row for every iteration up to the
+    checkpoint's (for every seed): resuming would otherwise leave a hole in the record."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        raise CheckpointError(
+            f"{path} is missing, but the checkpoint is at iteration {iteration}: resuming would "
+            "leave iterations without metrics. Restore the file (or start a new run). Nothing "
+            "was changed.")
+    try:
+        rows = read_metrics(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} cannot be read ({str(e)[:160]}); restore it. Nothing "
+                              "was changed.") from None
+    have = {(r.get("iteration"), r.get("seed", 0)) for r in rows if isinstance(r, dict)}
+    missing = sorted({it for it in range(1, iteration + 1) for s in range(num_seeds)
+                      if (it, s) not in have})
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        raise CheckpointError(
+            f"{path} has no rows for iteration(s) {shown} of the {iteration} the checkpoint "
+            "holds: resuming would leave a hole in the record. Restore the file (or start a new "
+            "run). Nothing was changed.")
+
+
+def begin_resume(caller: str, config, run_dir, resume):
+    """(config, run_dir, store, step, meta) for `caller(config, run_dir=, resume=)`.
+
+    Without resume: the config (required) and run_dir as given, no store. With resume: the
+    run continues in resume's folder; store and step are its newest checkpoint (the caller
+    closes the store) and config, when not given, is the run's own. ConfigError or
+    CheckpointError otherwise, with the store closed."""
+    for name, value in (("run_dir", run_dir), ("resume", resume)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{caller}({name}={value!r}): {name} must be the path of a run "
+                              "folder (a str or Path), or None")
+    if resume is None:
+        if config is None:
+            raise ConfigError(f"{caller}(config): a PPOConfig is needed unless resume=RUN_DIR "
+                              "is given")
+        return config, run_dir, None, None, None
+    if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+        raise ConfigError(f"{caller}(run_dir={str(run_dir)!r}, resume={str(resume)!r}): a "
+                          "resumed run continues in its own folder; pass only resume=")
+    run_dir = Path(resume)
+    store, step = find_latest(run_dir)
+    try:
+        meta = store.read_meta(step)
+        if config is None:
+            config = load_run_config(run_dir, meta)
+    except BaseException:
+        store.close()
+        raise
+    return config, run_dir, store, step, meta
+
+
+def refuse_checkpointed_run_dir(run_dir, resume_command: str) -> None:
+    """ConfigError when a fresh run would start in a folder that already holds checkpoints."""
+    if run_dir is not None and checkpoint_dir(run_dir).is_dir() and any(
+            checkpoint_dir(run_dir).iterdir()):
+        raise ConfigError(
+            f"run folder {run_dir} already holds checkpoints; continue it with "
+            f"resume={str(run_dir)!r} (`{resume_command} --resume {run_dir}`) or choose a new "
+            "folder")
+
+
+def restore_for_resume(store: CheckpointStore, step: int, abstract, config, run_dir):
+    """(restored state, iteration it was saved at, wall_time offset) of a checkpoint to
+    continue; a checkpoint past the config's last iteration is a ConfigError."""
+    restored, meta = store.restore(step, target=abstract)
+    start_iter = int(meta["iteration"])
+    n_iter = config.num_iterations
+    if start_iter > n_iter:
+        raise ConfigError(
+            f"cannot resume {run_dir}: its checkpoint is at iteration {start_iter}, past the "
+            f"{n_iter} iterations of total_timesteps={config.total_timesteps}; raise "
+            f"total_timesteps to at least {start_iter * config.batch_size}. Nothing was changed.")
+    return restored, start_iter, float(meta.get("wall_time", 0.0))
+
+
+def _norm(v):
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    return v
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------- params only
+def save_params(path: str | Path, result) -> Path:
+    """Write {params, obs_stats} of every seed as msgpack, atomically (tmp file + rename)."""
+    path = Path(path)
+    obs_stats = result.state.obs_stats
+    if getattr(result, "num_devices", 1) > 1:  # replicated over devices: keep one copy
+        obs_stats = jax.tree.map(lambda x: x[0], obs_stats)
+    payload = {
+        "params": jax.device_get(result.params),
+        "obs_stats": jax.device_get(obs_stats),
+    }
+    data = serialization.msgpack_serialize(serialization.to_state_dict(payload))
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_params_dict(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no params file at {path}; train with `jaxppo train` first")
+    try:
+        data = serialization.msgpack_restore(path.read_bytes())
+    except Exception as e:  # msgpack raises many types for a truncated or foreign file
+        raise CheckpointError(
+            f"{path} is not a readable params file ({type(e).__name__}: {_first_line(e)}); it "
+            "is truncated or was not written by jaxppo. Load a checkpoint of the run instead "
+            "(checkpoints/), or train again") from None
+    if not isinstance(data, dict) or not {"params", "obs_stats"} <= set(data):
+        raise CheckpointError(f"{path} does not hold jaxppo's params and obs_stats (keys: "
+                              f"{sorted(data)[:5] if isinstance(data, dict) else type(data).__name__}); "
+                              "it was not written by jaxppo")
+    return jax.tree.map(np.asarray, data)

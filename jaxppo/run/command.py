@@ -1,0 +1,222 @@
+"""What `jaxppo train` and `python -m jaxppo.distributed` share: the config flags, the config
+and run folder they give, and the lines that close a run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import linecache
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+from jaxppo.run.checkpoints import load_run_config
+from jaxppo.config import NetworkConfig, PPOConfig, read_config_file, tuned_config_path
+from jaxppo.envs.make import check_recorded_env
+from jaxppo.errors import CheckpointError, ConfigError
+from jaxppo.search.space import SEARCH_EXAMPLE
+from jaxppo.run.folder import fresh_run_dir
+
+PRECEDENCE = ("defaults < the packaged tuned config of the env (unless --defaults) < --config "
+              "file < --set pairs")
+
+
+def add_config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", help="gymnax env name, e.g. CartPole-v1; another suite's env by "
+                                 "prefix (brax:<name>, jumanji:<Id>, craftax:<name>, "
+                                 "xminigrid:<name>, gymnasium:<id>); or module:Class of your "
+                                 "own env (overrides the file's env)")
+    p.add_argument("--config", help="YAML or JSON file of PPOConfig fields")
+    p.add_argument("--defaults", action="store_true",
+                   help="start from the library defaults, not the env's tuned config")
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE",
+                   help="override config fields, e.g. --set lr=3e-4 num_envs=8 "
+                        "network.hidden_sizes=[128,128]")
+    p.add_argument("--seeds", type=int, help="shortcut for --set num_seeds=N")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue RUN_DIR from its newest checkpoint, with its config.yaml; --set "
+                        "may change fields such as total_timesteps (to extend the run), not shapes")
+    p.add_argument("--stop-after", type=int, metavar="N",
+                   help="stop after N iterations of this call (a checkpoint is written); "
+                        "continue later with --resume")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress output (no bar, no line per chunk); the final lines stay. "
+                        "Without a terminal, progress is a plain line per chunk")
+    p.add_argument("--no-plot", action="store_true", help="skip curve.png")
+
+
+def config_keys_help() -> str:
+    """Every config key with its default and what it means, for `train --help`: read from the
+    comments beside (or above) each field in jaxppo/config.py, so the two cannot drift apart."""
+    out = ["config keys (--set KEY=VALUE, or a --config YAML/JSON file; README, Configuration, "
+           "has more):"]
+    for cls, prefix in ((PPOConfig, ""), (NetworkConfig, "network.")):
+        defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}
+        section, above = None, []
+        for line in _class_lines(cls):
+            text = line.strip()
+            if text.startswith("# ---"):
+                section, above = re.split(r"[(:]| ---", text.strip("# -"))[0].strip(), []
+            elif text.startswith("#"):
+                above.append(text.lstrip("# "))
+            elif m := re.match(r"(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", text):
+                name = m.group(1)
+                if name in defaults and not (name == "network" and not prefix):
+                    if section:
+                        out.append(f"  {section}:")
+                        section = None
+                    meaning = m.group(2) or re.split(r"(?<=\.) ", " ".join(above))[0]
+                    out.append(f"    {prefix}{name} = {defaults[name]}"
+                               + (f"  -- {meaning}" if meaning else ""))
+                above = []
+        if prefix:
+            out.insert(-len(defaults), "  network:")
+    return "\n".join(out)
+
+
+def _class_lines(cls) -> list[str]:
+    """The source lines of a top-level class, found by scanning its module's file.
+
+    Not `inspect.getsource`: for a class it runs `ast.parse` over the whole module, and
+    CPython 3.11's AST constructor keeps its recursion depth in state shared by all threads,
+    so a parse while another thread parses can fail with a spurious "SystemError: AST
+    constructor recursion depth mismatch" (python/cpython#106905).
+    """
+    lines = linecache.getlines(inspect.getsourcefile(cls))
+    start = next(i for i, line in enumerate(lines) if re.match(rf"class {cls.__name__}\b", line))
+    end = next((j for j in range(start + 1, len(lines))
+                if lines[j].strip() and not lines[j][0].isspace()), len(lines))
+    return [line.rstrip("\n") for line in lines[start:end]]
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        return "{}" if value == {} else "(see network.*)" if f.name == "network" else repr(value)
+    value = f.default
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(list(value)) if isinstance(value, tuple) else str(value)
+
+
+def _overrides(args) -> list[str]:
+    return list(args.overrides) + ([f"num_seeds={args.seeds}"] if args.seeds is not None else [])
+
+
+def new_config(args) -> tuple[PPOConfig, str]:
+    """(config, where it came from) of a new run: defaults < the env's tuned config < --config
+    < --set, the env being --env or the --config file's."""
+    if args.env is not None and not args.env.strip():
+        raise ConfigError("--env '' is empty; give an env name, e.g. --env CartPole-v1 "
+                          "(`jaxppo envs --names` lists them), or module:Class of your own env")
+    file_values = read_config_file(args.config) if args.config else {}
+    env = args.env or file_values.get("env")
+    config, sources = PPOConfig(), ["defaults"]
+    tuned = tuned_config_path(env) if isinstance(env, str) and not args.defaults else None
+    if tuned is not None:
+        config = PPOConfig.from_file(tuned, config)
+        sources.append(f"tuned {env}")
+    if args.config:
+        config = PPOConfig.from_dict(file_values, config)
+        sources.append(args.config)
+    if args.env:
+        config = config.replace(env=args.env)
+    overrides = _overrides(args)
+    if overrides:
+        config = config.with_overrides(overrides)
+        sources.append("--set")
+    return config.validate(), " < ".join(sources)
+
+
+def resumed_config(args) -> tuple[PPOConfig, Path]:
+    """The config of a run folder being resumed: its config.yaml, then --set pairs."""
+    clashing = [flag for flag, given in (("--config", args.config), ("--env", args.env),
+                                         ("--defaults", args.defaults), ("--run-name", args.run_name))
+                if given]
+    if clashing:
+        raise ConfigError(
+            f"{clashing[0]} cannot be combined with --resume: a resumed run keeps its folder and "
+            "its config.yaml; change fields with --set (e.g. --set total_timesteps=1000000)")
+    run_dir = Path(args.resume)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
+    config = load_run_config(run_dir)
+    check_recorded_env(config, run_dir, (
+        "The command line cannot resume it; resume from Python with the env: jaxppo.train("
+        f"jaxppo.PPOConfig.from_file({str(run_dir / 'config.yaml')!r}).replace(env=YourEnv()), "
+        f"resume={str(run_dir)!r})"))
+    overrides = _overrides(args)
+    if overrides:
+        config = config.with_overrides(overrides)
+    return config.validate(), run_dir
+
+
+def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
+    """(config, its source, run folder) from the flags: --resume's folder, or a new
+    runs_dir/<run-name or env[-tag]-time>. ConfigError / CheckpointError otherwise."""
+    if args.stop_after is not None and args.stop_after < 1:
+        raise ConfigError(f"--stop-after {args.stop_after} must be >= 1")
+    name = args.run_name
+    if name is not None and (not name.strip() or name in (".", "..") or "/" in name
+                             or (os.altsep is not None and os.altsep in name)):
+        raise ConfigError(
+            f"--run-name {name!r} must be a plain folder name (not empty, '.' or '..', no "
+            "'/'): the run folder is --runs-dir/NAME, e.g. --runs-dir runs/sweep --run-name lr-3e-4")
+    if args.resume:
+        config, run_dir = resumed_config(args)
+        return config, f"{run_dir / 'config.yaml'} (resumed)", run_dir
+    config, source = new_config(args)
+    name = args.run_name or f"{config.env_name}{name_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return config, source, fresh_run_dir(args.runs_dir, name)
+
+
+def searched(config: PPOConfig) -> PPOConfig:
+    """`jaxppo search`'s config, which must have a `search`."""
+    if config.search is None:
+        raise ConfigError("jaxppo search needs a `search` in the config (a file's `search:` "
+                          "or --set 'search={...}'): " + SEARCH_EXAMPLE)
+    return config.validate()
+
+
+def fail(err: Exception, code: int = 2) -> int:
+    print(f"error: {err}", file=sys.stderr)
+    return code
+
+
+def interrupted(err) -> int:
+    """A run stopped by a signal: what was saved and how to continue; the shell's exit code
+    for that signal (130 for SIGINT, 143 for SIGTERM)."""
+    print(f"stopped: {err}", file=sys.stderr)
+    return 128 + int(getattr(signal, err.signal_name, signal.SIGINT))
+
+
+def report(result, resume_command: str) -> int:
+    """The last lines of a run: stopped early, nothing to do, or done with its summary."""
+    config, run_dir, summary = result.config, result.run_dir, result.summary
+    if not result.completed:
+        print(f"stopped after iteration {result.iterations_done} of {config.num_iterations} "
+              f"(checkpoint written); continue with: {resume_command}", file=sys.stderr)
+        return 0
+    if result.resumed_from is not None and result.resumed_from == result.iterations_done:
+        print(f"nothing to do: {run_dir} is already complete at iteration {result.iterations_done}; "
+              "extend it with --set total_timesteps=N", file=sys.stderr)
+        return 0
+    ev = summary.get("final_eval_return_mean")
+    where = f" on {result.hosts} hosts" if result.hosts > 1 else ""
+    failures = (f"; host failures: {len(result.host_failures)}" if result.hosts > 1
+                or result.host_failures else "")
+    print(
+        f"done: final return {summary['final_return_mean']:.1f} ± {summary['final_return_std']:.1f} "
+        f"(last 10 iterations, {config.num_seeds} seed(s)); "
+        + (f"final eval return {ev:.1f}; " if ev is not None else "")
+        + f"{summary['env_steps']:,} env steps in "
+        f"{summary['train_seconds']:.1f}s ({summary['sps']:,.0f} steps/s) + "
+        f"{summary['compile_seconds']:.1f}s compile{where}{failures}; run folder {run_dir}",
+        file=sys.stderr,
+    )
+    return 0

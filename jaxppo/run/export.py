@@ -1,0 +1,289 @@
+"""Export a trained policy to run without jaxppo: a serialized `jax.export` function, or ONNX.
+
+    jaxppo.export_policy("runs/CartPole-v1-...", format="onnx", path="cartpole.onnx")
+
+The exported function is the policy as `load_policy` runs it — observation normalisation
+included, actions ready for the env (continuous ones clipped to the bounds) — with its
+params baked in as constants, for a batch of observations [b, *obs_shape] (b symbolic unless
+`batch_size` is given). Next to it, `<file>.json` describes the inputs and outputs.
+
+* `jax`: `jax.export.deserialize(open(f, "rb").read()).call(obs)` (jax only). Variants: the
+  deterministic policy `obs -> action`, and with `stochastic=True` a sampling one
+  `(obs, seed uint32) -> action` that equals `policy(obs, jax.random.PRNGKey(seed))`. A
+  recurrent policy takes its carry and returns the next one: `(obs, carry) -> (action,
+  carry)`, starting each episode from zeros.
+* `onnx` (the `export` extra: jax2onnx, onnx, onnxruntime): the deterministic policy
+  `obs -> action`, and with `stochastic=True` a sampling one `(obs, noise) -> action` whose
+  noise is Gumbel(0, 1) [b, num_actions] for discrete actions or standard normal [b, D] for
+  continuous ones (the policy draws no random numbers itself). A recurrent policy's carry is
+  an input and an output, as for `jax`.
+
+Actions are those of the env the policy trained on, transforms included: with
+`discretize_actions` an index, which the JSON's `env_action_table` maps to the original
+env's action; with `frame_stack` the input is the stacked observation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo.core import networks
+from jaxppo.envs.make import env_action
+from jaxppo.errors import ExportError
+from jaxppo.run.policy import Policy, load_policy
+from jaxppo.process import __version__
+
+FORMATS = {"jax": ".jaxexport", "onnx": ".onnx"}
+EXPORT_INSTALL = "pip install 'jaxppo[export]'"
+# A serialized function carries one lowering per platform and runs on any of them; lowering
+# needs no device of that kind.
+JAX_PLATFORMS = ("cpu", "cuda", "tpu")
+
+
+class Exported(NamedTuple):
+    """The files `export_policy` wrote: the deterministic policy, the sampling variant
+    (None unless stochastic=True) and the JSON description; `metadata` is that JSON."""
+
+    path: Path
+    sample_path: Path | None
+    metadata_path: Path
+    metadata: dict
+
+
+def export_policy(source: str | Path | Policy, format: str = "jax", path: str | Path | None = None,
+                  *, stochastic: bool = False, seed_index: int = 0, step: int | None = None,
+                  env: Any = None, batch_size: int | None = None) -> Exported:
+    """Write the trained policy of `source` (a run folder or a `Policy`) as `format` ("jax" or
+    "onnx") to `path` (default: `<run folder name>[-seed<I>]<.jaxexport|.onnx>`, or
+    `<env>...` for a Policy, in the working directory).
+
+    stochastic: also write the sampling variant, to `<stem>.sample<suffix>`. seed_index, step,
+    env: as for `load_policy` (a run folder only). batch_size: a fixed batch instead of a
+    symbolic one. Raises ExportError for what cannot be exported (and a missing extra),
+    CheckpointError/ConfigError/ValueError as `load_policy` does.
+    """
+    if format not in FORMATS:
+        raise ExportError(f"format={format!r} is not an export format; use one of "
+                          f"{', '.join(map(repr, FORMATS))}")
+    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
+                                   or batch_size < 1):
+        raise ExportError(f"batch_size={batch_size!r} must be an integer >= 1, or None for a "
+                          "symbolic batch dimension")
+    if isinstance(source, Policy):
+        policy, name = source, source.config.env_name
+    else:
+        policy = load_policy(source, seed_index=seed_index, step=step, env=env)
+        name = Path(source).resolve().name + (f"-seed{seed_index}" if seed_index else "")
+    path = Path(path) if path is not None else Path(name + FORMATS[format])
+    sample_path = path.with_name(f"{path.stem}.sample{path.suffix}") if stochastic else None
+    io = _signature(policy, batch_size)
+    carry_in, carry_out = (["carry"], ["next_carry"]) if policy.recurrent else ([], [])
+    if format == "jax":
+        files = {"deterministic": _jax_bytes(_deterministic_fn(policy), io.deterministic_in)}
+        if stochastic:
+            files["sample"] = _jax_bytes(_seeded_sample_fn(policy), io.seeded_in)
+    else:
+        files = {"deterministic": _onnx_bytes(_deterministic_fn(policy), io.deterministic_in,
+                                              ["obs", *carry_in], ["action", *carry_out])}
+        if stochastic:
+            files["sample"] = _onnx_bytes(_noise_sample_fn(policy), io.noise_in,
+                                          ["obs", *carry_in, "noise"], ["action", *carry_out])
+    metadata = _metadata(policy, format, io, path, sample_path, source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(files["deterministic"])
+    if sample_path is not None:
+        sample_path.write_bytes(files["sample"])
+    metadata_path = path.with_name(path.name + ".json")
+    metadata_path.write_text(json.dumps(metadata, indent=2) + "\n")
+    return Exported(path, sample_path, metadata_path, metadata)
+
+
+# ---------------------------------------------------------------- the functions exported
+def _deterministic_fn(policy: Policy):
+    """obs -> action, or (obs, carry) -> (action, carry) for a recurrent policy."""
+    algo, params, stats = policy.algorithm, policy.params, policy.obs_stats
+    if policy.recurrent:
+        return lambda obs, carry: algo.policy_step(params, stats, obs, carry, None, True)
+    return lambda obs: algo.policy_step(params, stats, obs, (), None, True)[0]
+
+
+def _seeded_sample_fn(policy: Policy):
+    """(obs, seed) -> action: `policy(obs, PRNGKey(seed))`; recurrent: (obs, carry, seed) ->
+    (action, carry)."""
+    algo, params, stats = policy.algorithm, policy.params, policy.obs_stats
+    if policy.recurrent:
+        return lambda obs, carry, seed: algo.policy_step(
+            params, stats, obs, carry, jax.random.PRNGKey(seed), False)
+    return lambda obs, seed: algo.policy_step(params, stats, obs, (), jax.random.PRNGKey(seed),
+                                              False)[0]
+
+
+def _noise_sample_fn(policy: Policy):
+    """(obs, noise) -> action, the noise being what `networks.sampling_noise` draws (ONNX
+    has no random numbers that match JAX's, so the caller supplies them); recurrent: (obs,
+    carry, noise) -> (action, carry)."""
+    algo, params, stats = policy.algorithm, policy.params, policy.obs_stats
+
+    def step(obs, carry, noise):
+        # The observation pipeline of Algorithm.policy_step, with the noise given.
+        dist, _, carry = algo.network.apply(params, algo._obs_in(stats, obs), carry)
+        return env_action(algo.spec, networks.sample_with_noise(algo.discrete, dist, noise)), carry
+
+    if policy.recurrent:
+        return step
+    return lambda obs, noise: step(obs, (), noise)[0]
+
+
+# ---------------------------------------------------------------- shapes and description
+class _Signature(NamedTuple):
+    """Input specs of each variant (batch dimension symbolic or fixed) and what the JSON
+    says about each array."""
+
+    deterministic_in: list
+    seeded_in: list
+    noise_in: list
+    obs: dict
+    action: dict
+    carry: dict | None
+    noise: dict
+
+
+def _signature(policy: Policy, batch_size: int | None) -> _Signature:
+    spec = policy.spec
+    if getattr(spec.env, "host_loop", False):  # an env stepped in Python: no reset to trace
+        space = spec.env.observation_space(spec.env_params)
+        obs = jax.ShapeDtypeStruct(spec.obs_shape, np.dtype(getattr(space, "dtype", np.float32)))
+    else:
+        obs = jax.eval_shape(lambda k: spec.env.reset(k, spec.env_params)[0], jax.random.PRNGKey(0))
+    if not isinstance(obs, jax.ShapeDtypeStruct):
+        raise ExportError(f"{policy.config.env_name}'s observations are a {type(obs).__name__}, "
+                          "not one array; only array observations can be exported")
+    b = batch_size if batch_size is not None else jax.export.symbolic_shape("b")[0]
+    label = batch_size if batch_size is not None else "b"
+    obs_in = jax.ShapeDtypeStruct((b, *spec.obs_shape), obs.dtype)
+    carry = policy.initial_carry((1,))
+    carry_in = (jax.ShapeDtypeStruct((b, *carry.shape[1:]), carry.dtype)
+                if policy.recurrent else None)
+    noise_in = jax.ShapeDtypeStruct((b, spec.action_dim), jnp.float32)
+    action = jax.eval_shape(lambda o: policy.algorithm.policy_step(
+        policy.params, policy.obs_stats, o, carry, None, True)[0],
+        jax.ShapeDtypeStruct((1, *spec.obs_shape), obs.dtype))
+    describe = lambda s: {"shape": [label, *map(int, s.shape[1:])],  # noqa: E731
+                          "dtype": np.dtype(s.dtype).name}
+    action_info = {**describe(action), "kind": "discrete" if spec.discrete else "continuous"}
+    if spec.discrete:
+        action_info["num_actions"] = spec.action_dim
+    else:
+        action_info.update(low=np.asarray(spec.action_low).tolist(),
+                           high=np.asarray(spec.action_high).tolist())
+    seed_in = jax.ShapeDtypeStruct((), jnp.uint32)
+    with_carry = [carry_in] if policy.recurrent else []
+    return _Signature(
+        deterministic_in=[obs_in, *with_carry],
+        seeded_in=[obs_in, *with_carry, seed_in],
+        noise_in=[obs_in, *with_carry, noise_in],
+        obs=describe(obs_in),
+        action=action_info,
+        carry={**describe(carry_in), "initial": "zeros"} if policy.recurrent else None,
+        noise={**describe(noise_in),
+               "distribution": "gumbel(0, 1)" if spec.discrete else "standard normal"},
+    )
+
+
+def _env_action_table(policy: Policy) -> list | None:
+    """For `discretize_actions`: the original env's action for each discrete action index."""
+    env = policy.env
+    while env is not None and not hasattr(env, "continuous_action"):
+        env = getattr(env, "_env", None)
+    if env is None:
+        return None
+    index = jnp.arange(policy.spec.action_dim)
+    table = jax.vmap(lambda i: env.continuous_action(i, policy.env_params))(index)
+    return np.asarray(table).tolist()
+
+
+def _metadata(policy: Policy, fmt: str, io: _Signature, path: Path, sample_path: Path | None,
+              source) -> dict:
+    carry_in, carry_out = ([], []) if io.carry is None else (["carry"], ["next_carry"])
+    variants = {"deterministic": {"file": path.name, "inputs": ["obs", *carry_in],
+                                  "outputs": ["action", *carry_out]}}
+    if sample_path is not None:
+        extra = ["seed"] if fmt == "jax" else ["noise"]
+        variants["sample"] = {"file": sample_path.name, "inputs": ["obs", *carry_in, *extra],
+                              "outputs": ["action", *carry_out]}
+    meta = {
+        "format": fmt,
+        "env": policy.config.env_name,
+        "run_dir": None if isinstance(source, Policy) else str(source),
+        "iteration": policy.iteration,
+        "observation_normalization": "included" if policy.config.normalize_observations else "none",
+        "obs": io.obs,
+        "action": io.action,
+        "variants": variants,
+        "transforms": list(policy.config.to_dict().get("transforms") or []),
+        "jaxppo_version": __version__,
+        "jax_version": jax.__version__,
+    }
+    if io.carry is not None:
+        meta["carry"] = io.carry
+    if sample_path is not None and fmt == "jax":
+        meta["seed"] = {"shape": [], "dtype": "uint32",
+                        "meaning": "jax.random.PRNGKey(seed) draws the batch's sample"}
+    elif sample_path is not None:
+        meta["noise"] = io.noise
+    if fmt == "jax":
+        meta["platforms"] = list(JAX_PLATFORMS)
+    table = _env_action_table(policy)
+    if table is not None:
+        meta["env_action_table"] = table  # row i: what action index i does in the original env
+    return meta
+
+
+# ---------------------------------------------------------------- writers
+def _jax_bytes(fn, specs) -> bytes:
+    try:
+        exported = jax.export.export(jax.jit(fn), platforms=JAX_PLATFORMS)(*specs)
+    except Exception as e:  # e.g. a custom env op with no lowering for a platform
+        raise ExportError(f"jax.export could not export the policy: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    return bytes(exported.serialize())
+
+
+def _onnx_bytes(fn, specs, input_names, output_names) -> bytes:
+    to_onnx = _import_jax2onnx()
+    # jax2onnx names a symbolic dimension by a string.
+    specs = [jax.ShapeDtypeStruct(tuple(d if isinstance(d, int) else "b" for d in s.shape), s.dtype)
+             for s in specs]
+    try:
+        with warnings.catch_warnings():  # jax2onnx's own use of deprecated jax names
+            warnings.simplefilter("ignore", DeprecationWarning)
+            model = to_onnx(fn, specs, model_name="jaxppo_policy", input_names=input_names,
+                            output_names=output_names)
+    except Exception as e:  # an op jax2onnx has no translation for
+        raise ExportError(f"jax2onnx could not convert the policy: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}. format='jax' exports "
+                          "every policy") from e
+    return model.SerializeToString()
+
+
+def _import_jax2onnx():
+    """jax2onnx's `to_onnx`, or an ExportError naming the extra to install."""
+    # jax2onnx logs a traceback for each optional plugin that does not load (its dm-pix ops
+    # need an older jax); none of them is used here.
+    for name in ("jax2onnx", "onnx_ir"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import onnx  # noqa: F401
+        from jax2onnx import to_onnx
+    except ImportError as e:
+        raise ExportError(f"ONNX export needs jax2onnx and onnx, which are not installed here "
+                          f"({e}): {EXPORT_INSTALL}. format='jax' needs nothing more") from e
+    return to_onnx

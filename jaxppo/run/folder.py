@@ -1,0 +1,306 @@
+"""The only writer of a run folder, whoever started the run (CLI, `jaxppo.train`, a Ray job).
+
+    RUN_DIR/config.yaml        the run's config (rewritten on resume only if it changed)
+    RUN_DIR/metrics.jsonl      one row per iteration (and seed), appended as training goes
+    RUN_DIR/checkpoints/<it>/  the whole TrainState, unsharded (see jaxppo.program)
+    RUN_DIR/params.msgpack     the trained params and observation statistics
+    RUN_DIR/summary.json       final return, evaluation, speed (per member, for a sweep)
+    RUN_DIR/sweep.json         a vmapped sweep's hyperparameters per member (jaxppo.search.sweep)
+    RUN_DIR/results.json, results.csv, best.yaml, results.png
+                               a search's (or PBT's) member table, ranking, best config, plot
+                               (jaxppo.search.results)
+    RUN_DIR/curve.png          return vs env steps and vs wall time
+    RUN_DIR/tensorboard/       with `tensorboard: true`
+    RUN_DIR/wandb_id           with `wandb`: the W&B run id of each seed (resume continues them)
+
+Nothing is created before the run has passed every check (`RunFolder` is opened after). A
+write that fails (a full disk, a read-only folder) is a RunFolderError naming the file, what
+is already saved and how to continue; it never removes what was saved before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from jaxppo.run.checkpoints import CHECKPOINT_DIR, CheckpointStore, save_params, write_text_atomic
+from jaxppo.config import PPOConfig
+from jaxppo.errors import ConfigError, RunFolderError
+from jaxppo.search import results
+from jaxppo.run.plots import plot_runs, plot_search
+from jaxppo.run.logs import RunLog
+from jaxppo.process import process_uptime
+from jaxppo.search.sweep import SWEEP_FILE
+
+
+LOCK_FILE = ".lock"
+
+
+class RunFolder:
+    """An open run folder: metrics log, checkpoint store, and the final files. It holds an
+    exclusive lock on the folder (RUN_DIR/.lock) until closed, so a second process cannot
+    write the same run: it gets a ConfigError and writes nothing."""
+
+    def __init__(self, path: str | Path, config: PPOConfig, *, resume_iteration: int | None = None):
+        self.path = Path(path)
+        self.config = config
+        self.sweep: dict | None = None
+        self.log = self.store = None
+        with self._writing("the run folder"):
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock = _lock_folder(self.path)
+        try:
+            with self._writing("config.yaml and metrics.jsonl"):
+                self._open(config, resume_iteration)
+        except BaseException:
+            if self.log is not None:
+                self.log.close(failed=True)
+            self._lock.close()
+            raise
+
+    def _open(self, config: PPOConfig, resume_iteration: int | None) -> None:
+        # The log first: a W&B login that fails is then refused before config.yaml is written.
+        self.log = RunLog(
+            self.path, tensorboard=config.tensorboard, num_seeds=config.num_seeds,
+            resume_iteration=resume_iteration,
+            resume_env_steps=None if resume_iteration is None else resume_iteration * config.batch_size,
+            wandb=config.wandb, config_record=config.to_dict())
+        write_config(self.path, config, overwrite=resume_iteration is not None)
+        self.store = CheckpointStore(self.path, keep=config.keep_checkpoints)
+
+    @property
+    def previous_rows(self) -> list[dict]:
+        return self.log.previous_rows
+
+    def write_rows(self, rows: list[dict]) -> None:
+        with self._writing("metrics.jsonl"):
+            self.log.write(rows)
+
+    def record_sweep(self, record: dict | None) -> None:
+        """sweep.json: the hyperparameters of each member of a vmapped sweep
+        (`jaxppo.search.sweep.make_record`); with None (every member trains with the same ones) an
+        earlier sweep.json is removed, so the folder describes the run as it now trains."""
+        self.sweep = record
+        if self.log.wandb is not None:
+            self.log.wandb.describe_members(record)
+        path = self.path / SWEEP_FILE
+        with self._writing(SWEEP_FILE):
+            if record is not None:
+                write_text_atomic(path, json.dumps(record, indent=2))
+            elif path.exists():
+                path.unlink()
+
+    def save_checkpoint(self, iteration: int, state, meta: dict) -> None:
+        # orbax writes in the background: a failure shows here at the next save, or at close
+        with self._writing(f"the checkpoint of iteration {iteration}"):
+            self.store.save(iteration, state, meta)
+
+    def finish(self, result, *, plot: bool = True, label: str | None = None,
+               extra_summary: dict | None = None) -> dict:
+        """params.msgpack, summary.json and (with plot) curve.png; returns the summary. A plot
+        that cannot be drawn or written is a warning: the run's results are already saved."""
+        with self._writing("params.msgpack"):
+            save_params(self.path / "params.msgpack", result)
+        info = summary(result, self.sweep)
+        info.update(extra_summary or {})
+        with self._writing("summary.json"):
+            write_text_atomic(self.path / "summary.json", json.dumps(info, indent=2))
+        if self.config.search is not None:
+            self._write_search(result, info, plot)
+        if plot:
+            name = self.config.env_name
+            title = (name if self.sweep is None
+                     else f"{name}: sweep of {', '.join(self.sweep['differing'])}")
+            try:
+                plot_runs([self.path], self.path / "curve.png", labels=[label or name], title=title)
+            except (OSError, ValueError) as e:
+                warnings.warn(f"curve.png was not written ({_reason(e)}); draw it later with "
+                              f"`jaxppo plot {self.path}`", stacklevel=2)
+        if self.log.wandb is not None:  # the summary and curve.png to W&B
+            self.log.wandb.finish(info, self.path / "curve.png" if plot else None)
+        return info
+
+    def _write_search(self, result, info: dict, plot: bool) -> None:
+        """results.json, results.csv, best.yaml and (with plot) results.png (jaxppo.search.results)."""
+        rec = results.report(self.config, info, self.sweep, result.metrics)
+        for name, text in ((results.SEARCH_FILE, json.dumps(rec, indent=2)),
+                           (results.TABLE_FILE, results.table_csv(rec)),
+                           (results.BEST_FILE, results.best_yaml(self.config, rec))):
+            with self._writing(name):
+                write_text_atomic(self.path / name, text)
+        if plot:
+            try:
+                plot_search(rec, self.path / results.PLOT_FILE)
+            except (OSError, ValueError) as e:
+                warnings.warn(f"{results.PLOT_FILE} was not written ({_reason(e)})", stacklevel=3)
+
+    def close(self) -> None:
+        """Wait for a checkpoint still being written, then release the folder. When another
+        error is already on its way out, a failure here is only logged (it must not hide it)."""
+        failing = sys.exc_info()[1] is not None
+        try:
+            with self._writing("metrics.jsonl"):
+                if self.log is not None:
+                    self.log.close(failed=failing)
+            with self._writing("the last checkpoint"):
+                if self.store is not None:
+                    self.store.close()  # waits for a save still being written
+        except RunFolderError as e:
+            if not failing:
+                raise
+            logging.getLogger("jaxppo").debug("%s", e)
+        finally:
+            self._lock.close()  # closing the file releases the lock
+
+    @contextlib.contextmanager
+    def _writing(self, what: str):
+        """Turn a failed write into a RunFolderError that says what is saved and what to do."""
+        try:
+            yield
+        except (RunFolderError, ConfigError):
+            raise
+        except (OSError, ValueError, RuntimeError) as e:  # orbax reports write errors as ValueError
+            raise RunFolderError(f"could not write {what} in {self.path}: {_reason(e)}. "
+                                 + self._what_next()) from e
+
+    def _what_next(self) -> str:
+        """What the folder holds that a resume can use (read from the disk, not from orbax),
+        and how to go on."""
+        if self.store is not None:
+            try:
+                self.store.wait()  # a save still being written counts, once it is complete
+            except Exception:  # noqa: BLE001 - that save failed too; the older ones stand
+                pass
+        folder = self.path / CHECKPOINT_DIR
+        steps = sorted(int(p.name) for p in folder.iterdir()
+                       if p.name.isdigit() and p.is_dir()) if folder.is_dir() else []
+        if steps:
+            return (f"Saved and intact: the checkpoint of iteration {steps[-1]}. Free space (or "
+                    f"fix the folder's permissions), then continue with --resume {self.path}")
+        return ("No checkpoint had been saved yet, so there is nothing to resume: free space "
+                "(or fix the permissions) and start again, or choose another --runs-dir")
+
+
+def _reason(err: BaseException) -> str:
+    """The system's reason for a failed write, in one line (orbax wraps it in a long one)."""
+    text = str(err)
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}" + (f" ({err.filename})" if err.filename else "")
+    for marker in ("No space left on device", "Read-only file system", "Permission denied",
+                   "Disk quota exceeded"):
+        if marker in text:
+            return marker
+    return (text.strip().splitlines() or [repr(err)])[0][:200]
+
+
+def _lock_folder(path: Path):
+    """An exclusive, non-blocking lock on RUN_DIR/.lock (released when the returned file is
+    closed, or when the process ends however it ends); ConfigError if another process has it."""
+    f = open(path / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(
+            f"run folder {path} is in use by {holder}: two processes cannot write one run. Wait "
+            "for it to finish (then --resume), or choose another run folder") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"process {os.getpid()}")
+    f.flush()
+    return f
+
+
+def write_config(run_dir: Path, config: PPOConfig, overwrite: bool) -> None:
+    """RUN_DIR/config.yaml: written when missing or, on resume, when the config changed (e.g. a
+    larger total_timesteps), through a temporary file."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False)
+    if not path.exists() or (overwrite and path.read_text() != text):
+        write_text_atomic(path, text)
+
+
+def check_run_dir(run_dir: str | Path) -> None:
+    """ConfigError when no run folder can be made at `run_dir`: a file stands there, or where
+    one of the folders above it would be (found before anything compiles or is written)."""
+    path = Path(run_dir)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(
+                    f"cannot make the run folder {path}: {p} is a file, not a folder; choose "
+                    "another folder (--runs-dir / --run-name, or run_dir=)")
+            return
+
+
+def fresh_run_dir(runs_dir: str | Path, name: str) -> Path:
+    """runs_dir/name for a new run; a non-empty existing folder is a ConfigError."""
+    run_dir = Path(runs_dir) / name
+    check_run_dir(run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"run folder {run_dir} already exists and is not empty; "
+                          "choose another --run-name (or continue it with --resume)")
+    return run_dir
+
+
+def summary(result, sweep: dict | None = None) -> dict:
+    """summary.json of a TrainResult: final return per seed, the last evaluation, speed; for
+    a sweep (`sweep`, sweep.json's record) also `members`: per seed index its label,
+    differing hyperparameters, final return and last evaluation."""
+    r = np.atleast_2d(result.metrics["episode_return_mean"])
+    tail = []
+    for seed_curve in r:
+        vals = seed_curve[-10:]
+        vals = vals[np.isfinite(vals)]
+        tail.append(float(vals.mean()) if len(vals) else float("nan"))
+    cfg = result.config
+    steps = int(result.iterations_done * cfg.batch_size)
+    steps_now = int((result.iterations_done - (result.resumed_from or 0)) * cfg.batch_size)
+    out = {
+        "env": cfg.env_name,
+        "num_seeds": cfg.num_seeds,
+        "hosts": int(result.hosts),
+        "num_devices": int(result.num_devices),
+        "env_steps": steps,
+        "iterations": int(result.iterations_done),
+        "completed": bool(result.completed),
+        "final_return_mean": float(np.mean(tail)),
+        "final_return_std": float(np.std(tail)),
+        "final_return_per_seed": tail,
+        "compile_seconds": result.compile_seconds,
+        "train_seconds": result.train_seconds,
+        "sps": steps_now * cfg.num_seeds / max(result.train_seconds, 1e-9),
+        "process_seconds": process_uptime(),
+    }
+    if "eval_return_mean" in result.metrics:
+        ev = np.atleast_2d(result.metrics["eval_return_mean"])
+        done = np.isfinite(ev[0])
+        if done.any():
+            idx = np.flatnonzero(done)[-1]
+            per_seed = [float(v) for v in ev[:, idx]]
+            out["final_eval_return_mean"] = float(np.mean(per_seed))
+            out["final_eval_return_std"] = float(np.std(per_seed))
+            out["final_eval_return_per_seed"] = per_seed
+            out["final_eval_iteration"] = int(np.atleast_2d(result.metrics["iteration"])[0, idx])
+    if sweep is not None:
+        out["members"] = []
+        for i, label in enumerate(sweep["labels"]):
+            member = {"seed_index": i, "label": label,
+                      "hparams": {k: v[i] for k, v in sweep["differing"].items()},
+                      "final_return": tail[i]}
+            if "final_eval_return_per_seed" in out:
+                member["final_eval_return"] = out["final_eval_return_per_seed"][i]
+            out["members"].append(member)
+    return out

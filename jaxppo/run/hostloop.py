@@ -1,0 +1,301 @@
+"""Host-loop mode: a gymnasium vector env steps in Python, everything else stays compiled.
+
+For `env="gymnasium:<id>"` (jaxppo.envs.gymnasium_env). An iteration is the compiled one cut at the
+env: the rollout's random numbers come from `Algorithm.rollout_noise` (one jitted call), each
+of the num_steps env steps is one jitted policy call (`act`) and one `envs.step` into numpy
+buffers, and then GAE, the reward hooks and normalisation, every epoch and minibatch, the KL
+coefficient and the metrics are `Algorithm.update` — the same function the compiled iteration
+calls — jitted once. The loop (jaxppo.run.loop) drives a `HostLoopRunner` as it drives the
+compiled `ChunkRunner`: same run folder, metrics, checkpoints, progress, CLI.
+
+Gymnasium 1.x semantics: the vector env autoresets in SAME_STEP mode, so step t of env e is
+(s_t, a_t, r_t, terminated, truncated) with the true final observation in info["final_obs"]
+when the episode ended (the returned observation already starts the next one); truncated is
+counted only where not terminated, and GAE bootstraps a truncation from V(final observation).
+
+Checkpoints hold the learner state (params, optimiser, statistics, KL coefficient, random
+key, counters); a gymnasium env's state cannot be saved, so a resumed run restarts its envs
+(fresh episodes, reset from a seed derived from the run's key and the iteration).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, Transition, TrainState
+from jaxppo.core.hyperparams import HyperParams
+from jaxppo.envs.make import env_action
+from jaxppo.errors import ConfigError
+from jaxppo.core.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS
+from jaxppo.resolve import Resolved
+
+
+def _env_seeds(key: jax.Array, n: int) -> list[int]:
+    """n reset seeds for gymnasium's envs, from a JAX key."""
+    return [int(s) for s in np.asarray(jax.random.randint(key, (n,), 0, 2**31 - 1))]
+
+
+class HostRollout:
+    """A gymnasium vector env and the trackers of its episodes in progress; `collect` plays
+    num_steps steps of every env with the policy and returns the Transition [T, E] (numpy)."""
+
+    def __init__(self, algorithm: Algorithm, seeds: list[int]):
+        self.algorithm = algorithm
+        self.config = algorithm.config
+        self.spec = algorithm.spec
+        self.env = self.spec.env
+        n = self.config.num_envs
+        self.envs = self.env.make_vec(n)
+        self.obs = self._obs(self.envs.reset(seed=seeds)[0])
+        self.discounted_return = np.zeros(n, np.float32)
+        self.episode_return = np.zeros(n, np.float32)
+        self.episode_length = np.zeros(n, np.int32)
+        algo = algorithm
+
+        def act(params, obs_stats, raw_obs, noise):
+            dist, _, _ = algo.network.apply(params, algo._obs_in(obs_stats, raw_obs), (), None)
+            action, logp = algo.sample_actions(dist, noise)
+            return action, env_action(algo.spec, action), logp, dist
+
+        self.act = jax.jit(act)
+
+    def _obs(self, obs) -> np.ndarray:
+        return np.asarray(obs, np.float32).reshape((self.config.num_envs,) + self.spec.obs_shape)
+
+    def collect(self, params, obs_stats, noise: np.ndarray, gamma: float) -> Transition:
+        """num_steps steps of every env; noise [T, E, A] samples the actions (as in the
+        compiled rollout). Returns the Transition with numpy leaves [T, E, ...]."""
+        T, E = self.config.num_steps, self.config.num_envs
+        obs_buf = np.empty((T, E) + self.spec.obs_shape, np.float32)
+        final_buf = np.empty_like(obs_buf)
+        rew = np.empty((T, E), np.float32)
+        disc = np.empty((T, E), np.float32)
+        term = np.empty((T, E), bool)
+        trunc = np.empty((T, E), bool)
+        ep_ret = np.empty((T, E), np.float32)
+        ep_len = np.empty((T, E), np.int32)
+        actions, logps, dists = [], [], []
+        for t in range(T):
+            action, env_action, logp, dist = jax.device_get(
+                self.act(params, obs_stats, self.obs, noise[t]))
+            next_obs, reward, terminated, truncated, info = self.envs.step(
+                self.env.env_actions(env_action))
+            next_obs = self._obs(next_obs)
+            terminated = np.asarray(terminated, bool)
+            truncated = np.asarray(truncated, bool) & ~terminated
+            done = terminated | truncated
+            final = next_obs.copy()
+            if done.any():  # SAME_STEP: next_obs already starts the next episode
+                for i in np.flatnonzero(done):
+                    final[i] = np.asarray(info["final_obs"][i], np.float32).reshape(self.spec.obs_shape)
+            reward = np.asarray(reward, np.float32)
+            self.episode_return += reward
+            self.episode_length += 1
+            self.discounted_return = self.discounted_return * np.float32(gamma) + reward
+            obs_buf[t], final_buf[t], rew[t], term[t], trunc[t] = (
+                self.obs, final, reward, terminated, truncated)
+            disc[t], ep_ret[t], ep_len[t] = (
+                self.discounted_return, self.episode_return, self.episode_length)
+            actions.append(action)
+            logps.append(logp)
+            dists.append(dist)
+            self.discounted_return[done] = 0.0
+            self.episode_return[done] = 0.0
+            self.episode_length[done] = 0
+            self.obs = next_obs
+        stack = lambda *xs: np.stack(xs)  # noqa: E731
+        return Transition(
+            obs=obs_buf, final_obs=final_buf, action=np.stack(actions), log_prob=np.stack(logps),
+            dist=jax.tree.map(stack, *dists), reward=rew, discounted_return=disc,
+            terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len)
+
+    def restart(self, seeds: list[int]) -> None:
+        """Fresh episodes in every env (after a resume: the env state was not saved)."""
+        self.obs = self._obs(self.envs.reset(seed=seeds)[0])
+        self.discounted_return[:] = 0.0
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def initial_state(algo: Algorithm, key: jax.Array, hp: HyperParams, obs) -> tuple[TrainState, jax.Array]:
+    """(fresh TrainState around envs reset to `obs`, the key their reset seeds come from):
+    the same key splits as `Algorithm.init`; the env state lives outside (())."""
+    key, k_params, k_env = jax.random.split(key, 3)
+    env_ids = jnp.arange(algo.local_envs, dtype=jnp.int32)
+    return algo.init_state(key, k_params, hp, jnp.asarray(obs), (), env_ids), k_env
+
+
+def abstract_state(run: Resolved, hp: HyperParams):
+    """The shapes and dtypes of a host-loop TrainState (what a checkpoint is restored into)."""
+    algo = Algorithm(run)
+    obs = jax.ShapeDtypeStruct((run.config.num_envs,) + run.spec.obs_shape, jnp.float32)
+    return jax.eval_shape(lambda k, o: initial_state(algo, k, hp, o)[0],
+                          jax.random.PRNGKey(run.config.seed), obs)
+
+
+class HostLoopRunner:
+    """What the run loop drives for a gymnasium env (see jaxppo.run.loop): `run(start, stop)`
+    plays and learns iterations start+1..stop, `snapshot()` is the learner state (numpy)."""
+
+    shards = 1
+    hosts = 1
+
+    def __init__(self, run: Resolved, hp: HyperParams, restored: TrainState | None = None):
+        if np.ndim(hp.clip_param) != 0:
+            raise ConfigError("hparams: a gymnasium env trains one seed per process, so one set "
+                              "of hyperparameters (HyperParams.from_config), not a stacked sweep")
+        t0 = time.perf_counter()
+        self.algorithm = algo = Algorithm(run)
+        self.config = cfg = run.config
+        self.hp = hp
+        key = jax.random.PRNGKey(cfg.seed)
+        _, _, k_env = jax.random.split(key, 3)
+        start = 0 if restored is None else int(restored.iteration)
+        # A resumed run restarts its envs from seeds of its own: the env state was not saved.
+        seed_key = k_env if start == 0 else jax.random.fold_in(k_env, start)
+        self.rollout = HostRollout(algo, _env_seeds(seed_key, cfg.num_envs))
+        if restored is None:
+            self.state = jax.jit(lambda k, o: initial_state(algo, k, hp, o)[0])(key, self.rollout.obs)
+        else:
+            self.state = jax.tree.map(jnp.asarray, restored)
+        self._split = jax.jit(lambda s: (*jax.random.split(s.rng),))
+        self._noise = jax.jit(lambda k, ids: algo.rollout_noise(k, ids)[0])
+        # Not donating the state: its statistics also go in as the acting ones, and a
+        # learner state is small.
+        self._update = jax.jit(
+            lambda s, traj, hp, start, stats: algo.update(s, traj, s.env_ids, hp, start, stats))
+        self._eval_envs = None
+        # Compile everything once now (the loop reports it as compile time), on a throwaway
+        # rollout of zeros: nothing steps the envs.
+        self._compile()
+        self.compile_seconds = time.perf_counter() - t0
+
+    def _compile(self):
+        cfg, spec = self.config, self.algorithm.spec
+        state = self.state
+        _, k_roll = self._split(state)
+        noise = np.zeros(self._noise(k_roll, state.env_ids).shape, np.float32)
+        outs = jax.eval_shape(self.rollout.act, state.params, state.obs_stats, self.rollout.obs, noise[0])
+        self.rollout.act(state.params, state.obs_stats, self.rollout.obs, noise[0])
+        T, E = cfg.num_steps, cfg.num_envs
+        zeros = lambda s: np.zeros((T,) + s.shape, s.dtype)  # noqa: E731
+        obs = np.zeros((T, E) + spec.obs_shape, np.float32)
+        f32, b = np.zeros((T, E), np.float32), np.zeros((T, E), bool)
+        traj = Transition(obs=obs, final_obs=obs, action=zeros(outs[0]), log_prob=zeros(outs[2]),
+                          dist=jax.tree.map(zeros, outs[3]), reward=f32, discounted_return=f32,
+                          terminated=b, truncated=b, episode_return=f32,
+                          episode_length=np.zeros((T, E), np.int32))
+        args = (state, traj, self.hp, state.env_steps, state.obs_stats)
+        self._update = self._update.lower(*args).compile()
+
+    # ------------------------------------------------------------------ the loop's runner API
+    def iterate(self) -> tuple[dict, Transition]:
+        """One iteration: rollout on the host, then the compiled update. Returns its metrics
+        (numpy scalars) and the rollout."""
+        state = self.state
+        start_steps = state.env_steps
+        obs_stats_acting = state.obs_stats
+        rng, k_roll = self._split(state)
+        noise = np.asarray(self._noise(k_roll, state.env_ids))
+        traj = self.rollout.collect(state.params, obs_stats_acting, noise, float(self.hp.gamma))
+        self.state, metrics = self._update(state.replace(rng=rng), traj, self.hp, start_steps,
+                                           obs_stats_acting)
+        return jax.device_get(metrics), traj
+
+    def run(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Iterations start+1..stop; their metrics [stop - start] (eval_* NaN where none ran)."""
+        cfg = self.config
+        rows = []
+        for it in range(start + 1, stop + 1):
+            m, _ = self.iterate()
+            m = dict(m)
+            if cfg.eval_every:
+                due = it % cfg.eval_every == 0 or it == cfg.num_iterations
+                m.update(self._evaluate() if due else {k: np.float32(np.nan) for k in EVAL_METRIC_KEYS})
+            rows.append(m)
+        keys = METRIC_KEYS + (EVAL_METRIC_KEYS if cfg.eval_every else ())
+        return {k: np.asarray([r[k] for r in rows]) for k in keys}
+
+    def _evaluate(self) -> dict:
+        """eval_* metrics of the current policy: one episode in each of eval_episodes envs,
+        seeded from the training key (without consuming it)."""
+        cfg = self.config
+        st = self.state
+        key = jax.random.fold_in(st.rng, EVAL_KEY_TAG)
+        if self._eval_envs is None:
+            self._eval_envs = self.algorithm.spec.env.make_vec(cfg.eval_episodes)
+        out = play_episodes(self.algorithm, st.params, st.obs_stats, key, self._eval_envs,
+                            self.algorithm.eval_bound(), cfg.eval_deterministic)
+        returns, lengths = out
+        return {"eval_return_mean": np.float32(returns.mean()),
+                "eval_return_std": np.float32(returns.std()),
+                "eval_length_mean": np.float32(lengths.mean())}
+
+    def snapshot(self) -> TrainState:
+        """The learner state after the last iteration, as numpy (with the envs' observations
+        and episode trackers, which a resume does not use: it restarts the envs)."""
+        r = self.rollout
+        return jax.device_get(self.state).replace(
+            last_obs=r.obs.copy(), discounted_return=r.discounted_return.copy(),
+            episode_return=r.episode_return.copy(), episode_length=r.episode_length.copy())
+
+    def final_state(self) -> TrainState:
+        return self.state
+
+    def close(self) -> None:
+        self.rollout.close()
+        if self._eval_envs is not None:
+            self._eval_envs.close()
+
+
+# ---------------------------------------------------------------------- evaluation
+def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs, max_steps: int,
+                  deterministic: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(returns [N], lengths [N]) of one episode in each env of the vector env `envs` (N
+    copies), reset from seeds of `key`; an env whose episode ended keeps stepping (autoreset)
+    but no longer counts. Stops when all ended or after max_steps steps."""
+    n = envs.num_envs
+    k_reset, k_act = jax.random.split(key)
+    obs, _ = envs.reset(seed=_env_seeds(k_reset, n))
+    shape = (n,) + algorithm.spec.obs_shape
+    step = _policy(algorithm, deterministic)
+    returns, lengths = np.zeros(n, np.float64), np.zeros(n, np.int64)
+    active = np.ones(n, bool)
+    for t in range(max_steps):
+        action = np.asarray(step(params, obs_stats, np.asarray(obs, np.float32).reshape(shape),
+                                 jax.random.fold_in(k_act, t)))
+        obs, reward, terminated, truncated, _ = envs.step(algorithm.spec.env.env_actions(action))
+        returns += np.where(active, reward, 0.0)
+        lengths += active
+        active &= ~(np.asarray(terminated, bool) | np.asarray(truncated, bool))
+        if not active.any():
+            break
+    return returns, lengths
+
+
+def _policy(algorithm: Algorithm, deterministic: bool):
+    """A jitted env-ready policy of the algorithm (kept on it, one per mode)."""
+    cache = algorithm.__dict__.setdefault("_host_policies", {})
+    if deterministic not in cache:
+        cache[deterministic] = jax.jit(
+            lambda p, s, o, k: algorithm.policy_step(p, s, o, (), k, deterministic)[0])
+    return cache[deterministic]
+
+
+def evaluate_host(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: int,
+                  deterministic: bool, max_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """`jaxppo.run.policy.evaluate_policy` for a gymnasium env: (returns, lengths) of one
+    episode in each of `episodes` fresh envs reset from seeds of PRNGKey(seed)."""
+    envs = algorithm.spec.env.make_vec(episodes)
+    try:
+        return play_episodes(algorithm, params, obs_stats, jax.random.PRNGKey(seed), envs,
+                             max_steps, deterministic)
+    finally:
+        envs.close()

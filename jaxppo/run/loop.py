@@ -1,0 +1,439 @@
+"""The run loop: the same for one device, this host's devices, or several hosts.
+
+The loop does not know where the chunk runs. It is given a *runner* (jaxppo.program.ChunkRunner
+in-process, jaxppo.distributed's host group across Ray hosts) with
+
+    run(start, stop) -> metrics   iterations start+1..stop (one chunk), numpy [seeds?, n]
+    snapshot() -> TrainState      the state after the last chunk, unsharded (numpy)
+    final_state()                 what TrainResult.state holds
+    shards, hosts, algorithm, compile_seconds, close()
+
+and between chunks it checks health (NaN/inf), appends metrics.jsonl, checkpoints on the
+configured cadence, reports progress and calls the callback. Everything written goes through
+one jaxppo.run.folder.RunFolder.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from jaxppo.run import checkpoints as ckpt
+from jaxppo.run import hostloop
+from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, TrainState
+from jaxppo.config import PPOConfig
+from jaxppo.errors import TrainingDivergedError, TrainingInterrupted
+from jaxppo.core.evaluation import EVAL_METRIC_KEYS
+from jaxppo.search.pbt import metric_keys as pbt_metric_keys
+from jaxppo.program import auto_chunk, build_program
+from jaxppo.run.policy import check_key, check_obs, evaluate_policy
+from jaxppo.resolve import Resolved
+from jaxppo.run.folder import RunFolder
+from jaxppo.process import __version__, process_uptime
+
+# Metrics whose non-finite value means training diverged (episode stats are NaN by design
+# when no episode ended in an iteration).
+HEALTH_KEYS = ("policy_loss", "value_loss", "entropy", "kl", "grad_norm")
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns.
+
+    params: the trained network params ([num_seeds, ...] leaves when num_seeds > 1).
+    state: the final TrainState, with a leading [num_devices] axis when num_devices > 1
+    (params are identical across it) and then [num_seeds] when num_seeds > 1.
+    metrics: name -> array [num_iterations] (num_seeds == 1) or [num_seeds, num_iterations];
+    also `iteration`, `wall_time` (s since process start, at the end of the chunk that held
+    the iteration; a resumed run adds the time of the processes before it) and `sps` (env
+    steps per second of that chunk, all seeds); with eval_every, eval_return_mean/std and
+    eval_length_mean (NaN on iterations without evaluation). A resumed run's metrics start
+    at iteration 1 (the earlier ones are read back from metrics.jsonl).
+    `policy(obs, key=None, deterministic=False, seed=0)` and `value(obs, seed=0)` take raw
+    observations [..., *obs_shape] and apply the run's observation normalisation (a
+    recurrent run acts through `jaxppo.load_policy(run_dir).step`; `evaluate` works for both).
+    iterations_done / completed: how far the run got (completed is False after
+    stop_after_iterations); resumed_from: the checkpoint iteration it started from, if any.
+    hosts: processes the run was spread over (1 unless jaxppo.distributed); host_failures:
+    the hosts lost and replaced during the run; summary: summary.json's content (run folder);
+    interrupted: the signal (SIGINT, SIGTERM) that stopped the run early, if one did.
+    """
+
+    config: PPOConfig
+    params: Any
+    state: TrainState
+    metrics: dict[str, np.ndarray]
+    run_dir: Path | None = None
+    compile_seconds: float = 0.0
+    train_seconds: float = 0.0
+    _algorithm: Algorithm | None = field(default=None, repr=False)
+    _policy_fn: Callable | None = field(default=None, repr=False)
+    _value_fn: Callable | None = field(default=None, repr=False)
+
+    num_devices: int = 1
+    iterations_done: int = 0
+    completed: bool = True
+    resumed_from: int | None = None
+    hosts: int = 1
+    host_failures: list = field(default_factory=list)
+    summary: dict | None = None
+    interrupted: str | None = None
+
+    @property
+    def env(self):
+        """The env the run trained on (a gymnax env, wrapped by the config's transforms)."""
+        return self._algorithm.spec.env
+
+    @property
+    def env_params(self):
+        return self._algorithm.spec.env_params
+
+    def _seed_slice(self, tree, seed):
+        seeds = self.config.num_seeds
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < seeds:
+            raise ValueError(f"seed={seed!r}, but the run trained {seeds} seed(s): use a seed "
+                             f"index from 0 to {seeds - 1}")
+        if self.num_devices > 1:  # params are replicated: any device's copy will do
+            tree = jax.tree.map(lambda x: x[0], tree)
+        if seeds == 1:
+            return tree
+        return jax.tree.map(lambda x: x[seed], tree)
+
+    def policy(self, obs, key=None, deterministic: bool = False, seed: int = 0):
+        if key is None:
+            if not deterministic:
+                raise ValueError("policy(obs, key): a PRNG key is needed to sample; "
+                                 "pass key=jax.random.PRNGKey(0) or deterministic=True")
+            key = jax.random.PRNGKey(0)
+        check_key(key)
+        obs = check_obs(obs, self._algorithm)
+        st = self._seed_slice(self.state, seed)
+        return self._policy_fn(st.params, st.obs_stats, obs, key, deterministic)
+
+    def value(self, obs, seed: int = 0):
+        obs = check_obs(obs, self._algorithm)
+        st = self._seed_slice(self.state, seed)
+        return self._value_fn(st.params, st.obs_stats, obs)
+
+    def evaluate(self, episodes: int = 10, seed: int = 0, deterministic: bool = True,
+                 max_steps: int | None = None, policy_seed: int = 0) -> dict:
+        """One episode in each of `episodes` fresh envs reset from PRNGKey(seed), with the
+        policy of seed `policy_seed`: return/length mean and std, and the per-episode arrays.
+        `jaxppo.load_policy(run_dir).evaluate(...)` gives the same numbers."""
+        st = self._seed_slice(self.state, policy_seed)
+        return evaluate_policy(self._algorithm, st.params, st.obs_stats, episodes=episodes,
+                               seed=seed, deterministic=deterministic, max_steps=max_steps)
+
+
+def metric_keys(config: PPOConfig) -> tuple[str, ...]:
+    return (METRIC_KEYS + (EVAL_METRIC_KEYS if config.eval_every else ())
+            + pbt_metric_keys(config))
+
+
+def chunk_length(config: PPOConfig) -> int:
+    """Iterations per call into the compiled program: log_every (default ~40 calls per run),
+    never past a checkpoint iteration."""
+    n_iter = config.num_iterations
+    chunk_len = min(config.log_every or auto_chunk(n_iter), n_iter)
+    if config.checkpoint_every:
+        chunk_len = min(chunk_len, config.checkpoint_every)
+    return chunk_len
+
+
+def restore_checkpoint(store, step: int, run: Resolved, run_dir, hp):
+    """(unsharded numpy TrainState, iteration, wall_time offset) of a checkpoint, whatever
+    number of devices or hosts wrote it."""
+    config = run.config
+    if run.host_loop:  # a gymnasium env: the learner state (jaxppo.run.hostloop)
+        abstract = hostloop.abstract_state(run, hp)
+    else:
+        program = build_program(run.with_layout(None), hp, 1)
+        abstract = jax.eval_shape(program.init, jax.random.PRNGKey(config.seed), hp)
+    return ckpt.restore_for_resume(store, step, abstract, config, run_dir)
+
+
+class StopSignals:
+    """While active (a context manager, in the main thread), SIGINT and SIGTERM do not kill
+    the process: they are recorded, and the run loop stops after the chunk that is running,
+    with everything saved. A second SIGINT stops at once (KeyboardInterrupt), as usual."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        print(f"\n{self.received}: stopping after the running chunk, then saving a checkpoint "
+              "(Ctrl-C again to stop at once, without saving)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, resumed: bool = False,
+             wall_offset: float = 0.0, stop_after_iterations: int | None = None,
+             progress: bool | None = None, callback: Callable[[list[dict]], None] | None = None,
+             label: str | None = None, member_labels: list[str] | None = None):
+    """Run chunks from `start_iter` to the end (or stop_after_iterations more); returns a
+    TrainResult. Raises TrainingDivergedError on NaN/inf (metrics so far are kept). On
+    SIGINT/SIGTERM it stops after the running chunk, checkpoints, and returns a result whose
+    `interrupted` names the signal (the caller finishes the run folder and raises).
+    member_labels: for a sweep, each seed index's hyperparameters ("lr=0.001"), which the
+    progress shows instead of a mean over seeds."""
+    n_iter = config.num_iterations
+    seeds = config.num_seeds
+    chunk_len = chunk_length(config)
+    keys = metric_keys(config)
+    history = _history_from_rows(folder.previous_rows if folder else [], keys, seeds)
+    end_iter = n_iter if stop_after_iterations is None else min(n_iter, start_iter + stop_after_iterations)
+    reporter = _Reporter(config, n_iter, progress, start=start_iter, label=label,
+                         member_labels=member_labels)
+    t_train = time.perf_counter()
+    last_finite: dict | None = None
+    it, saved_at, wall = start_iter, start_iter if resumed else None, wall_offset
+    saved_time = time.monotonic()
+
+    config_record = config.to_dict()
+
+    def save(iteration):
+        folder.save_checkpoint(iteration, runner.snapshot(), {
+            "env_steps": iteration * config.batch_size, "num_devices": runner.shards,
+            "hosts": runner.hosts, "num_seeds": seeds,
+            "wall_time": wall, "config": config_record, "env": config.env_name,
+            "jaxppo_version": __version__,
+        })
+
+    signals = StopSignals().__enter__()
+    try:
+        while it < end_iter and signals.received is None:
+            stop = min(end_iter, it + chunk_len)
+            if config.checkpoint_every:
+                stop = min(stop, (it // config.checkpoint_every + 1) * config.checkpoint_every)
+            t0 = time.perf_counter()
+            m = runner.run(it, stop)
+            dt = time.perf_counter() - t0
+            n = stop - it
+            wall = wall_offset + process_uptime()
+            sps = n * config.batch_size * seeds / max(dt, 1e-9)
+            rows = []
+            for j in range(n):
+                for s in range(seeds):
+                    row = {k: float(m[k][s, j] if seeds > 1 else m[k][j]) for k in keys}
+                    row.update(iteration=it + j + 1, wall_time=wall, sps=sps)
+                    if seeds > 1:
+                        row["seed"] = s
+                    bad = [k for k in HEALTH_KEYS if not math.isfinite(row[k])]
+                    if bad:
+                        if folder is not None:
+                            folder.write_rows(rows)
+                        raise TrainingDivergedError(
+                            f"training diverged at iteration {it + j + 1}"
+                            + (f" (seed {s})" if seeds > 1 else "")
+                            + f": {', '.join(bad)} became NaN/inf. Last finite metrics: "
+                            f"{_short(last_finite)}. Metrics so far are kept"
+                            + (f" in {folder.path / 'metrics.jsonl'}" if folder else "")
+                            + ". Try a lower lr, a smaller max_grad_norm, or "
+                            "normalize_observations=true / normalize_rewards=true.",
+                            it + j + 1,
+                            last_finite,
+                        )
+                    last_finite = row
+                    rows.append(row)
+            for k in keys:
+                history[k].append(np.asarray(m[k]))
+            for k, v in (("iteration", np.arange(it + 1, stop + 1)),
+                         ("wall_time", np.full(n, wall)), ("sps", np.full(n, sps))):
+                history[k].append(np.broadcast_to(v, (seeds, n)) if seeds > 1 else v)
+            if folder is not None:
+                folder.write_rows(rows)
+            it = stop
+            if folder is not None and (
+                    (config.checkpoint_every and it % config.checkpoint_every == 0)
+                    or (config.checkpoint_minutes and it < end_iter and time.monotonic()
+                        - saved_time >= 60 * config.checkpoint_minutes)):
+                save(it)
+                saved_at, saved_time = it, time.monotonic()
+            if callback is not None:
+                callback(rows)
+            reporter.update(it, rows, sps)
+        if folder is not None and saved_at != it:
+            save(it)
+    finally:
+        signals.__exit__()
+        reporter.close()
+    train_seconds = time.perf_counter() - t_train
+
+    metrics = {k: np.concatenate(v, axis=-1) for k, v in history.items() if v}
+    algo = runner.algorithm
+    state = runner.final_state()
+    nd = runner.shards
+    replicated = nd > 1 and getattr(runner, "params_replicated", True)
+    params = jax.tree.map(lambda x: x[0], state.params) if replicated else state.params
+    return TrainResult(
+        config=config, params=params, state=state, num_devices=nd, hosts=runner.hosts,
+        metrics=metrics, run_dir=folder.path if folder else None,
+        compile_seconds=runner.compile_seconds, train_seconds=train_seconds, _algorithm=algo,
+        _policy_fn=jax.jit(algo.act, static_argnames=("deterministic",)),
+        _value_fn=jax.jit(algo.value), iterations_done=it, completed=it >= n_iter,
+        resumed_from=start_iter if resumed else None,
+        host_failures=list(getattr(runner, "host_failures", [])), interrupted=signals.received,
+    )
+
+
+def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
+    """Metric arrays of earlier rows (a resumed run's past), as the first entry of each list."""
+    history: dict[str, list] = {k: [] for k in keys + ("iteration", "wall_time", "sps")}
+    if not rows:
+        return history
+    by_seed = [[r for r in rows if r.get("seed", 0) == s] for s in range(seeds)]
+    n = min(len(b) for b in by_seed)
+    for k in history:
+        arr = np.asarray([[np.nan if r.get(k) is None else r[k] for r in b[:n]] for b in by_seed],
+                         np.float64)
+        if k == "iteration":
+            arr = arr.astype(np.int64)
+        elif k in ("env_steps", "episodes"):  # the dtypes the compiled program returns
+            arr = arr.astype(np.int32)
+        elif k in METRIC_KEYS or k in EVAL_METRIC_KEYS or k.startswith(("pbt_", "hp_")):
+            arr = arr.astype(np.float32)
+        history[k].append(arr if seeds > 1 else arr[0])
+    return history
+
+
+def _short(row: dict | None) -> str:
+    if not row:
+        return "none (it failed in the first iteration)"
+    keys = ("iteration", "episode_return_mean", "policy_loss", "value_loss", "grad_norm", "kl")
+    return ", ".join(f"{k}={row[k]:.4g}" for k in keys if k in row)
+
+
+class _Reporter:
+    """Progress between chunks: a rich bar on a terminal, a plain line otherwise; both show
+    the recent return, steps/s, the ETA and the last evaluation. The return is the mean over
+    seeds; for a sweep (member_labels) the best and the worst setting instead, each the mean
+    of the members with that label, e.g. "best lr=0.001: 480.2, worst lr=0.0001: 21.0"."""
+
+    def __init__(self, config: PPOConfig, n_iter: int, progress: bool | None, start: int = 0,
+                 label: str | None = None, member_labels: list[str] | None = None):
+        self.n_iter = n_iter
+        self.start = start
+        self.config = config
+        self.label = label or config.env_name
+        self.member_labels = member_labels
+        self.member_return: dict[int, float] = {}  # seed index -> recent return
+        self.interactive = sys.stderr.isatty() if progress is None else progress
+        self.quiet = progress is False
+        self.last_return = float("nan")
+        self.last_eval = "-"
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if self.interactive and not self.quiet:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            columns = [
+                TextColumn(f"[bold]{self.label}[/]"), BarColumn(bar_width=16),
+                MofNCompleteColumn(), TextColumn("return {task.fields[ret]}"),
+                TextColumn("{task.fields[sps]} steps/s"),
+            ]
+            if config.eval_every:
+                columns.append(TextColumn("eval {task.fields[eval]}"))
+            columns += [TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+            self.bar = Progress(*columns)
+            self.task = self.bar.add_task("train", total=n_iter, completed=start, ret="   -  ",
+                                          sps="-", eval="-")
+            self.bar.start()
+
+    def _by_setting(self, per_seed: dict[int, float]) -> list[tuple[float, str]]:
+        """(value, label) per distinct member label, best first; members that share a label
+        (seeds of one setting) are averaged."""
+        groups: dict[str, list[float]] = {}
+        for s, v in per_seed.items():
+            groups.setdefault(self.member_labels[s], []).append(v)
+        return sorted(((float(np.mean(v)), k) for k, v in groups.items()), reverse=True)
+
+    def return_text(self) -> str:
+        """The return the progress shows: the mean over seeds, or a sweep's best and worst."""
+        if not self.member_labels:
+            return f"{self.last_return:.1f}"
+        ranked = self._by_setting(self.member_return)
+        if not ranked:
+            return "-"
+        (best, best_lab), (worst, worst_lab) = ranked[0], ranked[-1]
+        if len(ranked) == 1:
+            return f"{best_lab}: {best:.1f}"
+        return f"best {best_lab}: {best:.1f}, worst {worst_lab}: {worst:.1f}"
+
+    def update(self, done_iters: int, rows: list[dict], sps: float):
+        rets = [r["episode_return_mean"] for r in rows if math.isfinite(r["episode_return_mean"])]
+        if rets:
+            self.last_return = float(np.mean(rets[-max(1, self.config.num_seeds) * 10:]))
+        if self.member_labels:
+            for s in range(len(self.member_labels)):
+                own = [r["episode_return_mean"] for r in rows if r.get("seed", 0) == s
+                       and math.isfinite(r["episode_return_mean"])]
+                if own:
+                    self.member_return[s] = float(np.mean(own[-10:]))
+        evals = [r for r in rows if math.isfinite(r.get("eval_return_mean", float("nan")))]
+        if evals:
+            last = evals[-1]["iteration"]
+            at_last = [r for r in evals if r["iteration"] == last]
+            if self.member_labels:
+                value, lab = self._by_setting(
+                    {r.get("seed", 0): r["eval_return_mean"] for r in at_last})[0]
+                self.last_eval = f"best {lab}: {value:.1f}@{last}"
+            else:
+                self.last_eval = f"{np.mean([r['eval_return_mean'] for r in at_last]):.1f}@{last}"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done_iters, ret=self.return_text(),
+                            sps=f"{sps:,.0f}", eval=self.last_eval)
+        elif not self.quiet:
+            steps = done_iters * self.config.batch_size
+            elapsed = time.perf_counter() - self.t0
+            eta = elapsed / max(done_iters - self.start, 1) * (self.n_iter - done_iters)
+            ev = f"  eval {self.last_eval}" if self.config.eval_every else ""
+            print(f"[{self.label}] iter {done_iters}/{self.n_iter}  "
+                  f"steps {steps:,}  return {self.return_text()}{ev}  {sps:,.0f} steps/s  "
+                  f"ETA {eta:.0f}s", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def finish_run(result: TrainResult, folder, resume_command: str, **finish) -> TrainResult:
+    """Write the run folder's final files (params, summary, plot) and return the result, or
+    raise TrainingInterrupted when a signal stopped the run (the files are written first)."""
+    if folder is not None:
+        result.summary = folder.finish(result, **finish)
+    if result.interrupted:
+        saved = (f"checkpoint, params and summary of iteration {result.iterations_done} are in "
+                 f"{folder.path}; continue with: {resume_command} --resume {folder.path}"
+                 if folder is not None else "no run folder was given, so nothing was saved")
+        raise TrainingInterrupted(
+            f"{result.interrupted} stopped training after iteration {result.iterations_done} of "
+            f"{result.config.num_iterations}: {saved}", result.interrupted, result)
+    return result
+
+
+def open_folder(run_dir: str | Path | None, config: PPOConfig, resume_iteration: int | None):
+    return None if run_dir is None else RunFolder(run_dir, config, resume_iteration=resume_iteration)

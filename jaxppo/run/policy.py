@@ -1,0 +1,342 @@
+"""`load_policy(RUN_DIR)`: the trained policy of a run folder as a jitted function.
+
+    act = jaxppo.load_policy("runs/CartPole-v1-20250101-120000")
+    action = act(obs)                     # deterministic (the distribution's mode)
+    action = act(obs, jax.random.PRNGKey(0))  # sampled
+
+The run folder's config.yaml gives the env and network; the newest checkpoint gives the
+params and the observation-normalisation statistics (params.msgpack when there is no
+checkpoint). Observations are raw env observations [*obs_shape] or [B, *obs_shape];
+actions come back ready for `env.step` (continuous ones clipped to the action bounds).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo.core.algorithm import Algorithm
+from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir, load_params_dict,
+                               load_run_config)
+from jaxppo.config import MAX_TIMESTEPS, check_seed
+from jaxppo.envs.make import check_recorded_env
+from jaxppo.errors import CheckpointError, ConfigError
+from jaxppo.core.evaluation import EpisodeStats, run_episodes, summarize
+from jaxppo.run.hostloop import evaluate_host
+from jaxppo.program import free_memory
+from jaxppo.resolve import resolve
+from jaxppo.core.running_stats import RunningStats
+
+
+class Policy:
+    """A trained policy: `policy(obs, key=None)` -> actions. Deterministic when key is None.
+
+    A recurrent policy keeps a carry from step to step: `policy.step(obs, carry, key=None)`
+    -> (actions, carry), starting each episode from `policy.initial_carry(batch_shape)`
+    (`step` works for feed-forward policies too, with an empty carry).
+    Attributes: config (PPOConfig of the run), spec (EnvSpec), env and env_params (the env it
+    trained on), params, obs_stats,
+    iteration (of the checkpoint it came from; None for params.msgpack), recurrent.
+    """
+
+    def __init__(self, algorithm: Algorithm, params, obs_stats: RunningStats,
+                 iteration: int | None = None):
+        self.algorithm = algorithm
+        self.config = algorithm.config
+        self.spec = algorithm.spec
+        self.recurrent = algorithm.recurrent
+        self.params = params
+        self.obs_stats = obs_stats
+        self.iteration = iteration
+        self._step = jax.jit(algorithm.policy_step, static_argnames=("deterministic",))
+
+    @property
+    def env(self):
+        """The env the run trained on (with its observation transforms)."""
+        return self.spec.env
+
+    @property
+    def env_params(self):
+        return self.spec.env_params
+
+    def __call__(self, obs, key: jax.Array | None = None):
+        if self.recurrent:
+            raise TypeError(
+                "this policy is recurrent: it needs its carry from step to step. Use "
+                "policy.step(obs, carry, key=None) -> (action, carry), starting each episode "
+                "from policy.initial_carry(batch_shape); policy.evaluate() does this for you")
+        return self.step(obs, (), key)[0]
+
+    act = __call__
+
+    def step(self, obs, carry, key: jax.Array | None = None):
+        """(actions, new carry) for observations [*obs_shape] or [B, *obs_shape] and the
+        carry before them. Deterministic (the distribution's mode) when key is None."""
+        obs = check_obs(obs, self.algorithm)
+        carry = self._check_carry(carry, obs)
+        if key is not None:
+            check_key(key)
+        return self._step(self.params, self.obs_stats, obs, carry, key,
+                          deterministic=key is None)
+
+    def _check_carry(self, carry, obs):
+        fix = ("start each episode from policy.initial_carry(batch_shape) and pass on the carry "
+               "step returns")
+        if not self.recurrent:
+            if carry is None or (isinstance(carry, tuple) and not carry):
+                return ()
+            raise TypeError(f"carry={_short(carry)}: this policy is feed-forward, its carry is () "
+                            "(policy.initial_carry())")
+        size = self.algorithm.network.carry_size
+        batch = tuple(np.shape(obs))[:np.ndim(obs) - len(self.spec.obs_shape)]
+        want = batch + (size,)
+        if not hasattr(carry, "shape") or tuple(carry.shape) != want:
+            got = f"shape {tuple(carry.shape)}" if hasattr(carry, "shape") else _short(carry)
+            raise ValueError(f"carry has {got}, but observations of batch shape {batch} need a "
+                             f"carry of shape {want}; {fix}")
+        return carry
+
+    def initial_carry(self, batch_shape: tuple[int, ...] = ()):
+        """The carry at the start of an episode (() for a feed-forward policy)."""
+        if not isinstance(batch_shape, tuple) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in batch_shape):
+            raise TypeError(f"batch_shape={batch_shape!r} must be a tuple of sizes, e.g. () for "
+                            "one observation or (8,) for a batch of 8")
+        return self.algorithm.initial_carry(batch_shape)
+
+    def evaluate(self, episodes: int = 10, seed: int = 0, deterministic: bool = True,
+                 max_steps: int | None = None) -> dict:
+        """Mean/std return and length of one episode in each of `episodes` envs."""
+        return evaluate_policy(self.algorithm, self.params, self.obs_stats, episodes=episodes,
+                               seed=seed, deterministic=deterministic, max_steps=max_steps)
+
+    def __repr__(self):
+        return (f"Policy({self.config.env_name}, obs_shape={self.spec.obs_shape}, "
+                f"iteration={self.iteration}{', recurrent' if self.recurrent else ''})")
+
+
+def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: int,
+                    deterministic: bool, max_steps: int | None = None) -> dict:
+    """Host-side evaluation: one episode in each of `episodes` envs reset from
+    PRNGKey(seed), each carrying its policy's carry. Returns return/length mean and std
+    (floats) and the per-episode arrays."""
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
+        raise ValueError(f"episodes={episodes!r} must be an integer >= 1")
+    if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)
+                                  or not 1 <= max_steps <= MAX_TIMESTEPS):
+        raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1 and at most "
+                         f"{MAX_TIMESTEPS} (2**31 - 1, the int32 step counter's limit), or None "
+                         "for the env's time limit")
+    try:
+        check_seed(seed, "seed")
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    bound = max_steps if max_steps is not None else algorithm.eval_bound()
+    if algorithm.spec.host_loop:  # a gymnasium env steps in Python
+        stats = EpisodeStats(*evaluate_host(algorithm, params, obs_stats, episodes=episodes,
+                                            seed=seed, deterministic=deterministic, max_steps=bound))
+        out = summarize(stats)
+        out["returns"], out["lengths"] = stats.returns.tolist(), stats.lengths.tolist()
+        return out
+
+    def play(params, obs_stats, key):
+        def step(obs, k, carry):
+            return algorithm.policy_step(params, obs_stats, obs, carry, k, deterministic)
+
+        return run_episodes(step, algorithm.spec.env, algorithm.spec.env_params, key, episodes,
+                            bound, algorithm.initial_carry((episodes,)))
+
+    key = jax.random.PRNGKey(seed)
+    compiled = jax.jit(play).lower(params, obs_stats, key).compile()
+    _check_eval_memory(compiled, episodes)
+    stats = compiled(params, obs_stats, key)
+    out = summarize(stats)
+    out["returns"] = np.asarray(stats.returns).tolist()
+    out["lengths"] = np.asarray(stats.lengths).tolist()
+    return out
+
+
+def _check_eval_memory(compiled, episodes: int) -> None:
+    """ValueError when evaluating `episodes` envs at once needs more memory than is free
+    (XLA's figure from compiling), instead of an allocation failure deep inside."""
+    try:
+        m = compiled.memory_analysis()
+        needed = int(m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
+    except Exception:  # noqa: BLE001 - no analysis on this backend: nothing to check
+        return
+    free = free_memory()
+    if free is None or needed <= free:
+        return
+    raise ValueError(
+        f"episodes={episodes:,} needs about {needed / 2**30:.1f} GiB to evaluate (one env per "
+        f"episode, all at once), but {free / 2**30:.1f} GiB is free; use at most about "
+        f"{max(1, int(episodes * free / needed)):,} episodes")
+
+
+def check_obs(obs, algorithm: Algorithm):
+    """`obs` as an array [..., *obs_shape] of numbers; TypeError / ValueError naming the shape
+    the env's observations have (instead of an error from inside the network)."""
+    spec = algorithm.spec
+    want = tuple(spec.obs_shape)
+    example = f"one observation of shape {want} or a batch [B, {', '.join(map(str, want))}]"
+    try:
+        arr = obs if isinstance(obs, jax.Array) else np.asarray(obs)
+    except Exception:  # noqa: BLE001 - ragged lists and other objects numpy cannot hold
+        arr = None
+    if arr is None or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise TypeError(f"obs={_short(obs)} is not an array of numbers; pass {example}, as "
+                        f"env.reset / env.step of {algorithm.config.env_name} return them")
+    shape = tuple(arr.shape)
+    if len(shape) < len(want) or shape[len(shape) - len(want):] != want:
+        raise ValueError(f"obs has shape {shape}, but {algorithm.config.env_name}'s observations "
+                         f"have shape {want}; pass {example}")
+    return jnp.asarray(arr)
+
+
+def check_key(key) -> None:
+    """TypeError unless `key` is one PRNG key (jax.random.PRNGKey(s) or jax.random.key(s))."""
+    raw = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+    if hasattr(key, "dtype") and hasattr(key, "shape"):
+        if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and tuple(key.shape) == ():
+            return
+        if key.dtype == raw.dtype and tuple(key.shape) == tuple(raw.shape):
+            return
+        got = f"an array of shape {tuple(key.shape)} and dtype {key.dtype}"
+    else:
+        got = f"{type(key).__name__} {_short(key)}"
+    raise TypeError(f"key must be one PRNG key, e.g. jax.random.PRNGKey(0) (shape {tuple(raw.shape)}, "
+                    f"{raw.dtype}) or jax.random.key(0), got {got}; for a batch of keys, "
+                    "jax.vmap over them")
+
+
+def _short(x) -> str:
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = None,
+                env: Any = None) -> Policy:
+    """The trained policy of RUN_DIR as a callable `act(obs, key=None)`.
+
+    seed_index: which seed of a multi-seed run. step: a checkpoint iteration (default: the
+    newest). env: the env (an object or "module:Class"), for runs of a custom env that
+    config.yaml can only name (one whose class is not importable; importable ones are
+    recorded as "module:Class" and rebuilt).
+    Raises CheckpointError for a missing or unreadable run folder or checkpoint, ConfigError
+    for an env that cannot be rebuilt.
+    """
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise TypeError(f"run_dir={_short(run_dir)} must be the path of a run folder (a str or "
+                        "Path), e.g. 'runs/CartPole-v1-20250101-120000'")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise TypeError(f"step={step!r} must be a checkpoint iteration (an int) or None for the "
+                        "newest")
+    run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise CheckpointError(f"{run_dir} is a file; give the run folder that holds it "
+                              f"({run_dir.parent})")
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
+    meta = None
+    state = None
+    if checkpoint_dir(run_dir).is_dir():
+        with CheckpointStore(run_dir, read_only=True) as store:
+            steps = store.steps()
+            if steps:
+                if step is None:
+                    step = steps[-1]
+                elif step not in steps:
+                    raise CheckpointError(
+                        f"no checkpoint for iteration {step} in {store.directory}; "
+                        f"available: {', '.join(map(str, steps))}")
+                state, meta = store.restore(step)
+    config = load_run_config(run_dir, meta)
+    if env is not None:
+        config = config.replace(env=env)
+    else:
+        check_recorded_env(config, run_dir, (
+            f"Pass the env: jaxppo.load_policy({str(run_dir)!r}, env=YourEnv()) (or "
+            f"`jaxppo eval {run_dir} --env module:Class`)"))
+    try:
+        resolved = resolve(config)
+    except ConfigError as e:
+        if env is None and str(e).startswith(f"env={config.env!r}"):  # "module:Class" failed
+            raise ConfigError(f"{e}. (This is the env {run_dir}/config.yaml records; or pass "
+                              "it: load_policy(run_dir, env=YourEnv()))") from e
+        raise
+    algorithm = Algorithm(resolved)
+    if state is not None:
+        params, obs_stats = state["params"], state["obs_stats"]
+        seeds = int(meta.get("num_seeds", 1))
+    else:
+        path = run_dir / "params.msgpack"
+        if not path.exists():
+            raise CheckpointError(
+                f"run folder {run_dir} has neither a checkpoint in {CHECKPOINT_DIR}/ nor "
+                "params.msgpack; it holds no trained policy (did the run finish?)")
+        saved = load_params_dict(path)
+        params, obs_stats = saved["params"], saved["obs_stats"]
+        seeds = config.num_seeds
+    if not isinstance(seed_index, int) or isinstance(seed_index, bool) or not 0 <= seed_index < seeds:
+        raise ValueError(f"seed_index={seed_index!r}, but {run_dir} holds {seeds} seed(s): use "
+                         f"a seed index from 0 to {seeds - 1}")
+    source = (f"checkpoint {checkpoint_dir(run_dir) / str(step)}" if state is not None
+              else str(run_dir / "params.msgpack"))
+    if seeds > 1:
+        short = [np.shape(x) for x in jax.tree.leaves((params, obs_stats))
+                 if not np.shape(x) or np.shape(x)[0] != seeds]
+        if short:
+            raise CheckpointError(
+                f"{run_dir}/config.yaml says num_seeds={seeds}, but {source} holds arrays of "
+                f"shape {short[0]}, not one per seed; config.yaml does not belong to these "
+                "params: restore the run's own config.yaml")
+        params, obs_stats = jax.tree.map(lambda x: x[seed_index], (params, obs_stats))
+    _check_params(params, obs_stats, algorithm, run_dir, source, env_given=env is not None)
+    obs_stats = RunningStats(jnp.asarray(obs_stats["mean"]), jnp.asarray(obs_stats["var"]),
+                             jnp.asarray(obs_stats["count"]))
+    params = jax.tree.map(jnp.asarray, params)
+    return Policy(algorithm, params, obs_stats,
+                  iteration=None if meta is None else int(meta["iteration"]))
+
+
+def _check_params(params, obs_stats, algorithm: Algorithm, run_dir: Path, source: str,
+                  env_given: bool) -> None:
+    """CheckpointError when the saved params do not fit the network the run's config (and
+    env) describe: a config.yaml edited or copied from another run, or another env given."""
+    spec = algorithm.spec
+    want = jax.eval_shape(algorithm.network.init, jax.random.PRNGKey(0),
+                          jnp.zeros((1, spec.obs_dim), jnp.float32))
+    got_leaves = dict((jax.tree_util.keystr(k), np.shape(v))
+                      for k, v in jax.tree_util.tree_flatten_with_path(params)[0])
+    want_leaves = dict((jax.tree_util.keystr(k), tuple(v.shape))
+                       for k, v in jax.tree_util.tree_flatten_with_path(want)[0])
+    stats = obs_stats.get("mean") if isinstance(obs_stats, dict) else None
+    problem = None
+    if set(got_leaves) != set(want_leaves):
+        extra = sorted(set(got_leaves) ^ set(want_leaves))[0]
+        problem = (f"{extra} is {'missing from' if extra in want_leaves else 'extra in'} the "
+                   "saved params")
+    else:
+        for k, shape in want_leaves.items():
+            if got_leaves[k] != shape:
+                problem = f"{k} has shape {got_leaves[k]}, the network needs {shape}"
+                break
+    if problem is None and stats is not None and np.shape(stats) != (spec.obs_dim,):
+        problem = (f"the observation statistics have shape {np.shape(stats)}, the env's "
+                   f"observations {spec.obs_dim} values")
+    if problem is None:
+        return
+    where = ("the env given" if env_given else f"{run_dir}/config.yaml")
+    net = algorithm.config.network
+    shape = f"network.hidden_sizes={list(net.hidden_sizes)}" + (
+        f", network.recurrent_size={net.recurrent_size}" if net.recurrent_size else "")
+    raise CheckpointError(
+        f"the params in {source} do not fit the network that {where} describes for "
+        f"{algorithm.config.env_name} with {shape} ({problem}); they were trained with another env or "
+        "network: " + ("pass the env the run trained on" if env_given else
+                       "restore the run's own config.yaml"))

@@ -1,0 +1,275 @@
+"""Videos of a trained policy's episodes: `jaxppo eval RUN_DIR --video out.gif`.
+
+The episodes are played on the host, one env step at a time with the jitted policy
+(`Policy.step`), and drawn from their observations with matplotlib: gymnax's classic-control
+envs as the familiar cart, pendulum, two links or hill, MinAtar as its [10, 10, C] channels in
+colour. A .gif needs nothing more (matplotlib's PillowWriter); an .mp4 needs ffmpeg, found on
+the PATH or from imageio-ffmpeg (`pip install 'jaxppo[video]'`).
+
+The drawing is written here rather than taken from `gymnax.visualize`, whose classic-control
+frames come from gymnasium's pygame renderer (pygame, not a jaxppo dependency, and a new
+gymnasium env for every frame).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from jaxppo.errors import VideoError
+from jaxppo.run.policy import Policy
+
+VIDEO_INSTALL = "pip install 'jaxppo[video]'"
+CLASSIC_CONTROL = ("Acrobot-v1", "CartPole-v1", "MountainCar-v0", "MountainCarContinuous-v0",
+                   "Pendulum-v1")
+FORMATS = (".gif", ".mp4")
+
+
+class Episode(NamedTuple):
+    """One recorded episode: observations [T + 1, *obs_shape] (the first from reset, the last
+    the one the episode ended in) and rewards [T]."""
+
+    observations: np.ndarray
+    rewards: np.ndarray
+
+    @property
+    def length(self) -> int:
+        return len(self.rewards)
+
+
+def write_video(policy: Policy, path: str | Path, *, episodes: int = 1, seed: int = 0,
+                deterministic: bool = True, max_steps: int | None = None,
+                fps: int | None = None) -> dict:
+    """Play `episodes` episodes of `policy` and write them, one after the other, to `path`
+    (.gif or .mp4), one frame per observation. max_steps caps each episode (default: the
+    env's time limit). Returns the path, frame count and each episode's return and length.
+
+    Raises VideoError, before playing anything, for an env it cannot draw or a format it
+    cannot write.
+    """
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
+        raise ValueError(f"episodes={episodes!r} must be an integer >= 1")
+    path = Path(path)
+    name, draw = renderer(policy)
+    writer = _writer(path, fps or (20 if name in CLASSIC_CONTROL else 10))
+    played = record_episodes(policy, episodes=episodes, seed=seed, deterministic=deterministic,
+                             max_steps=max_steps)
+    frames = _animate(played, draw, name, writer, path)
+    return {"path": str(path), "frames": frames, "episodes": episodes,
+            "returns": [float(e.rewards.sum()) for e in played],
+            "lengths": [e.length for e in played]}
+
+
+def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
+                    deterministic: bool = True, max_steps: int | None = None) -> list[Episode]:
+    """Play `episodes` episodes one after the other on the host (keys from PRNGKey(seed)),
+    each until it terminates or truncates or after `max_steps` steps."""
+    if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)
+                                  or max_steps < 1):
+        raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1 (or None for the "
+                         "env's time limit)")
+    bound = max_steps if max_steps is not None else policy.algorithm.eval_bound()
+    env, params = policy.env, policy.env_params
+    reset, step = jax.jit(env.reset), jax.jit(env.step)
+    key = jax.random.PRNGKey(seed)
+    out = []
+    for _ in range(episodes):
+        key, k_reset = jax.random.split(key)
+        obs, state = reset(k_reset, params)
+        carry = policy.initial_carry(())
+        observations, rewards = [np.asarray(obs)], []
+        for _ in range(bound):
+            key, k_act, k_step = jax.random.split(key, 3)
+            action, carry = policy.step(obs, carry, None if deterministic else k_act)
+            obs, state, reward, terminated, truncated, info = step(k_step, state, action, params)
+            rewards.append(float(reward))
+            # The observation the step reached, before an auto-reset replaced it.
+            observations.append(np.asarray(info["final_observation"]))
+            if bool(terminated) or bool(truncated):
+                break
+        out.append(Episode(np.stack(observations), np.asarray(rewards, np.float32)))
+    return out
+
+
+# ---------------------------------------------------------------- drawing
+def renderer(policy: Policy) -> tuple[str, Callable]:
+    """(env name, setup(ax) -> update(obs)) for the policy's env, or VideoError."""
+    if getattr(policy.env, "host_loop", False):
+        raise VideoError(
+            f"no video for {policy.config.env}: it steps in Python (gymnasium), and jaxppo's "
+            "videos play gymnax envs; gymnasium renders its own envs (render_mode='rgb_array')")
+    base = policy.env
+    while hasattr(base, "_env"):  # jaxppo's observation/action wrappers (transforms)
+        base = base._env
+    name = getattr(base, "name", None)
+    base_shape = tuple(base.observation_space(policy.env_params).shape)
+    newest = _newest_frame(base_shape, policy.spec.obs_shape)
+    if name in CLASSIC_CONTROL:
+        draw = _CLASSIC[name]
+    elif isinstance(name, str) and name.endswith("-MinAtar") and len(base_shape) == 3:
+        draw = lambda ax, params: _minatar(ax, base_shape[-1])  # noqa: E731
+    else:
+        draw = None
+    if draw is not None:
+        def setup(ax):
+            update = draw(ax, policy.env_params)
+            return lambda obs: update(newest(obs))
+        return name, setup
+    raise VideoError(
+        f"no video for {policy.config.env_name}: jaxppo draws gymnax's classic-control envs "
+        f"({', '.join(CLASSIC_CONTROL)}) and the MinAtar envs (*-MinAtar). `jaxppo eval` "
+        "without --video evaluates any env")
+
+
+def _newest_frame(base_shape: tuple, obs_shape: tuple) -> Callable:
+    """obs -> the env's own observation: the newest frame of a `frame_stack` stack."""
+    obs_shape = tuple(obs_shape)
+    if obs_shape == base_shape:
+        return lambda obs: obs
+    if len(base_shape) == 3:  # images stack on the channel axis
+        return lambda obs: obs[..., -base_shape[-1]:]
+    return lambda obs: obs[..., -1]
+
+
+def _param(params, name: str, default: float) -> float:
+    return float(getattr(params, name, default))
+
+
+def _cartpole(ax, params):
+    edge = _param(params, "x_threshold", 2.4)
+    pole = 2.0 * _param(params, "length", 0.5)
+    ax.set(xlim=(-edge * 1.1, edge * 1.1), ylim=(-0.6, pole + 0.3))
+    ax.axhline(0.0, color="0.4", lw=1)
+    cart = ax.add_patch(_rectangle((0, 0), 0.5, 0.3, color="tab:blue"))
+    (rod,) = ax.plot([], [], lw=5, color="tab:orange", solid_capstyle="round")
+
+    def update(obs):
+        x, theta = float(obs[0]), float(obs[2])
+        cart.set_xy((x - 0.25, -0.15))
+        rod.set_data([x, x + pole * np.sin(theta)], [0.15, 0.15 + pole * np.cos(theta)])
+    return update
+
+
+def _pendulum(ax, params):
+    ax.set(xlim=(-1.3, 1.3), ylim=(-1.3, 1.3))
+    (rod,) = ax.plot([], [], lw=8, color="tab:red", solid_capstyle="round")
+    ax.plot([0], [0], "o", color="k")
+
+    def update(obs):
+        cos, sin = float(obs[0]), float(obs[1])  # theta = 0 is upright
+        rod.set_data([0, -sin], [0, cos])
+    return update
+
+
+def _acrobot(ax, params):
+    ax.set(xlim=(-2.2, 2.2), ylim=(-2.2, 2.2))
+    ax.axhline(1.0, color="0.4", lw=1, ls="--")  # the height to reach
+    (links,) = ax.plot([], [], "-o", lw=5, color="tab:blue", markersize=6, markerfacecolor="k")
+
+    def update(obs):
+        c1, s1, c2, s2 = (float(v) for v in obs[:4])  # theta1 = 0 hangs down
+        x1, y1 = s1, -c1
+        x2, y2 = x1 + s1 * c2 + c1 * s2, y1 - (c1 * c2 - s1 * s2)
+        links.set_data([0, x1, x2], [0, y1, y2])
+    return update
+
+
+def _mountain_car(ax, params):
+    lo, hi = _param(params, "min_position", -1.2), _param(params, "max_position", 0.6)
+    goal = _param(params, "goal_position", 0.5)
+    height = lambda x: np.sin(3 * x) * 0.45 + 0.55  # noqa: E731 (gymnasium's hill)
+    xs = np.linspace(lo, hi, 200)
+    ax.set(xlim=(lo, hi), ylim=(0, 1.2))
+    ax.plot(xs, height(xs), color="0.3")
+    ax.plot([goal, goal], [height(goal), height(goal) + 0.15], color="tab:green", lw=2)
+    (car,) = ax.plot([], [], "o", markersize=12, color="tab:blue")
+
+    def update(obs):
+        x = float(obs[0])
+        car.set_data([x], [height(x) + 0.03])
+    return update
+
+
+_CLASSIC = {"CartPole-v1": _cartpole, "Pendulum-v1": _pendulum, "Acrobot-v1": _acrobot,
+            "MountainCar-v0": _mountain_car, "MountainCarContinuous-v0": _mountain_car}
+
+
+def _minatar(ax, channels: int):
+    """Each cell coloured by the last channel set there (black when none)."""
+    import matplotlib
+    from matplotlib.colors import ListedColormap
+
+    colours = [(0, 0, 0)] + [matplotlib.colormaps["tab10"](i % 10)[:3] for i in range(channels)]
+    image = ax.imshow(np.zeros((10, 10)), cmap=ListedColormap(colours), vmin=0, vmax=channels,
+                      interpolation="none")
+    codes = np.arange(1, channels + 1)
+
+    def update(obs):
+        image.set_data(np.max(np.asarray(obs, np.float32) * codes, axis=-1))
+    return update
+
+
+def _rectangle(xy, w, h, **kw):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle(xy, w, h, **kw)
+
+
+# ---------------------------------------------------------------- writing
+def _writer(path: Path, fps: int):
+    """The matplotlib animation writer for path's suffix, or VideoError before any work."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import animation
+
+    suffix = path.suffix.lower()
+    if suffix == ".gif":
+        return animation.PillowWriter(fps=fps)
+    if suffix != ".mp4":
+        raise VideoError(f"cannot write a video to {path}: use a .gif (needs nothing more) "
+                         "or an .mp4 (needs ffmpeg)")
+    if not (shutil.which(matplotlib.rcParams["animation.ffmpeg_path"]) or shutil.which("ffmpeg")):
+        try:
+            import imageio_ffmpeg
+        except ImportError as e:
+            raise VideoError(f"writing {path.name} needs ffmpeg, which is not installed: "
+                             f"{VIDEO_INSTALL} (imageio-ffmpeg brings it), or install ffmpeg; "
+                             "or write a .gif, which needs nothing more") from e
+        matplotlib.rcParams["animation.ffmpeg_path"] = imageio_ffmpeg.get_ffmpeg_exe()
+    elif not shutil.which(matplotlib.rcParams["animation.ffmpeg_path"]):
+        matplotlib.rcParams["animation.ffmpeg_path"] = shutil.which("ffmpeg")
+    return animation.FFMpegWriter(fps=fps, codec="libx264", extra_args=["-pix_fmt", "yuv420p"])
+
+
+def _animate(played: list[Episode], setup: Callable, name: str, writer, path: Path) -> int:
+    """Draw every observation of every episode as one frame; returns the frame count."""
+    import matplotlib.pyplot as plt
+    from matplotlib import animation
+
+    frames = [(e, t) for e in range(len(played)) for t in range(len(played[e].observations))]
+    fig, ax = plt.subplots(figsize=(4, 3.4), dpi=80, layout="constrained")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_aspect("equal")
+    update = setup(ax)
+    returns = [np.concatenate([[0.0], np.cumsum(e.rewards)]) for e in played]
+
+    def draw(i):
+        e, t = frames[i]
+        update(played[e].observations[t])
+        ax.set_title(f"{name}  episode {e + 1}/{len(played)}  step {t}  return {returns[e][t]:.1f}",
+                     fontsize=8)
+
+    try:
+        anim = animation.FuncAnimation(fig, draw, frames=len(frames), repeat=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        anim.save(path, writer=writer)
+    finally:
+        plt.close(fig)
+    return len(frames)

@@ -1,0 +1,1 @@
+"""Hyperparameter search: the search space, the sweep record, PBT, the results, Ray Tune."""

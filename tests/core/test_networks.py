@@ -1,0 +1,174 @@
+"""Network pieces against independent references."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxppo
+from jaxppo.core.algorithm import Algorithm
+from jaxppo.core.hyperparams import HyperParams
+from jaxppo.core.losses import Batch
+from jaxppo.core.networks import LOG_STD_MAX, ActorCritic, DistParams, _patches, log_prob
+
+PENDULUM = jaxppo.PPOConfig(env="Pendulum-v1", num_envs=4, num_steps=16, num_minibatches=2,
+                            num_epochs=2, total_timesteps=4 * 16 * 2, compilation_cache_dir=None)
+
+
+def test_patches_dense_equals_same_padded_convolution():
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 10, 10, 4))
+    kernel = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 4, 16))
+    ours = _patches(x, 3) @ kernel.reshape(-1, 16)
+    ref = jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME",
+                                       dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-4, atol=1e-4)
+
+
+def test_cnn_torso_is_chosen_for_image_observations_and_runs():
+    cfg = jaxppo.PPOConfig(env="Breakout-MinAtar", num_envs=4, num_steps=8, num_minibatches=2,
+                           num_epochs=1, total_timesteps=32, compilation_cache_dir=None,
+                           network=jaxppo.NetworkConfig((16,), activation="relu"))
+    algo = Algorithm(cfg)
+    assert algo.network.torso == "cnn"
+    hp = HyperParams.from_config(cfg)
+    state = jax.jit(algo.init)(jax.random.PRNGKey(0), hp)
+    conv = state.params["params"]["actor_torso"]["Dense_0"]["kernel"]
+    assert conv.shape == (3 * 3 * 4, 16)  # a 3x3 conv over 4 channels, 16 out
+    state, m = jax.jit(algo.iteration)(state, hp)
+    assert np.isfinite(float(m["policy_loss"]))
+    assert Algorithm(cfg.replace(env="CartPole-v1")).network.torso == "mlp"
+
+
+def test_pooled_cnn_torso_equals_conv_then_average_pool_then_dense():
+    """conv_pool: the torso's output against lax's convolution and reduce_window average pool
+    with the torso's own weights; 10x10 pooled by 3 drops the last row and column."""
+    net = ActorCritic(action_dim=3, discrete=True, hidden_sizes=(8,), activation="relu",
+                      torso="cnn", obs_shape=(10, 10, 4), conv_channels=(6,), conv_kernel=2,
+                      conv_pool=3)
+    obs = jax.random.bernoulli(jax.random.PRNGKey(0), 0.3, (5, 400)).astype(jnp.float32)
+    params = net.init(jax.random.PRNGKey(1), obs)
+    p = params["params"]["critic_torso"]
+    assert p["Dense_0"]["kernel"].shape == (2 * 2 * 4, 6)
+    assert p["MLP_0"]["Dense_0"]["kernel"].shape == (3 * 3 * 6, 8)  # 10 // 3 = 3 per side
+    conv = jax.lax.conv_general_dilated(
+        obs.reshape(5, 10, 10, 4), p["Dense_0"]["kernel"].reshape(2, 2, 4, 6), (1, 1), "SAME",
+        dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["Dense_0"]["bias"]
+    pooled = jax.lax.reduce_window(jax.nn.relu(conv), 0.0, jax.lax.add, (1, 3, 3, 1),
+                                   (1, 3, 3, 1), "VALID") / 9.0
+    hidden = jax.nn.relu(pooled.reshape(5, -1) @ p["MLP_0"]["Dense_0"]["kernel"]
+                         + p["MLP_0"]["Dense_0"]["bias"])
+    value = hidden @ params["params"]["value_head"]["kernel"] + params["params"]["value_head"]["bias"]
+    _, ours, _ = net.apply(params, obs)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(value[:, 0]), rtol=1e-5, atol=1e-5)
+
+
+def test_cnn_torso_on_flat_observations_is_a_config_error():
+    cfg = jaxppo.PPOConfig(env="CartPole-v1", network=jaxppo.NetworkConfig(torso="cnn"))
+    try:
+        Algorithm(cfg)
+    except jaxppo.ConfigError as e:
+        assert "network.torso='cnn' needs image observations" in str(e)
+    else:
+        raise AssertionError("expected ConfigError")
+
+
+# ------------------------------------------------------------------ Gaussian std options
+def test_log_std_init_sets_the_free_log_std():
+    net = ActorCritic(action_dim=2, discrete=False, hidden_sizes=(8,), log_std_init=-0.7)
+    params = net.init(jax.random.PRNGKey(0), jnp.ones((3, 4)))
+    np.testing.assert_array_equal(np.asarray(params["params"]["log_std"]), np.float32([-0.7, -0.7]))
+    dist = net.apply(params, jnp.ones((3, 4)))[0]
+    assert dist.log_std.shape == (2,)
+
+
+def test_state_dependent_std_is_a_head_that_starts_near_log_std_init_and_is_clipped():
+    net = ActorCritic(action_dim=2, discrete=False, hidden_sizes=(8,), log_std_init=-0.7,
+                      state_dependent_std=True)
+    obs = jax.random.normal(jax.random.PRNGKey(1), (5, 4))
+    params = net.init(jax.random.PRNGKey(0), obs)
+    assert "log_std" not in params["params"] and "log_std_head" in params["params"]
+    log_std = np.asarray(net.apply(params, obs)[0].log_std)
+    assert log_std.shape == (5, 2)
+    assert np.all(np.abs(log_std + 0.7) < 0.1)  # small head init: std starts at exp(-0.7)
+    assert np.ptp(log_std[:, 0]) > 0  # and depends on the state
+    big = jax.tree_util.tree_map(lambda x: x, params)
+    big["params"]["log_std_head"]["bias"] = jnp.full((2,), 50.0)
+    np.testing.assert_array_equal(np.asarray(net.apply(big, obs)[0].log_std),
+                                  LOG_STD_MAX)
+
+
+def _batch_with_log_std(log_std):
+    """A [T=4, E=3] batch whose fields are all functions of one per-sample tag."""
+    tag = jnp.arange(12.0).reshape(4, 3)
+    loc = jnp.stack([tag, -tag], -1)
+    return Batch(obs=tag[..., None], actions=loc, old_log_probs=tag,
+                     old_dist=DistParams(loc, log_std(tag)), old_values=tag, advantages=tag,
+                     value_targets=tag)
+
+
+def test_minibatches_keep_a_per_sample_log_std_with_its_sample_and_share_a_vector_one():
+    algo = Algorithm(PENDULUM)
+    idx = jnp.array([[2, 0, 3], [1, 3, 0]])  # [T/M, E]: each env's own time indices
+    per = algo.gather_minibatch(_batch_with_log_std(lambda t: jnp.stack([t / 100, -t / 100], -1)), idx)
+    tag = np.asarray(per.old_log_probs)
+    np.testing.assert_array_equal(tag, [6, 1, 11, 3, 10, 2])
+    np.testing.assert_allclose(np.asarray(per.old_dist.log_std), np.stack([tag / 100, -tag / 100], -1))
+    shared = algo.gather_minibatch(_batch_with_log_std(lambda t: jnp.array([0.1, 0.2])), idx)
+    np.testing.assert_array_equal(np.asarray(shared.old_dist.log_std), np.float32([0.1, 0.2]))
+
+
+@pytest.mark.parametrize("recurrent", [False, True], ids=["feed-forward", "gru"])
+def test_state_dependent_std_batch_replays_the_rollout_and_trains(recurrent):
+    """The batch stores each step's own std: re-evaluating the policy on the batch gives the
+    rollout's log-probs and std exactly, before any update."""
+    net = jaxppo.NetworkConfig((16,), state_dependent_std=True, log_std_init=-0.5,
+                               recurrent_size=8 if recurrent else 0)
+    cfg = PENDULUM.replace(network=net)
+    algo = Algorithm(cfg)
+    hp = HyperParams.from_config(cfg)
+    state = jax.jit(algo.init)(jax.random.PRNGKey(0), hp)
+    rolled, traj = jax.jit(algo.rollout)(state, hp)
+    values, _ = algo.rollout_values(rolled.params, rolled.obs_stats, traj)
+    batch = algo.make_batch(rolled.obs_stats, traj, values, values, values)
+    mb = batch
+    assert mb.old_dist.log_std.shape == (16, 4, 1)
+    if recurrent:
+        dist, _, _ = algo.unroll(rolled.params, batch.carry0, mb.obs, batch.reset)
+    else:
+        dist = algo.network.apply(rolled.params, mb.obs)[0]
+    np.testing.assert_allclose(np.asarray(dist.log_std), np.asarray(mb.old_dist.log_std), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(log_prob(False, dist, mb.actions)),
+                               np.asarray(mb.old_log_probs), atol=1e-5)
+    new_state, m = jax.jit(algo.iteration)(state, hp)
+    assert all(np.isfinite(float(m[k])) for k in ("policy_loss", "kl", "entropy"))
+    head = "log_std_head"
+    assert not np.allclose(np.asarray(new_state.params["params"][head]["kernel"]),
+                           np.asarray(state.params["params"][head]["kernel"]))
+
+
+@pytest.mark.parametrize("shape,scale", [((4, 64), np.sqrt(2.0)), ((64, 64), 1.0), ((64, 2), 0.01),
+                                         ((300, 20), 1.0), ((3, 3, 5), 1.0)])
+def test_orthogonal_init_is_orthogonal_with_its_scale_and_the_same_under_vmap(shape, scale):
+    from jaxppo.core.networks import orthogonal
+
+    init = orthogonal(float(scale))
+    w = np.asarray(init(jax.random.PRNGKey(3), shape), np.float64).reshape(-1, shape[-1])
+    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+    np.testing.assert_allclose(gram, scale ** 2 * np.eye(len(gram)), atol=1e-5 * max(1.0, scale ** 2))
+    keys = jax.random.split(jax.random.PRNGKey(4), 3)
+    batched = jax.vmap(lambda k: init(k, shape))(keys)
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(init(keys[i], shape)))
+    assert not np.allclose(np.asarray(batched[0]), np.asarray(batched[1]))
+
+
+def test_sampling_from_noise_is_jax_categorical_and_normal():
+    from jaxppo.core.networks import sample
+
+    key = jax.random.PRNGKey(5)
+    logits = jax.random.normal(jax.random.PRNGKey(6), (7, 5))
+    np.testing.assert_array_equal(np.asarray(sample(True, DistParams(logits, jnp.zeros(5)), key)),
+                                  np.asarray(jax.random.categorical(key, logits)))
+    loc, log_std = jnp.ones((7, 2)), jnp.array([-0.5, 0.3])
+    np.testing.assert_allclose(np.asarray(sample(False, DistParams(loc, log_std), key)),
+                               np.asarray(loc + jnp.exp(log_std) * jax.random.normal(key, (7, 2))))

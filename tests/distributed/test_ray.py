@@ -1,0 +1,915 @@
+"""Multi-host training over Ray, on a 2-node local cluster (1 CPU each) on loopback.
+
+Every host is a separate process joined by jax.distributed (gloo collectives), running the
+same compiled chunk as a single process; so each test compares a multi-host run with
+`jaxppo.train` on one device at the same global batch.
+
+One cluster (head with the dashboard + one worker node) serves the whole module. Everything
+binds 127.0.0.1: the nodes get node_ip_address=127.0.0.1 and every Ray process inherits
+jaxppo.distributed.loopback.LOOPBACK_ENV, so no Ray process swaps in the outward IP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+import yaml
+
+ray = pytest.importorskip("ray")
+
+import jaxppo  # noqa: E402
+from jaxppo import NetworkConfig, PPOConfig  # noqa: E402
+from jaxppo.config import ConfigError  # noqa: E402
+from jaxppo.distributed import (DistributedError, HostsConfigError,  # noqa: E402
+                                NotEnoughNodesError, train_distributed)
+from jaxppo.distributed.cluster import _quiet_fork_warning, connect  # noqa: E402
+from jaxppo.distributed.loopback import LOOPBACK_ENV  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+COMPARED = ("episode_return_mean", "episodes", "episode_length_mean", "policy_loss",
+            "value_loss", "entropy", "kl", "clip_fraction", "explained_variance", "grad_norm",
+            "kl_coeff", "lr", "env_steps")
+
+
+def tiny(cache_dir=None, **kw) -> PPOConfig:
+    base = dict(env="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2, num_epochs=2,
+                total_timesteps=4 * 16 * 2, network=NetworkConfig((16, 16)),
+                compilation_cache_dir=cache_dir)
+    base.update(kw)
+    return PPOConfig(**base)
+
+
+HEALTH_CHECK_ENV = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "1000",
+                    "RAY_health_check_timeout_ms": "2000", "RAY_health_check_failure_threshold": "4"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        for k, v in LOOPBACK_ENV.items():
+            mp.setenv(k, v)
+        # Ray notices a dead node after missed health checks (by default ~15-30 s); checked
+        # more often here, the lost-node tests spend seconds, not half a minute, waiting.
+        for k, v in HEALTH_CHECK_ENV.items():
+            mp.setenv(k, v)
+        port = _free_port()
+        with _quiet_fork_warning():
+            c = Cluster(initialize_head=True, head_node_args=dict(
+                num_cpus=1, node_ip_address="127.0.0.1", include_dashboard=True,
+                dashboard_host="127.0.0.1", dashboard_port=port,
+                object_store_memory=100 * 1024 * 1024))
+        try:
+            with _quiet_fork_warning():
+                c.add_node(num_cpus=1, node_ip_address="127.0.0.1",
+                           object_store_memory=100 * 1024 * 1024)
+            c.wait_for_nodes()
+            connect(c.address)
+            yield SimpleNamespace(cluster=c, dashboard=f"http://127.0.0.1:{port}")
+        finally:
+            ray.shutdown()
+            c.shutdown()
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_same_run(multi, single, atol=1e-5):
+    """Metrics and final params of a multi-host run equal those of one process."""
+    for k in COMPARED:
+        np.testing.assert_allclose(np.asarray(multi.metrics[k], np.float64),
+                                   np.asarray(single.metrics[k], np.float64),
+                                   rtol=1e-4, atol=1e-6, err_msg=k)
+    for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=0)
+
+
+# ---------------------------------------------------------------------- exactness
+EXACT = dict(normalize_observations=True, normalize_rewards=True, use_kl_loss=True,
+             vf_clip_param=10.0, total_timesteps=4 * 16 * 6, log_every=2)
+
+
+@pytest.fixture(scope="module")
+def two_host_run(cluster, compile_cache_dir, tmp_path_factory):
+    run = tmp_path_factory.mktemp("hosts") / "run"
+    cfg = tiny(compile_cache_dir, **EXACT)
+    return SimpleNamespace(cfg=cfg, run=run, result=train_distributed(
+        cfg, hosts=2, run_dir=run, progress=False, plot=False),
+        single=jaxppo.train(cfg, progress=False))
+
+
+def test_two_hosts_match_one_process(two_host_run):
+    """2 hosts x 2 envs == 1 process x 4 envs, with every global statistic in play
+    (observation and reward normalisation, advantage moments, the KL penalty)."""
+    r = two_host_run
+    assert r.result.hosts == 2 and r.result.num_devices == 2 and not r.result.host_failures
+    _assert_same_run(r.result, r.single)
+    # The driver wrote the whole run folder, through the same run loop as `jaxppo train`.
+    for name in ("config.yaml", "metrics.jsonl", "params.msgpack", "summary.json"):
+        assert (r.run / name).exists(), name
+    assert [row["iteration"] for row in _rows(r.run)] == [1, 2, 3, 4, 5, 6]
+    summary = json.loads((r.run / "summary.json").read_text())
+    assert summary["hosts"] == 2 and summary["envs_per_host"] == 2
+    # Params are replicated: every shard of the final state holds the same ones.
+    for leaf in jax.tree.leaves(r.result.state.params):
+        np.testing.assert_array_equal(leaf[0], leaf[1])
+    assert r.result.policy(np.zeros((3, 4), np.float32), deterministic=True).shape == (3,)
+
+
+def test_recurrent_policy_and_reward_hook_on_hosts(cluster, compile_cache_dir):
+    """A GRU policy with a count-bonus reward hook (global visit counts) on 2 hosts gives
+    the numbers of one process: no special code for either on hosts."""
+    cfg = tiny(compile_cache_dir, env="MemoryChain-bsuite",
+               network=NetworkConfig((16,), recurrent_size=8), num_minibatches=2,
+               transforms=[{"count_bonus": {"scale": 0.1}}], total_timesteps=4 * 16 * 3)
+    multi = train_distributed(cfg, hosts=2, progress=False)
+    _assert_same_run(multi, jaxppo.train(cfg, progress=False))
+
+
+def test_batch_sync_on_hosts(cluster, compile_cache_dir):
+    """sync="batch": the rollouts are all-gathered once per iteration and every host runs
+    the whole update; the same numbers as one process."""
+    cfg = tiny(compile_cache_dir, sync="batch", normalize_observations=True,
+               normalize_rewards=True, total_timesteps=4 * 16 * 3)
+    multi = train_distributed(cfg, hosts=2, progress=False)
+    _assert_same_run(multi, jaxppo.train(cfg, progress=False))
+
+
+def test_two_devices_per_host(cluster, compile_cache_dir):
+    """2 hosts x 2 (forced CPU) devices each x 2 envs == one device with 8 envs."""
+    cfg = tiny(compile_cache_dir, num_envs=8, normalize_observations=True,
+               total_timesteps=8 * 16 * 2)
+    multi = train_distributed(
+        cfg, hosts=2, progress=False,
+        learner_env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert multi.num_devices == 4 and multi.hosts == 2
+    _assert_same_run(multi, jaxppo.train(cfg, progress=False))
+
+
+# ---------------------------------------------------------------------- failures
+@pytest.mark.slow
+@pytest.mark.parametrize("snapshot_every_s", [0.0, 1e9], ids=["every-chunk", "initial-only"])
+def test_killed_host_process_is_restarted_and_no_iteration_is_lost(
+        two_host_run, tmp_path, caplog, snapshot_every_s):
+    """SIGKILL one learner's process after iteration 2: the group restarts from the newest
+    snapshot (after iteration 2; or the initial state, when snapshots are rare, replaying
+    iterations 1-2), metrics.jsonl has every iteration once, and the run ends exactly as an
+    uninterrupted one."""
+    from ray.util.state import list_actors
+
+    killed = []
+
+    def kill_a_learner(rows):
+        if rows[-1]["iteration"] == 2 and not killed:
+            alive = list_actors(filters=[("class_name", "=", "HostLearner"),
+                                         ("state", "=", "ALIVE")])
+            pid = sorted(a.pid for a in alive)[-1]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    with caplog.at_level(logging.WARNING, logger="jaxppo.distributed"):
+        result = train_distributed(two_host_run.cfg, hosts=2, run_dir=tmp_path / "run",
+                                   progress=False, plot=False, callback=kill_a_learner,
+                                   snapshot_every_s=snapshot_every_s)
+    assert killed
+    assert len(result.host_failures) == 1 and result.host_failures[0]["iteration"] == 3
+    since = 2 if snapshot_every_s == 0 else 0
+    assert any(f"restarting the group from the state after iteration {since} " in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+    _assert_same_run(result, two_host_run.single)
+
+
+class _OnLog(logging.Handler):
+    """Calls `action` once, when a record contains `text` (in the thread that logs it: Ray's
+    Cluster.add_node must run in the main thread)."""
+
+    def __init__(self, text: str, action):
+        super().__init__(logging.DEBUG)
+        self.text, self.action, self.done = text, action, False
+
+    def emit(self, record):
+        if not self.done and self.text in record.getMessage():
+            self.done = True
+            self.action()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and int(
+                    Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _add_worker_node(cluster):
+    with _quiet_fork_warning():
+        return cluster.cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1",
+                                        object_store_memory=100 * 1024 * 1024)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("min_hosts", [1, None], ids=["continues-on-fewer", "waits-for-a-node"])
+def test_killed_raylet_of_a_worker_node_mid_run(cluster, two_host_run, tmp_path, caplog,
+                                                min_hosts):
+    """SIGKILL of a worker node's raylet after iteration 2 (its learner dies with it; Ray
+    notices the node's death only after missed health checks). With min_hosts=1 the run goes
+    on with the host that is left; by default it waits for a node to replace the lost one
+    (here one joins once the driver says it waits) and goes on with 2 hosts. Either way every
+    iteration is logged once and the numbers are those of an uninterrupted run."""
+    from ray._private import ray_constants
+
+    cfg = two_host_run.cfg  # 6 iterations; its programs and its one-process run are shared
+    worker = next(iter(cluster.cluster.worker_nodes))
+    killed, added = [], []
+
+    def kill_raylet(rows):
+        if rows[-1]["iteration"] == 2 and not killed:
+            raylet = worker.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+            learners = [pid for pid in _children(raylet) if "HostLearner" in _cmdline(pid)]
+            assert len(learners) == 1, learners
+            worker.kill_raylet()
+            killed.extend([raylet, time.monotonic()])
+            # Its learner goes when it notices (within seconds); the chunks are shorter.
+            deadline = time.monotonic() + 30
+            while Path(f"/proc/{learners[0]}").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not Path(f"/proc/{learners[0]}").exists(), "the learner outlived its raylet"
+            killed.append(time.monotonic() - killed[1])
+
+    on_wait = _OnLog("waiting up to", lambda: added.append(_add_worker_node(cluster)))
+    log = logging.getLogger("jaxppo.distributed")
+    log.addHandler(on_wait)
+    try:
+        with caplog.at_level(logging.INFO, logger="jaxppo.distributed"):
+            result = train_distributed(cfg, hosts=2, min_hosts=min_hosts, run_dir=tmp_path / "run",
+                                       progress=False, plot=False, callback=kill_raylet)
+        recovered_s = time.monotonic() - killed[1]
+    finally:
+        log.removeHandler(on_wait)
+        if killed:  # give the module's cluster its second node back
+            cluster.cluster.remove_node(worker, allow_graceful=False)
+            if not added:
+                _add_worker_node(cluster)
+            cluster.cluster.wait_for_nodes()
+    messages = [r.getMessage() for r in caplog.records]
+    print(f"killed raylet pid {killed[0]}; its learner exited {killed[2]:.1f}s later; the run "
+          f"finished {recovered_s:.1f}s after the kill; failures: {result.host_failures}")
+    assert result.host_failures and result.host_failures[0]["iteration"] == 3
+    assert any(m.startswith("lost host") and "node 127.0.0.1" in m and
+               "restarting the group from the state after iteration 2 " in m
+               for m in messages), messages
+    if min_hosts == 1:
+        assert result.hosts == 1
+        assert any("continuing on 1 host(s) instead of 2" in m for m in messages), messages
+    else:
+        assert added and result.hosts == 2
+        assert any("fewer than min_hosts=2: waiting up to 60s for a node to replace the lost "
+                   "one (--min-hosts 1 would continue without it)" in m for m in messages), messages
+        assert any("the group runs again on 2 hosts" in m for m in messages), messages
+    assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+    _assert_same_run(result, two_host_run.single)
+
+
+# ---------------------------------------------------------------------- bad input
+def test_more_hosts_than_nodes_is_a_clear_error(cluster, tmp_path):
+    t0 = time.perf_counter()
+    with pytest.raises(NotEnoughNodesError, match=r"hosts=3 .* only 2 alive node"):
+        train_distributed(tiny(num_envs=6), hosts=3, run_dir=tmp_path / "run", progress=False)
+    assert time.perf_counter() - t0 < 30
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_coordinator_port_in_use_is_a_clear_error(cluster):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.perf_counter()
+        with pytest.raises(DistributedError, match=rf"coordinator port {port} .* not free"):
+            train_distributed(tiny(), hosts=2, progress=False, coordinator_port=port)
+        assert time.perf_counter() - t0 < 60
+
+
+def test_learners_that_cannot_start_their_backend_are_a_clear_error(cluster, tmp_path):
+    """Learners asked for a platform their node lacks fail while joining: one clear error
+    naming the stage and the cause, within seconds, and no run folder."""
+    t0 = time.perf_counter()
+    with pytest.raises(DistributedError, match=r"while joining the jax.distributed group .*cuda"):
+        train_distributed(tiny(), hosts=2, run_dir=tmp_path / "run", progress=False,
+                          learner_env={"JAX_PLATFORMS": "cuda"})
+    assert time.perf_counter() - t0 < 60
+    assert not (tmp_path / "run").exists()
+
+
+def test_different_versions_on_the_nodes_is_a_clear_error(cluster, monkeypatch):
+    import jaxppo.distributed.group as group
+
+    mine = group.versions()
+    monkeypatch.setattr(group, "versions", lambda: {**mine, "jax": "0.0.1"})
+    with pytest.raises(DistributedError, match=r"host 0 .* jax 0\.0\.1 here but .* there"):
+        train_distributed(tiny(), hosts=2, progress=False)
+
+
+def test_envs_not_divisible_by_hosts_is_a_config_error():
+    with pytest.raises(HostsConfigError) as e:
+        train_distributed(tiny(num_envs=5), hosts=2, progress=False)
+    assert isinstance(e.value, ConfigError)
+    msg = str(e.value)
+    assert "num_envs=5" in msg and "hosts=2" in msg
+    assert "[1, 5]" in msg and "num_envs=4 or 6" in msg
+    with pytest.raises(HostsConfigError, match="min_hosts=3 is more than hosts=2"):
+        train_distributed(tiny(), hosts=2, min_hosts=3, progress=False)
+
+
+def test_no_cluster_at_ray_address(tmp_path):
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:1", RAY_USAGE_STATS_ENABLED="0")
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxppo.distributed", "--hosts", "2", "--env", "CartPole-v1",
+         "--defaults", "--runs-dir", str(tmp_path), "--run-name", "unreachable"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "no Ray cluster reachable at RAY_ADDRESS=127.0.0.1:1" in proc.stderr
+    assert "make ray-cluster" in proc.stderr
+    assert time.perf_counter() - t0 < 60
+    assert not (tmp_path / "unreachable").exists()  # nothing left behind
+
+
+def test_resume_with_env_is_refused_by_the_job_entry_point(tmp_path, capsys):
+    """A resumed run takes its env from its config.yaml: --env with --resume is an error (as
+    with `jaxppo train`), before Ray is touched."""
+    from jaxppo.distributed.__main__ import main
+
+    assert main(["--hosts", "2", "--resume", str(tmp_path), "--env", "Acrobot-v1"]) == 2
+    assert "--env cannot be combined with --resume" in capsys.readouterr().err
+
+
+def test_dashboard_port_as_address_is_a_clear_error(cluster, tmp_path):
+    """The dashboard's HTTP port given as the cluster address: an error within seconds (Ray
+    itself would wait a minute for a GCS there)."""
+    port = cluster.dashboard.rsplit(":", 1)[1]
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxppo.distributed", "--hosts", "2", "--env", "CartPole-v1",
+         "--defaults", "--address", f"127.0.0.1:{port}", "--runs-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "dashboard (job submission) port" in proc.stderr and "ray job submit" in proc.stderr
+    assert time.perf_counter() - t0 < 30
+    assert not any(tmp_path.iterdir())
+
+
+def test_library_info_logs_are_kept_out_of_a_jobs_output():
+    """Even with the root logger at INFO (as a library or site config may set it), the job's
+    logging setup keeps orbax's INFO lines (~50 per checkpoint) out; jaxppo's get through."""
+    code = textwrap.dedent("""
+        import logging, tempfile
+        import numpy as np
+        logging.basicConfig(level=logging.INFO)
+        from jaxppo.distributed.cluster import quiet_library_logs
+        quiet_library_logs()
+        from jaxppo.run.checkpoints import CheckpointStore
+        store = CheckpointStore(tempfile.mkdtemp())
+        for step in (1, 2):
+            store.save(step, {"a": np.zeros(3)}, {"x": 1})
+        store.close()
+        logging.getLogger("jaxppo.distributed").warning("kept")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert lines == ["WARNING:jaxppo.distributed:kept"], lines[:20]
+
+
+def test_single_host_training_never_imports_ray():
+    code = textwrap.dedent("""
+        import sys
+        import jaxppo
+        cfg = jaxppo.PPOConfig(num_envs=2, num_steps=8, num_minibatches=2, num_epochs=1,
+                               total_timesteps=16, network=jaxppo.NetworkConfig((8,)),
+                               compilation_cache_dir=None)
+        jaxppo.train(cfg, progress=False)
+        assert "ray" not in sys.modules, sorted(m for m in sys.modules if m.startswith("ray"))
+        print("OK")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------- runs
+@pytest.mark.slow
+def test_job_submission_succeeds_and_writes_run_folder(cluster, compile_cache_dir, tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.dashboard)
+    # 330 steps: 5 iterations of 64 and a warning about the rest; checkpoints (orbax) at 2, 4, 5.
+    sets = ["num_envs=4", "num_steps=16", "num_minibatches=2", "num_epochs=2",
+            "total_timesteps=330", "network.hidden_sizes=[16,16]", "checkpoint_every=2",
+            "log_every=1", f"compilation_cache_dir={compile_cache_dir or 'null'}"]
+    entry = (f"{sys.executable} -m jaxppo.distributed --hosts 2 --env CartPole-v1 --defaults "
+             f"--runs-dir {tmp_path} --run-name job --set "
+             + " ".join(sets))
+    # No working_dir upload: every node of this local cluster runs this venv's python, where
+    # jaxppo is installed (editable). Uploading the repo made the workers' download of the
+    # package flaky on a loaded 2-core machine ("Failed to download runtime_env file
+    # package"), and it is not what this test is about.
+    runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0"}}
+    # The dashboard accepts jobs only once a node's job agent has registered, which can take
+    # a while on a loaded machine ("No available agent to submit job"): wait for it.
+    ready_by = time.monotonic() + 120
+    while True:
+        try:
+            job = client.submit_job(entrypoint=entry, runtime_env=runtime_env)
+            break
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.monotonic() > ready_by:
+                raise
+            time.sleep(2.0)
+    deadline = time.monotonic() + 240
+    status = client.get_job_status(job)
+    while not status.is_terminal() and time.monotonic() < deadline:
+        time.sleep(1.0)
+        status = client.get_job_status(job)
+    logs = client.get_job_logs(job)
+    if not status.is_terminal():
+        client.stop_job(job)
+    assert status == JobStatus.SUCCEEDED, logs[-3000:]
+    run = tmp_path / "job"
+    for name in ("config.yaml", "metrics.jsonl", "params.msgpack", "summary.json", "curve.png"):
+        assert (run / name).exists(), name
+    rows = _rows(run)
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["hosts"] == 2 and summary["env_steps"] == 320
+    assert "done: final return" in logs and "on 2 hosts" in logs
+    # The job's output: jaxppo's progress (plain lines: not a terminal) and warnings, once;
+    # no INFO lines of orbax/absl (checkpoints), no config warnings repeated by the learners.
+    lines = logs.splitlines()
+    assert sum("[CartPole-v1 x2 hosts] iter" in line for line in lines) == 5, logs[-3000:]
+    assert not [line for line in lines if "absl" in line or "orbax" in line], logs[-3000:]
+    assert not [line for line in lines if "HostLearner" in line and "Warning" in line], logs
+    print(f"job output: {len(lines)} lines")
+
+
+# ---------------------------------------------------------------------- checkpoints and resume
+STOP = 3
+
+
+def _ckpt_cfg(cache_dir):
+    # 5 iterations, checkpoints every 2: stopping after 3 is off the grid (saved at 2 and 3),
+    # the resumed run saves at 4 and 5; every global statistic is in play.
+    return tiny(cache_dir, total_timesteps=4 * 16 * 5, checkpoint_every=2, keep_checkpoints=2,
+                normalize_observations=True, normalize_rewards=True, use_kl_loss=True)
+
+
+def _folder_digest(path: Path) -> dict:
+    import hashlib
+
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_file() else "<dir>" for p in sorted(path.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def ray_runs(cluster, compile_cache_dir, tmp_path_factory):
+    """A single-process run to the end; a 2-host run stopped after STOP iterations (a copy
+    is kept as `stopped`) and then resumed through `jaxppo train --hosts 2 --resume`."""
+    import shutil
+
+    from jaxppo import cli
+
+    base = tmp_path_factory.mktemp("ray-ckpt")
+    cfg = _ckpt_cfg(compile_cache_dir)
+    full = jaxppo.train(cfg, run_dir=base / "full", progress=False, plot=False)
+    part = train_distributed(cfg, hosts=2, run_dir=base / "part", progress=False,
+                             stop_after_iterations=STOP, plot=False)
+    shutil.copytree(base / "part", base / "stopped")
+    rows_before = _rows(base / "part")
+    rc = cli.main(["train", "--hosts", "2", "--resume", str(base / "part"), "--no-progress",
+                   "--no-plot"])
+    return SimpleNamespace(base=base, cfg=cfg, full=full, part=part, rc=rc,
+                           rows_before=rows_before)
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k not in ("wall_time", "sps")} for r in rows]
+
+
+def test_stopped_and_resumed_two_host_run_continues_exactly(ray_runs):
+    from jaxppo.run.checkpoints import CheckpointStore, load_params_dict
+
+    r = ray_runs
+    assert not r.part.completed and r.part.iterations_done == STOP
+    assert [row["iteration"] for row in r.rows_before] == [1, 2, 3]
+    assert r.rc == 0
+    full_rows, resumed_rows = _rows(r.base / "full"), _rows(r.base / "part")
+    assert [row["iteration"] for row in resumed_rows] == [1, 2, 3, 4, 5]  # each once
+    for a, b in zip(resumed_rows, full_rows):
+        for k in COMPARED:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6, nan_ok=True), (a["iteration"], k)
+    saved = load_params_dict(r.base / "part" / "params.msgpack")
+    for a, b in zip(jax.tree.leaves(saved["params"]), jax.tree.leaves(r.full.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+    # The checkpoint holds the whole run unsharded: every env in global order.
+    with CheckpointStore(r.base / "part", read_only=True) as ps:
+        assert ps.steps() == [4, 5]
+        state, meta = ps.restore(5)
+        assert meta["hosts"] == 2 and meta["state_layout"] == "unsharded"
+        assert meta["env_steps"] == 5 * r.cfg.batch_size
+        np.testing.assert_array_equal(np.asarray(state["env_ids"]), np.arange(4))
+    summary = json.loads((r.base / "part" / "summary.json").read_text())
+    assert summary["iterations"] == 5 and summary["completed"]
+
+
+def test_two_host_checkpoint_resumes_on_one_process_and_one_host(ray_runs, tmp_path):
+    """A checkpoint does not depend on the layout that wrote it."""
+    import shutil
+
+    for name, resume in (("local", lambda run: jaxppo.train(None, resume=run, progress=False,
+                                                             plot=False)),
+                         ("one-host", lambda run: train_distributed(
+                             None, hosts=1, resume=run, progress=False, plot=False))):
+        run = tmp_path / name
+        shutil.copytree(ray_runs.base / "stopped", run)
+        result = resume(run)
+        assert result.resumed_from == STOP and result.completed, name
+        rows = _rows(run)
+        assert [row["iteration"] for row in rows] == [1, 2, 3, 4, 5], name
+        for a, b in zip(rows, _rows(ray_runs.base / "full")):
+            for k in COMPARED:
+                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6, nan_ok=True), (name, k)
+
+
+def test_corrupt_checkpoint_is_a_clear_error_and_nothing_changes(ray_runs, tmp_path):
+    import shutil
+
+    from jaxppo.run.checkpoints import CheckpointError
+
+    run = tmp_path / "run"
+    shutil.copytree(ray_runs.base / "stopped", run)
+    step_dir = run / "checkpoints" / str(STOP)
+    data = max((p for p in (step_dir / "state" / "d").iterdir()), key=lambda p: p.stat().st_size)
+    data.write_bytes(np.random.default_rng(0).bytes(data.stat().st_size))
+    before = _folder_digest(run)
+    with pytest.raises(CheckpointError) as info:
+        train_distributed(None, hosts=2, resume=run, progress=False)
+    msg = str(info.value)
+    assert str(step_dir) in msg and "corrupt or incomplete" in msg and "iteration 2" in msg
+    with pytest.raises(ConfigError, match=r"num_envs=8.*num_envs=4"):
+        train_distributed(ray_runs.cfg.replace(num_envs=8), hosts=2, resume=run, progress=False)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        train_distributed(None, hosts=2, resume=tmp_path / "nope", progress=False)
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        train_distributed(ray_runs.cfg, hosts=2, run_dir=run, progress=False)
+    assert _folder_digest(run) == before
+
+
+@pytest.mark.slow
+def test_cartpole_learns_on_two_hosts(cluster, compile_cache_dir, tmp_path):
+    # The tuned CartPole batch (16 envs x 128 steps, 8 epochs x 8 minibatches), 30 iterations.
+    cfg = PPOConfig(env="CartPole-v1", num_envs=16, num_steps=128, num_epochs=8,
+                    num_minibatches=8, lr=5e-4, total_timesteps=16 * 128 * 30,
+                    compilation_cache_dir=compile_cache_dir)
+    result = train_distributed(cfg, hosts=2, run_dir=tmp_path, progress=False, plot=False)
+    ret = result.metrics["episode_return_mean"]
+    # Random play scores ~22 (the first iteration); a learning run is far above it.
+    assert ret[0] < 40, ret[:3]
+    assert np.nanmean(ret[-5:]) > 120, ret
+    assert [r["iteration"] for r in _rows(tmp_path)] == list(range(1, 31))
+
+
+@pytest.mark.slow
+def test_lost_node_continues_on_fewer_hosts_with_min_hosts(cluster, two_host_run, tmp_path,
+                                                           caplog):
+    """A whole worker node goes away mid-run: with min_hosts=1 the run goes on with one host
+    (all envs on it) from the last snapshot, every iteration once, same numbers."""
+    cfg = two_host_run.cfg
+    worker = next(iter(cluster.cluster.worker_nodes))
+    removed = []
+
+    def remove_worker(rows):
+        if rows[-1]["iteration"] == 2 and not removed:
+            cluster.cluster.remove_node(worker)
+            removed.append(worker)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="jaxppo.distributed"):
+            result = train_distributed(cfg, hosts=2, min_hosts=1, run_dir=tmp_path / "run",
+                                       progress=False, plot=False, callback=remove_worker)
+    finally:
+        if removed:  # give the module's cluster its second node back
+            with _quiet_fork_warning():
+                cluster.cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1",
+                                         object_store_memory=100 * 1024 * 1024)
+            cluster.cluster.wait_for_nodes()
+    assert removed and result.host_failures
+    assert result.hosts == 1
+    assert any("continuing on 1 host(s) instead of 2" in r.getMessage() for r in caplog.records)
+    assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+    _assert_same_run(result, two_host_run.single)
+
+
+# ---------------------------------------------------------------------- make targets
+def _make(*args, timeout=60) -> subprocess.CompletedProcess:
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    # -o: never (re)install the venv from inside a test.
+    return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def _submit_command(*make_args) -> str:
+    out = _make("-n", "ray-submit", *make_args)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.replace("\\\n", " ")
+
+
+def test_make_ray_submit_resume_and_runs_dir():
+    """RESUME= resumes (no --env, the run's own env is used); ENV given with it is passed on
+    for the entry point to refuse; RUNS_DIR and a --runs-dir in ARGS end up absolute, the one
+    in ARGS winning (passed last)."""
+    cmd = _submit_command("RESUME=runs/x")
+    assert '--resume "$(realpath -m -- runs/x)"' in cmd and "--env" not in cmd
+    assert "--env Acrobot-v1" in _submit_command("RESUME=runs/x", "ENV=Acrobot-v1")
+    cmd = _submit_command("ARGS=--resume runs/y --set total_timesteps=1000")
+    assert "--env" not in cmd and cmd.rstrip().endswith('--resume "$(realpath -m -- runs/y)"')
+    cmd = _submit_command("ENV=Acrobot-v1")
+    assert "--env Acrobot-v1" in cmd and '--runs-dir "$(realpath -m -- runs)"' in cmd
+    assert '--runs-dir "$(realpath -m -- /data/r)"' in _submit_command("RUNS_DIR=/data/r")
+    for args in ("--runs-dir mine --set lr=1e-3", "--set lr=1e-3 --runs-dir=mine",
+                 "--runs-dir other --runs-dir mine"):
+        cmd = _submit_command(f"ARGS={args}", "RUNS_DIR=/data/r")
+        last = cmd.rsplit("--runs-dir", 1)[1]
+        assert last.strip().startswith('"$(realpath -m -- mine)"'), cmd
+    # make train: the same choice of --env; paths stay as given (it runs in this folder).
+    for make_args in (["RESUME=runs/x"], ["ARGS=--resume runs/x"]):
+        out = _make("-n", "train", *make_args)
+        assert out.returncode == 0 and "--resume" in out.stdout and "--env" not in out.stdout
+    out = _make("-n", "train", "RUNS_DIR=elsewhere", "ARGS=--runs-dir mine")
+    assert out.stdout.replace("\\\n", " ").split()[-2:] == ["--runs-dir", "mine"], out.stdout
+    # What the shell makes of it: absolute paths, relative to where make runs.
+    assert subprocess.run(["bash", "-c", 'echo "$(realpath -m -- mine)"'], cwd=REPO,
+                          capture_output=True, text=True).stdout.strip() == str(REPO / "mine")
+
+
+def _start_head(port: int, temp_dir: Path, env: dict) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxppo.distributed.loopback", "start", "--head",
+         f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
+         "--num-cpus=0", "--include-dashboard=false", "--disable-usage-stats",
+         "--object-store-memory=80000000", f"--ray-client-server-port={_free_port()}",
+         "--dashboard-agent-listen-port=0"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_make_ray_stop_stops_only_its_cluster():
+    """Two loopback clusters on two ports, each with its own temp dir: `make ray-stop` with
+    the first's RAY_PORT stops all of its processes and none of the second's (nor a process
+    that only reads the first's logs); Ray's `ray stop` cannot choose."""
+    import shutil
+    import tempfile
+
+    from jaxppo.distributed.loopback import cluster_processes, stop_cluster
+
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **LOOPBACK_ENV)
+    env.pop("RAY_ADDRESS", None)
+    base = Path(tempfile.mkdtemp(prefix="jp-stop-", dir="/tmp"))  # short: Ray's socket paths
+    (p1, t1), (p2, t2) = ((_free_port(), base / "a"), (_free_port(), base / "b"))
+    reader = None
+    t0 = time.perf_counter()
+    try:
+        _start_head(p1, t1, env)
+        _start_head(p2, t2, env)
+        first = cluster_processes(f"127.0.0.1:{p1}", str(t1))
+        second = cluster_processes(f"127.0.0.1:{p2}", str(t2))
+        assert len(first) >= 4 and len(second) >= 4 and not set(first) & set(second)
+        # Not a Ray process, though it names the first cluster's logs: left alone.
+        reader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                                   str(t1 / "session_latest" / "logs" / "raylet.out")])
+        out = _make("ray-stop", f"RAY_PORT={p1}", f"RAY_TEMP_DIR={t1}")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"stopped the Ray cluster at 127.0.0.1:{p1}" in out.stderr
+        assert not cluster_processes(f"127.0.0.1:{p1}", str(t1))
+        for pid in first:
+            assert not Path(f"/proc/{pid}").exists() or \
+                Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        assert cluster_processes(f"127.0.0.1:{p2}", str(t2)) == second  # untouched
+        socket.create_connection(("127.0.0.1", p2), timeout=5).close()  # its GCS answers
+        assert reader.poll() is None
+        again = _make("ray-stop", f"RAY_PORT={p1}", f"RAY_TEMP_DIR={t1}")
+        assert again.returncode == 0 and "nothing to stop" in again.stderr
+    finally:
+        if reader is not None:
+            reader.kill()
+            reader.wait()
+        for port, temp in ((p1, t1), (p2, t2)):
+            stop_cluster(f"127.0.0.1:{port}", str(temp), grace_s=5)
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"two clusters started and one stopped in {time.perf_counter() - t0:.1f}s")
+
+
+def test_a_sweep_on_hosts_is_recorded_and_resumes_with_its_hyperparameters(
+        cluster, compile_cache_dir, tmp_path):
+    """A vmapped sweep of 2 lrs on 2 hosts: sweep.json names each member's lr, each member
+    logs its own lr, and a resume (without hparams) goes on with the recorded ones."""
+    cfg = tiny(compile_cache_dir, num_seeds=2, total_timesteps=4 * 16 * 4, lr_schedule="constant")
+    sweep = jaxppo.HyperParams.stack(
+        [jaxppo.HyperParams.from_config(cfg.replace(lr=lr)) for lr in (1e-3, 3e-3)])
+    run = tmp_path / "run"
+    part = train_distributed(cfg, hosts=2, run_dir=run, hparams=sweep, progress=False,
+                             plot=False, stop_after_iterations=2)
+    assert part.iterations_done == 2
+    record = json.loads((run / "sweep.json").read_text())
+    assert record["labels"] == ["lr=0.001", "lr=0.003"]
+    done = train_distributed(None, hosts=2, resume=run, progress=False, plot=False)
+    assert done.completed
+    lrs = {(r["seed"], r["iteration"]): r["lr"] for r in _rows(run)}
+    for it in range(1, 5):
+        assert lrs[(0, it)] == pytest.approx(1e-3) and lrs[(1, it)] == pytest.approx(3e-3), it
+    members = json.loads((run / "summary.json").read_text())["members"]
+    assert [m["label"] for m in members] == ["lr=0.001", "lr=0.003"]
+
+
+def test_a_pbt_population_split_over_hosts_trains_as_one_process(
+        cluster, compile_cache_dir, tmp_path):
+    """PBT with 4 members on 2 hosts: each host trains 2 whole members (no collective between
+    exploit steps) and the hosts exchange fitness and the best members' learner states at
+    exploit steps. The same exploit steps, episodes and (up to float rounding) numbers as one
+    process; the folder gets the search files; a resume continues the population."""
+    cfg = tiny(compile_cache_dir, num_seeds=4, total_timesteps=4 * 16 * 8, log_every=2,
+               search={"lr": {"loguniform": [1e-4, 1e-2]}, "clip_param": {"uniform": [0.1, 0.3]}},
+               pbt={"interval": 2, "fraction": 0.25})
+    run = tmp_path / "run"
+    part = train_distributed(cfg, hosts=2, run_dir=run, progress=False, plot=False,
+                             stop_after_iterations=4)
+    assert part.iterations_done == 4
+    multi = train_distributed(None, hosts=2, resume=run, progress=False, plot=False)
+    single = jaxppo.train(cfg, progress=False)
+    assert multi.hosts == 2 and multi.completed
+    m, s = multi.metrics, single.metrics
+    np.testing.assert_array_equal(m["pbt_parent"], s["pbt_parent"])
+    assert np.isfinite(s["pbt_parent"][0]).sum() == 3  # after iterations 2, 4, 6
+    np.testing.assert_array_equal(m["episodes"], s["episodes"])
+    for k in ("hp_lr", "hp_clip_param", "value_loss", "grad_norm"):
+        np.testing.assert_allclose(m[k], s[k], rtol=1e-3, atol=1e-6, err_msg=k)
+    for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params)):
+        assert np.shape(a) == np.shape(b) and np.shape(a)[0] == 4  # [members, ...]
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=0)
+    rec = json.loads((run / "search.json").read_text())
+    assert len(rec["members"]) == 4 and "lineage" in rec["pbt"]
+    assert (run / "best.yaml").exists()
+
+
+def test_jaxppo_search_hosts_runs_the_multi_host_driver_on_a_search(tmp_path, capsys,
+                                                                    monkeypatch):
+    """`jaxppo search --hosts H` is the multi-host driver with its options (and --population),
+    on a config that must have a `search` (checked before any cluster is contacted)."""
+    import jaxppo.distributed.__main__ as driver
+    from jaxppo.cli import main
+
+    seen = {}
+    monkeypatch.setattr(driver, "train_distributed",
+                        lambda config, hosts, **kw: seen.update(config=config, hosts=hosts, **kw))
+    monkeypatch.setattr(driver.runargs, "report", lambda result, resume_command: 0)
+    code = main(["search", "--hosts", "2", "--env", "CartPole-v1", "--population", "4",
+                 "--runs-dir", str(tmp_path), "--stop-after", "3", "--no-progress",
+                 "--set", "search={lr: {loguniform: [1.0e-4, 1.0e-2]}}", "pbt={interval: 5}"])
+    assert code == 0, capsys.readouterr().err
+    assert seen["hosts"] == 2 and seen["stop_after_iterations"] == 3
+    assert seen["config"].search["population"] == 4 and seen["config"].num_seeds == 4
+    assert seen["config"].pbt == {"interval": 5}
+    assert seen["run_dir"].name.startswith("CartPole-v1-search-ray2-"), seen["run_dir"]
+
+    code = main(["search", "--hosts", "2", "--env", "CartPole-v1", "--runs-dir", str(tmp_path)])
+    assert code == 2 and "needs a `search`" in capsys.readouterr().err  # before any cluster
+    from jaxppo.resolve import Layout, resolve
+
+    cfg = tiny(num_seeds=6, search={"lr": {"uniform": [1e-4, 1e-2]}}, pbt={"interval": 1})
+    with pytest.raises(jaxppo.ConfigError, match="members over 4 hosts"):
+        resolve(cfg, Layout(1, 4, 0))
+
+
+# ---------------------------------------------------------------------- Ray Tune
+TUNE_BASE = dict(num_epochs=1, total_timesteps=4 * 16 * 20, log_every=5)
+
+
+def test_a_tune_search_with_optuna_and_asha_drives_jaxppo(cluster, compile_cache_dir, tmp_path):
+    """4 trials drawn by Optuna, stopped early by ASHA: every trial reports per chunk, the
+    reports carry checkpoints (run folders), and the best trial's config is one of them."""
+    pytest.importorskip("optuna")
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    import jaxppo.tune
+
+    base = tiny(compile_cache_dir, **TUNE_BASE)
+    tuner = tune.Tuner(
+        jaxppo.tune.trainable(base, checkpoint_every=10),
+        param_space={"lr": tune.loguniform(1e-4, 1e-2), "clip_param": tune.uniform(0.1, 0.3)},
+        tune_config=tune.TuneConfig(
+            metric="episode_return_mean", mode="max", num_samples=4, reuse_actors=True,
+            search_alg=OptunaSearch(seed=0),
+            scheduler=ASHAScheduler(time_attr="iteration", max_t=20, grace_period=10)),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="search", verbose=0))
+    results = tuner.fit()
+    assert len(results) == 4 and not results.errors
+    lrs = set()
+    for r in results:
+        assert r.metrics["iteration"] in (10, 20)  # ASHA stops some at its rung
+        assert math.isfinite(r.metrics["episode_return_mean"])
+        assert 1e-4 <= r.config["lr"] <= 1e-2
+        lrs.add(r.config["lr"])
+        with r.checkpoint.as_directory() as d:  # a jaxppo run folder with its checkpoint
+            saved = yaml.safe_load((Path(d) / "config.yaml").read_text())
+            assert saved["lr"] == pytest.approx(r.config["lr"])
+            assert (Path(d) / "checkpoints").is_dir() and (Path(d) / "metrics.jsonl").exists()
+        iterations = list(r.metrics_dataframe["iteration"])
+        assert iterations[:2] == [5, 10]  # one report per chunk (log_every=5)
+    assert len(lrs) == 4
+    best = results.get_best_result()
+    assert best.config["lr"] in lrs
+
+
+def test_tunes_population_based_training_restores_jaxppo_checkpoints(
+        cluster, compile_cache_dir, tmp_path):
+    """Tune's PBT scheduler clones the better trial's checkpoint into the worse one and
+    perturbs its lr: the trial resumes that jaxppo run folder with the new lr.
+
+    45 iterations with a perturbation every 10: the last report (45) comes 5 after the last
+    perturbation, so no exploit can land on the final report, which would clone a finished
+    run and leave no iteration to train with the new lr (which trial reports first is a race)."""
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    import jaxppo.tune
+
+    base = tiny(compile_cache_dir, **{**TUNE_BASE, "total_timesteps": 4 * 16 * 45},
+                lr_schedule="constant")
+    pbt = PopulationBasedTraining(time_attr="iteration", perturbation_interval=10,
+                                  hyperparam_mutations={"lr": tune.loguniform(1e-5, 1e-2)},
+                                  quantile_fraction=0.5)
+    tuner = tune.Tuner(
+        jaxppo.tune.trainable(base, checkpoint_every=10),
+        param_space={"lr": tune.grid_search([1e-5, 3e-3])},
+        tune_config=tune.TuneConfig(metric="episode_return_mean", mode="max", scheduler=pbt,
+                                    reuse_actors=True),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="pbt", verbose=0))
+    results = tuner.fit()
+    assert len(results) == 2 and not results.errors
+    for r in results:
+        assert r.metrics["iteration"] == 45
+    # at least one exploit step: a trial was cloned and trained on with a perturbed lr
+    assert {r.config["lr"] for r in results} != {1e-5, 3e-3}
+    for r in results:
+        with r.checkpoint.as_directory() as d:
+            rows = [json.loads(x) for x in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+        assert [row["iteration"] for row in rows] == list(range(1, 46))
+        assert rows[-1]["lr"] == pytest.approx(r.config["lr"], rel=1e-6)
+
+
+def test_tune_trainable_rejects_unknown_fields():
+    import jaxppo.tune
+
+    with pytest.raises(jaxppo.ConfigError, match="unknown config key 'lrr'"):
+        jaxppo.tune.trial_config(tiny(), {"lrr": 1e-3})
+    assert jaxppo.tune.trial_config(tiny(), {"network.hidden_sizes": [8]}).network.hidden_sizes == (8,)

@@ -1,0 +1,547 @@
+"""Checkpoints and resume: bit-exact continuation, kept checkpoints, and clear errors (with
+nothing in the run folder changed) for missing, corrupt or mismatched checkpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import jaxppo
+from jaxppo import cli
+from jaxppo.run.checkpoints import CheckpointError, CheckpointStore, find_latest
+from jaxppo.config import ConfigError, NetworkConfig, PPOConfig
+
+# 8 iterations; chunks of 3 and checkpoints every 3 so that stopping after 4 falls inside a
+# chunk and resuming starts a chunk off the grid; evaluation every 2 iterations.
+CFG = PPOConfig(
+    env="CartPole-v1", num_envs=4, num_steps=16, total_timesteps=8 * 64, num_minibatches=2,
+    network=NetworkConfig((16, 16)), log_every=3, checkpoint_every=3, keep_checkpoints=2,
+    eval_every=2, eval_episodes=4, normalize_observations=True, use_kl_loss=True,
+    compilation_cache_dir=None,
+)
+STOP = 4
+TIMING_KEYS = ("wall_time", "sps")
+
+
+def _tree_equal(a, b) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(
+        np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(la, lb))
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _strip_timing(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+def _folder_digest(path: Path) -> dict:
+    """relative path -> sha256 of every file under path (and the set of folders)."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        rel = str(p.relative_to(path))
+        out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "<dir>"
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """An uninterrupted run, a run stopped after STOP iterations (a copy of its folder is
+    kept as `stopped`), and that run resumed to the end."""
+    base = tmp_path_factory.mktemp("ckpt")
+    full = jaxppo.train(CFG, run_dir=base / "full", progress=False)
+    part = jaxppo.train(CFG, run_dir=base / "part", progress=False, stop_after_iterations=STOP)
+    shutil.copytree(base / "part", base / "stopped")
+    resumed = jaxppo.train(None, resume=base / "part", progress=False)
+    return dict(base=base, full=full, part=part, resumed=resumed)
+
+
+@pytest.fixture
+def stopped_copy(runs, tmp_path):
+    """A fresh copy of the run folder as it was after stopping at iteration STOP."""
+    dst = tmp_path / "run"
+    shutil.copytree(runs["base"] / "stopped", dst)
+    return dst
+
+
+# ---------------------------------------------------------------------- exact resume
+def test_stopped_run_reports_where_it_stopped(runs):
+    part = runs["part"]
+    assert part.iterations_done == STOP and not part.completed
+    assert len(part.metrics["iteration"]) == STOP
+    with CheckpointStore(runs["base"] / "stopped", read_only=True) as store:
+        assert store.steps() == [3, 4]  # every 3 iterations, and where it stopped (keep 2)
+    resumed = runs["resumed"]
+    assert resumed.completed and resumed.resumed_from == STOP
+    assert resumed.iterations_done == CFG.num_iterations
+
+
+def test_resumed_run_is_bit_identical_to_uninterrupted(runs):
+    full, resumed = runs["full"], runs["resumed"]
+    assert _tree_equal(full.params, resumed.params)
+    # The whole state: optimizer, kl_coeff, normalisation stats, rng, env state, trackers.
+    assert _tree_equal(full.state, resumed.state)
+    assert set(full.metrics) == set(resumed.metrics)
+    for k, v in full.metrics.items():
+        if k in TIMING_KEYS:
+            continue
+        assert v.dtype == resumed.metrics[k].dtype, k
+        np.testing.assert_array_equal(v, resumed.metrics[k], err_msg=k)
+    # Evaluation ran (and resumed) too: iterations 2, 4, 6, 8.
+    ev = full.metrics["eval_return_mean"]
+    assert np.isfinite(ev[1::2]).all() and np.isnan(ev[0::2]).all()
+
+
+def test_resumed_metrics_file_has_every_iteration_once(runs):
+    full_rows = _rows(runs["base"] / "full")
+    part_rows = _rows(runs["base"] / "part")
+    assert [r["iteration"] for r in part_rows] == list(range(1, CFG.num_iterations + 1))
+    assert _strip_timing(part_rows) == _strip_timing(full_rows)
+    assert all(b["wall_time"] >= a["wall_time"] for a, b in zip(part_rows, part_rows[1:]))
+
+
+def test_checkpoints_keep_the_newest_and_record_the_run(runs):
+    with CheckpointStore(runs["base"] / "full", read_only=True) as store:
+        assert store.steps() == [6, 8]
+        state, meta = store.restore(8)
+    assert meta["iteration"] == 8 and meta["env_steps"] == 8 * CFG.batch_size
+    assert meta["config"]["num_envs"] == CFG.num_envs and meta["num_devices"] == 1
+    assert _tree_equal(state["params"], runs["full"].params)
+
+
+def test_resume_drops_rows_written_after_the_checkpoint(runs, stopped_copy):
+    # As after a crash between writing rows and the next checkpoint: rows 5-6 and half a line.
+    rows = (stopped_copy / "metrics.jsonl").read_text().splitlines()
+    fake = [json.dumps({**json.loads(rows[-1]), "iteration": i, "policy_loss": 123.0}) for i in (5, 6)]
+    (stopped_copy / "metrics.jsonl").write_text("\n".join(rows + fake) + '\n{"episode_ret')
+    result = jaxppo.train(None, resume=stopped_copy, progress=False, stop_after_iterations=1)
+    assert result.iterations_done == STOP + 1
+    got = _rows(stopped_copy)
+    assert [r["iteration"] for r in got] == list(range(1, STOP + 2))
+    assert _strip_timing(got) == _strip_timing(_rows(runs["base"] / "full")[: STOP + 1])
+
+
+def test_cli_resume_extends_a_run_with_a_larger_total_timesteps(runs, tmp_path, capsys):
+    run = tmp_path / "full"
+    shutil.copytree(runs["base"] / "full", run)
+    more = CFG.total_timesteps + 2 * CFG.batch_size
+    rc = cli.main(["train", "--resume", str(run), "--set", f"total_timesteps={more}",
+                   "--no-progress", "--no-plot"])
+    assert rc == 0, capsys.readouterr().err
+    assert [r["iteration"] for r in _rows(run)] == list(range(1, CFG.num_iterations + 3))
+    assert f"total_timesteps: {more}" in (run / "config.yaml").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["iterations"] == CFG.num_iterations + 2 and summary["completed"]
+
+
+# ---------------------------------------------------------------------- bad input
+def _corrupt_garbage_data(step_dir: Path):
+    data = max((p for p in (step_dir / "state" / "d").iterdir()), key=lambda p: p.stat().st_size)
+    data.write_bytes(np.random.default_rng(0).bytes(data.stat().st_size))
+
+
+def _remove_state_metadata(step_dir: Path):
+    (step_dir / "state" / "_METADATA").unlink()
+
+
+def _garbage_meta(step_dir: Path):
+    (step_dir / "meta" / "metadata").write_bytes(b"\x00\xff garbage \x13")
+
+
+def _truncate_manifest(step_dir: Path):
+    p = step_dir / "state" / "manifest.ocdbt"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage", [_corrupt_garbage_data, _remove_state_metadata, _garbage_meta,
+                                    _truncate_manifest])
+def test_corrupt_checkpoint_is_a_clear_error_and_nothing_changes(stopped_copy, damage):
+    step_dir = stopped_copy / "checkpoints" / str(STOP)
+    damage(step_dir)
+    before = _folder_digest(stopped_copy)
+    with pytest.raises(CheckpointError) as info:
+        jaxppo.train(None, resume=stopped_copy, progress=False)
+    msg = str(info.value)
+    assert str(step_dir) in msg and "corrupt or incomplete" in msg
+    assert "move" in msg and "back to iteration 3" in msg  # the way back to the earlier checkpoint
+    assert _folder_digest(stopped_copy) == before
+
+
+def test_resuming_from_the_earlier_checkpoint_after_moving_a_corrupt_one(runs, stopped_copy, tmp_path):
+    _garbage_meta(stopped_copy / "checkpoints" / str(STOP))
+    shutil.move(stopped_copy / "checkpoints" / str(STOP), tmp_path / "bad")
+    store, step = find_latest(stopped_copy)
+    store.close()
+    assert step == 3
+
+
+def test_missing_run_folder_and_missing_checkpoints(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        jaxppo.train(None, resume=tmp_path / "nope", progress=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoints/ folder"):
+        jaxppo.train(None, resume=tmp_path / "empty", progress=False)
+    (tmp_path / "crashed" / "checkpoints" / "3.orbax-checkpoint-tmp-123").mkdir(parents=True)
+    before = _folder_digest(tmp_path / "crashed")
+    with pytest.raises(CheckpointError, match="unfinished saves"):
+        jaxppo.train(None, resume=tmp_path / "crashed", progress=False)
+    assert _folder_digest(tmp_path / "crashed") == before
+    assert cli.main(["train", "--resume", str(tmp_path / "nope")]) == 2
+
+
+@pytest.mark.parametrize("change, field, old, new", [
+    (dict(num_envs=8), "num_envs", 4, 8),
+    (dict(network=NetworkConfig((32, 16))), "network.hidden_sizes", [16, 16], [32, 16]),
+    (dict(env="Acrobot-v1"), "env", "CartPole-v1", "Acrobot-v1"),
+    (dict(num_seeds=2), "num_seeds", 1, 2),
+    (dict(num_steps=32, total_timesteps=8 * 128), "num_steps", 16, 32),
+])
+def test_shape_change_on_resume_is_a_clear_error(stopped_copy, change, field, old, new):
+    before = _folder_digest(stopped_copy)
+    with pytest.raises(ConfigError) as info:
+        jaxppo.train(CFG.replace(**change), resume=stopped_copy, progress=False)
+    msg = str(info.value)
+    assert f"{field}={new!r}" in msg and f"{field}={old!r}" in msg, msg
+    assert _folder_digest(stopped_copy) == before
+
+
+def test_cli_resume_shape_change_exits_2_and_changes_nothing(stopped_copy, capsys):
+    before = _folder_digest(stopped_copy)
+    rc = cli.main(["train", "--resume", str(stopped_copy), "--set", "num_envs=8", "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "num_envs=8" in err and "num_envs=4" in err
+    assert _folder_digest(stopped_copy) == before
+
+
+def test_fresh_run_into_a_folder_with_checkpoints_is_refused(stopped_copy):
+    before = _folder_digest(stopped_copy)
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        jaxppo.train(CFG, run_dir=stopped_copy, progress=False)
+    assert _folder_digest(stopped_copy) == before
+
+
+def test_config_fields_are_validated():
+    for bad in (dict(checkpoint_every=-1), dict(keep_checkpoints=0), dict(eval_every=-2),
+                dict(eval_episodes=0), dict(eval_max_steps=0), dict(tensorboard="yes")):
+        field = next(iter(bad))
+        with pytest.raises(ConfigError, match=field):
+            CFG.replace(**bad).validate()
+
+
+# ---------------------------------------------------------------------- atomic saves
+CRASH_SCRIPT = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from jaxppo.run.checkpoints import CheckpointStore
+    from orbax.checkpoint._src.path import atomicity
+
+    store = CheckpointStore(sys.argv[1], keep=3)
+    store.save(1, {"w": np.arange(1000, dtype=np.float32)}, {"note": "first"})
+    store.wait()
+
+    async def crash(self):  # the process dies after writing step 2 but before its rename
+        os._exit(17)
+
+    atomicity.AtomicRenameTemporaryPath.finalize = crash
+    store.save(2, {"w": np.full(1000, 7.0, np.float32)}, {"note": "second"})
+    store.wait()
+    sys.exit(0)
+""")
+
+
+def test_a_crash_while_saving_leaves_the_previous_checkpoint_intact(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 17, proc.stderr[-2000:]
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert "1" in names and "2" not in names
+    assert any(n.startswith("2.orbax-checkpoint-tmp") for n in names), names
+    store, step = find_latest(tmp_path)
+    with store:
+        assert step == 1 and store.steps() == [1]
+        state, meta = store.restore(1)
+    np.testing.assert_array_equal(state["w"], np.arange(1000, dtype=np.float32))
+    assert meta["note"] == "first"
+
+
+def test_time_based_checkpoints_by_default_change_no_number(runs, tmp_path):
+    """checkpoint_minutes (on by default) saves at the end of every chunk that passes the
+    mark, without checkpoint_every, and changes nothing the run computes."""
+    assert PPOConfig().checkpoint_minutes == 5 and PPOConfig().checkpoint_every == 0
+    cfg = CFG.replace(checkpoint_every=0, checkpoint_minutes=1e-9, keep_checkpoints=10)
+    result = jaxppo.train(cfg, run_dir=tmp_path / "run", progress=False)
+    store, step = find_latest(tmp_path / "run")
+    with store:
+        assert store.steps() == [3, 6, 8]  # chunks of log_every=3, and the end
+    assert _tree_equal(runs["full"].state, result.state)
+
+
+# ---------------------------------------------------------------------- interrupts
+def test_sigint_stops_after_the_chunk_saves_everything_and_resumes_exactly(runs, tmp_path):
+    """Ctrl-C (SIGINT) during the first chunk: training stops once that chunk is done,
+    writes a checkpoint of its last iteration, params and summary, then raises
+    TrainingInterrupted; resuming ends with the numbers of an uninterrupted run."""
+    import os
+    import signal
+
+    run = tmp_path / "run"
+    sent = []
+    before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN in a background job
+
+    def interrupt(rows):
+        if not sent:
+            sent.append(rows[-1]["iteration"])
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(jaxppo.TrainingInterrupted, match=r"SIGINT stopped training after "
+                       r"iteration 3 of 8: .* continue with: jaxppo train --resume") as info:
+        jaxppo.train(CFG, run_dir=run, progress=False, callback=interrupt)
+    assert sent == [3] and info.value.signal_name == "SIGINT"
+    assert info.value.result.iterations_done == 3 and not info.value.result.completed
+    assert find_latest(run)[1] == 3
+    assert (run / "params.msgpack").exists()
+    assert json.loads((run / "summary.json").read_text())["iterations"] == 3
+    assert signal.getsignal(signal.SIGINT) is before  # the previous handler is restored
+    resumed = jaxppo.train(None, resume=run, progress=False)
+    assert _tree_equal(runs["full"].state, resumed.state)
+    assert [r["iteration"] for r in _rows(run)] == list(range(1, CFG.num_iterations + 1))
+
+
+def test_cli_sigterm_saves_and_exits_143(tmp_path):
+    """SIGTERM to `jaxppo train` (what a scheduler sends) mid-run: exit code 143, a
+    checkpoint at the last finished iteration, and the resume command on stderr."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxppo", "train", "--env", "CartPole-v1", "--defaults",
+         "--set", "num_envs=4", "num_steps=16", "num_minibatches=2", "total_timesteps=200000",
+         "log_every=1", "network.hidden_sizes=[16,16]", "compilation_cache_dir=null",
+         "--runs-dir", str(tmp_path), "--run-name", "run", "--no-progress", "--no-plot"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (
+            (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    done = len(_rows(run))
+    assert 2 <= done < 3125
+    assert find_latest(run)[1] == done
+    assert (run / "params.msgpack").exists() and (run / "summary.json").exists()
+    assert f"SIGTERM stopped training after iteration {done} of 3125" in err
+    assert f"jaxppo train --resume {run}" in err
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda run: (run / "config.yaml").write_text(""), r"config\.yaml is empty, so the run's config is unknown"),
+    (lambda run: (run / "metrics.jsonl").unlink(), r"metrics\.jsonl is missing, but the checkpoint is at iteration 4"),
+    (lambda run: (run / "metrics.jsonl").write_text(
+        "\n".join((run / "metrics.jsonl").read_text().splitlines()[2:]) + "\n"),
+     r"metrics\.jsonl has no rows for iteration\(s\) 1, 2 of the 4"),
+    (lambda run: (run / "metrics.jsonl").write_text(
+        "garbage\n" + (run / "metrics.jsonl").read_text()), r"metrics\.jsonl cannot be read"),
+], ids=["empty-config", "no-metrics", "missing-rows", "garbage-row"])
+def test_resume_refuses_a_damaged_record_and_changes_nothing(stopped_copy, damage, match, capsys):
+    damage(stopped_copy)
+    before = _folder_digest(stopped_copy)
+    with pytest.raises((ConfigError, CheckpointError), match=match):
+        jaxppo.train(None, resume=stopped_copy, progress=False)
+    assert cli.main(["train", "--resume", str(stopped_copy), "--no-progress"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert _folder_digest(stopped_copy) == before
+
+
+def test_a_run_folder_in_use_is_refused_and_left_alone(stopped_copy, tmp_path, capsys):
+    """A second process cannot write a run folder another one holds (RUN_DIR/.lock): resuming
+    it is a ConfigError naming the holder, and nothing in the folder changes."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); f.seek(0); f.truncate(); f.write('process 4242'); f.flush(); "
+         "print('held', flush=True); "
+         "time.sleep(60)", str(stopped_copy / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _folder_digest(stopped_copy)
+        with pytest.raises(ConfigError, match=r"is in use by process 4242: two processes cannot "
+                                              r"write one run"):
+            jaxppo.train(None, resume=stopped_copy, progress=False)
+        assert cli.main(["train", "--resume", str(stopped_copy), "--no-progress"]) == 2
+        assert "in use by process 4242" in capsys.readouterr().err
+        assert _folder_digest(stopped_copy) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # Released with its holder: the resume now runs to the end, and leaves the lock free.
+    res = jaxppo.train(None, resume=stopped_copy, progress=False, plot=False)
+    assert res.completed
+    jaxppo.train(None, resume=stopped_copy, progress=False, plot=False)  # free again
+
+
+# ---------------------------------------------------------------------- a failing disk
+def test_a_full_disk_mid_run_is_a_clear_error_and_the_run_resumes(runs, tmp_path, monkeypatch):
+    """metrics.jsonl cannot be appended after iteration 6 (No space left on device): a
+    RunFolderError names the file, the reason and the intact checkpoint; once there is room
+    again, --resume ends with the numbers of an uninterrupted run."""
+    import errno
+
+    from jaxppo.run.logs import RunLog
+
+    real_write, calls = RunLog.write, []
+
+    def write(self, rows):
+        calls.append(rows[-1]["iteration"])
+        if rows[-1]["iteration"] > 6:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, rows)
+
+    monkeypatch.setattr(RunLog, "write", write)
+    run = tmp_path / "run"
+    with pytest.raises(jaxppo.RunFolderError, match=(
+            rf"could not write metrics\.jsonl in {run}: No space left on device\. Saved and "
+            rf"intact: the checkpoint of iteration 6\. .* continue with --resume {run}")):
+        jaxppo.train(CFG, run_dir=run, progress=False)
+    monkeypatch.setattr(RunLog, "write", real_write)
+    assert find_latest(run)[1] == 6
+    resumed = jaxppo.train(None, resume=run, progress=False, plot=False)
+    assert _tree_equal(runs["full"].state, resumed.state)
+    assert [r["iteration"] for r in _rows(run)] == list(range(1, CFG.num_iterations + 1))
+
+
+def test_a_plot_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch):
+    """The results (params, summary, checkpoint) are saved before the plot; a failing plot
+    only warns, naming how to draw it later."""
+    import errno
+
+    from jaxppo.run import folder
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(folder, "plot_runs", no_room)
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match=rf"curve\.png was not written \(No space left on device\); "
+                                         rf"draw it later with `jaxppo plot {run}`"):
+        res = jaxppo.train(CFG.replace(total_timesteps=2 * 64), run_dir=run, progress=False)
+    assert res.completed and (run / "params.msgpack").exists() and (run / "summary.json").exists()
+
+
+def _small_tmpfs(path: Path, size: str) -> bool:
+    """A tmpfs of `size` at `path` (root only); False where it cannot be mounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    disk = tmp_path / "disk"
+    if not _small_tmpfs(disk, "48k"):
+        pytest.skip("needs root to mount a small tmpfs")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_cli_on_a_really_full_disk_and_a_read_only_folder(tiny_disk, tmp_path):
+    """A real 48 KiB file system: the CLI stops with one clear line naming the file and the
+    reason (no traceback, no orbax log), and exit code 1; the same for a read-only one."""
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    argv = [sys.executable, "-m", "jaxppo", "train", "--env", "CartPole-v1", "--defaults",
+            "--set", "num_envs=4", "num_steps=16", "num_minibatches=2", "total_timesteps=40000",
+            "network.hidden_sizes=[16,16]", "compilation_cache_dir=null", "checkpoint_every=20",
+            "--runs-dir", str(tiny_disk), "--run-name", "run", "--no-progress"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ERROR:absl" not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(rf"error: could not write .* in {tiny_disk / 'run'}: No space left on device",
+                     proc.stderr), proc.stderr[-3000:]
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_disk)], check=True)
+    proc = subprocess.run(argv[:-5] + ["--runs-dir", str(tiny_disk), "--run-name", "other",
+                                       "--no-progress"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert re.search(r"error: could not write the run folder in .*other: Read-only file system",
+                     proc.stderr), proc.stderr[-3000:]
+
+
+def test_unretrieved_orbax_write_task_errors_are_not_logged(tmp_path, caplog):
+    """A failed save leaves orbax's other per-array write tasks holding exceptions nobody
+    awaits; asyncio logs each with a traceback whenever the task is garbage-collected. Those
+    (and only those of orbax's tasks) are dropped once a checkpoint store exists."""
+    import asyncio
+    import gc
+    import logging
+
+    CheckpointStore(tmp_path / "checkpoints")  # installs the filter
+    namespace: dict = {}
+    for label, filename in (("orbax", "/site-packages/orbax/checkpoint/type_handlers.py"),
+                            ("other", "/site-packages/something/else.py")):
+        src = f"async def write_{label}():\n    raise ValueError('RESOURCE_EXHAUSTED: {label}')\n"
+        exec(compile(src, filename, "exec"), namespace)
+
+    def leave_unretrieved(coro_fn):
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(coro_fn())
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()
+        del task
+        gc.collect()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        leave_unretrieved(namespace["write_orbax"])
+        assert not [r for r in caplog.records if r.name == "asyncio"]
+        leave_unretrieved(namespace["write_other"])
+        kept = [r for r in caplog.records if r.name == "asyncio"]
+        assert len(kept) == 1 and "never retrieved" in kept[0].getMessage()
+
+
+def test_an_unusable_compilation_cache_folder_is_a_warning(tmp_path):
+    """A cache folder that cannot be created (here under a file; a read-only HOME alike)
+    leaves the cache off with a note; nothing is created elsewhere."""
+    from jaxppo.process import enable_compilation_cache
+
+    (tmp_path / "file").write_text("")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.warns(UserWarning, match=r"the compilation cache is off for this run: .*file/xla "
+                                         r"cannot be used \(Not a directory\)"):
+        enable_compilation_cache(str(tmp_path / "file" / "xla"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_program_too_big_for_the_memory_is_refused_before_it_runs(tmp_path, monkeypatch):
+    """XLA's figure for the compiled program against the free memory (here 1 KiB): a
+    ConfigError with the need, the free memory and a num_envs that fits; no folder."""
+    from jaxppo import program
+
+    monkeypatch.setattr(program, "free_memory", lambda: 1024)
+    with pytest.raises(ConfigError, match=r"the training program needs about [\d.]+ GiB of working "
+                                          r"memory .*num_envs\*num_steps = 64 transitions per "
+                                          r"iteration.* but 0\.0 GiB is free on .*; lower num_envs"):
+        jaxppo.train(CFG, run_dir=tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

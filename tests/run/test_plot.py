@@ -1,0 +1,206 @@
+"""Plots and logs from run folders written by hand (no training): curves per run, mean and
+95% interval over seeds, the wall-clock axis, tick labels, legends with the config
+differences (inside the figure), metrics.jsonl handling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from jaxppo import cli
+from jaxppo.config import PPOConfig
+from jaxppo.run.plots import (compact_number, config_differences, elapsed_seconds, make_figure,
+                             mean_ci95, plot_runs, run_labels)
+from jaxppo.run.logs import RunLog, read_metrics
+
+
+def _write_run(path: Path, returns: np.ndarray, evals: dict | None = None, wall=None,
+               **config) -> Path:
+    """A run folder: config.yaml and metrics.jsonl with returns [S, N] (S seeds); wall_time
+    of iteration i is wall[i] (default 2 + 0.5 i: one iteration per chunk)."""
+    path.mkdir(parents=True)
+    cfg = PPOConfig(compilation_cache_dir=None).replace(**config)
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    seeds, n = returns.shape
+    rows = []
+    for i in range(n):
+        for s in range(seeds):
+            row = {"iteration": i + 1, "env_steps": (i + 1) * 512,
+                   "wall_time": 2.0 + 0.5 * i if wall is None else float(wall[i]),
+                   "sps": 1000.0, "episode_return_mean": float(returns[s, i])}
+            if evals is not None:
+                row["eval_return_mean"] = evals.get(i + 1)
+            if seeds > 1:
+                row["seed"] = s
+            rows.append(row)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def three_runs(tmp_path):
+    a = _write_run(tmp_path / "a", np.arange(10.0)[None], lr=0.001)
+    b = _write_run(tmp_path / "b", np.stack([np.arange(10.0), np.arange(10.0) + 2]), lr=0.002,
+                   num_seeds=2)
+    c = _write_run(tmp_path / "c", np.full((1, 10), 5.0), evals={5: 7.0, 10: 9.0}, lr=0.001,
+                   env="Acrobot-v1")
+    return [a, b, c]
+
+
+def _lines(ax, kind):
+    return [ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith(kind + ":")]
+
+
+def test_one_curve_per_run_on_both_axes(three_runs):
+    fig, axes = make_figure(three_runs)
+    for ax in axes:
+        assert len(_lines(ax, "train")) == 3
+        assert [ln.get_gid() for ln in _lines(ax, "eval")] == ["eval:2"]
+    # Mean over the two seeds of run b; wall-clock seconds since its first iteration.
+    np.testing.assert_allclose(_lines(axes[0], "train")[1].get_ydata(), np.arange(10.0) + 1)
+    np.testing.assert_allclose(_lines(axes[0], "train")[1].get_xdata(), np.arange(1, 11) * 512)
+    np.testing.assert_allclose(_lines(axes[1], "train")[1].get_xdata(), 0.5 * np.arange(10))
+    ev = _lines(axes[0], "eval")[0]
+    np.testing.assert_allclose(ev.get_xdata(), [5 * 512, 10 * 512])
+    np.testing.assert_allclose(ev.get_ydata(), [7.0, 9.0])
+    assert [ax.get_title() for ax in axes] == ["return vs env steps", "return vs wall-clock time"]
+    (fig_legend,) = fig.legends
+    legend = [t.get_text() for t in fig_legend.get_texts()]
+    assert len(legend) == 3
+    assert legend[0].startswith("CartPole-v1") and "lr=0.001" in legend[0]
+    assert legend[1].startswith("CartPole-v1") and "lr=0.002" in legend[1]
+    assert "(2 seeds, mean ± 95% CI)" in legend[1]
+    assert legend[2].startswith("Acrobot-v1")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_config_differences_name_only_fields_that_differ(three_runs):
+    diffs = config_differences(three_runs)
+    assert diffs == [{"lr": 0.001}, {"lr": 0.002}, {"lr": 0.001}]  # env and num_seeds are shown apart
+
+
+def test_identical_configs_are_told_apart_by_folder(tmp_path):
+    runs = [_write_run(tmp_path / n, np.zeros((1, 3))) for n in ("x", "y")]
+    assert run_labels(runs) == ["CartPole-v1 [x]", "CartPole-v1 [y]"]
+
+
+def test_plot_writes_a_png(three_runs, tmp_path):
+    out = plot_runs(three_runs, tmp_path / "out.png", title="t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["plot", *map(str, three_runs), "-o", str(tmp_path / "cli.png")]) == 0
+    assert (tmp_path / "cli.png").stat().st_size > 10_000
+    assert cli.main(["plot", str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")]) == 2
+
+
+def test_read_metrics_skips_a_half_written_last_line(tmp_path):
+    run = _write_run(tmp_path / "r", np.ones((1, 3)))
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"iteration": 4, "env_st')
+    assert [r["iteration"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+def test_runlog_resume_keeps_rows_up_to_the_checkpoint(tmp_path):
+    run = _write_run(tmp_path / "r", np.ones((2, 5)), num_seeds=2)
+    log = RunLog(run, num_seeds=2, resume_iteration=3)
+    assert [r["iteration"] for r in log.previous_rows] == [1, 1, 2, 2, 3, 3]
+    log.write([{"iteration": 4, "env_steps": 2048, "episode_return_mean": float("nan"), "seed": 0}])
+    log.close()
+    rows = read_metrics(run)
+    assert [r["iteration"] for r in rows] == [1, 1, 2, 2, 3, 3, 4]
+    assert rows[-1]["episode_return_mean"] is None  # NaN is written as null
+
+
+def test_plot_of_an_empty_or_foreign_file_is_an_error(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text('{"loss": 1}\n{"loss": 2}\n')
+    binary = tmp_path / "img.png"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    for path in (empty, foreign, binary):
+        assert cli.main(["plot", str(path), "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert "holds no metric rows" in err and "not a jaxppo metrics file" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_band_is_the_95_percent_interval_of_the_mean(three_runs):
+    fig, axes = make_figure(three_runs)
+    # Run b: seeds arange(10) and arange(10) + 2: mean arange + 1, sample std sqrt(2), so the
+    # half-width is 1.96 * sqrt(2) / sqrt(2).
+    (band,) = [c for c in axes[0].collections if c.get_gid() == "train-band:1"]
+    ys = band.get_paths()[0].vertices[:, 1]
+    np.testing.assert_allclose([ys.min(), ys.max()], [1 - 1.96, 10 + 1.96])
+    assert not [c for c in axes[0].collections if c.get_gid() in ("train-band:0", "train-band:2")]
+    curves = np.array([[1.0, 2.0, np.nan], [3.0, 6.0, np.nan], [5.0, np.nan, 4.0]])
+    mean, half = mean_ci95(curves)
+    np.testing.assert_allclose(mean, [3.0, 4.0, 4.0])
+    np.testing.assert_allclose(half[:2], [1.96 * 2.0 / np.sqrt(3), 1.96 * np.sqrt(8) / np.sqrt(2)])
+    assert np.isnan(half[2])  # one finite seed: no interval
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_wall_clock_axis_starts_at_zero_and_never_goes_back(tmp_path):
+    """Chunks of 4 iterations share one wall_time (its end, seconds since the process started);
+    a resumed process's first chunk is stamped before the previous one ended."""
+    wall = np.repeat([30.0, 34.0, 38.0, 37.5, 41.5], 4)
+    run = _write_run(tmp_path / "chunked", np.arange(20.0)[None], wall=wall)
+    rows = read_metrics(run)
+    x = elapsed_seconds(rows)
+    assert x[0] == 0.0 and np.all(np.diff(x) >= 0)
+    # 4 iterations x 512 steps at 1000 steps/s is 2.048 s: the first chunk's iterations are
+    # spread over that, the later ones over their own 2.048 s before each chunk's end.
+    np.testing.assert_allclose(x[:4], 0.512 * np.arange(4))
+    np.testing.assert_allclose(x[4:8], 30.0 + 4.0 - 2.048 + 0.512 * np.arange(1, 5) - (30 - 2.048 + 0.512))
+    fig, axes = make_figure([run])
+    (line,) = _lines(axes[1], "train")
+    xs = line.get_xdata()
+    assert xs[0] == 0.0 and np.all(np.diff(xs) >= 0)
+    np.testing.assert_allclose(xs, x)
+    np.testing.assert_allclose(xs[12:16], 38.0 - (30 - 2.048 + 0.512))  # held, not going back
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_tick_labels_are_compact(three_runs):
+    assert [compact_number(v) for v in (0, 0.25, 500, 1500, 1e5, 999_999, 1e6, 2.5e6, 3e9, -2e4)] == [
+        "0", "0.25", "500", "1.5k", "100k", "1M", "1M", "2.5M", "3B", "-20k"]
+    fig, axes = make_figure(three_runs)
+    fig.canvas.draw()
+    for ax in axes:
+        assert ax.xaxis.get_major_formatter()(2e5, 0) == "200k"
+        assert len(ax.get_xticks()) <= 7 + 2  # MaxNLocator(6), plus the ends it may add
+    labels = [t.get_text() for t in axes[0].get_xticklabels() if t.get_text()]
+    assert labels and all(len(t) <= 5 for t in labels)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_legend_of_many_runs_is_inside_the_figure_and_off_the_axes(tmp_path):
+    runs = [_write_run(tmp_path / f"r{i}", np.full((1, 5), float(i)), lr=0.001 * (i + 1),
+                       clip_param=0.1 + 0.05 * i, gamma=0.9 + 0.01 * i) for i in range(6)]
+    fig, axes = make_figure(runs, title="six runs")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    box = legend.get_window_extent(renderer)
+    assert len(legend.get_texts()) == 6
+    assert (box.x0 >= fig.bbox.x0 and box.y0 >= fig.bbox.y0 and box.x1 <= fig.bbox.x1
+            and box.y1 <= fig.bbox.y1)
+    for ax in axes:  # the axes with their tick labels, axis labels and title
+        assert not box.overlaps(ax.get_tightbbox(renderer))
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    out = plot_runs(runs, tmp_path / "many.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
