@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 import jaxppo
 from jaxppo.envs.make import make_env
-from jaxppo.core.algorithm import HyperParams
+from jaxppo.core.hyperparams import HyperParams
 from jaxppo.program import build_program
 
 RESULTS = Path(__file__).resolve().parent / "results"

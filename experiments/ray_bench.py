@@ -137,7 +137,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 import jaxppo
-from jaxppo.core.algorithm import HyperParams
+from jaxppo.core.hyperparams import HyperParams
 from jaxppo.program import build_program
 cfg = jaxppo.PPOConfig.from_dict(json.loads(sys.argv[1])).replace(num_devices=2, compilation_cache_dir=None)
 hp = HyperParams.from_config(cfg)
@@ -174,7 +174,7 @@ def all_reduce_times(sizes: list[int]) -> dict:
     import ray
 
     from jaxppo import PPOConfig, resolve
-    from jaxppo.core.algorithm import HyperParams
+    from jaxppo.core.hyperparams import HyperParams
     from jaxppo.distributed.group import HostGroup
 
     cfg = PPOConfig(**{**CARTPOLE, "num_envs": 8}, compilation_cache_dir=None)
@@ -195,11 +195,14 @@ def num_params(cfg: dict) -> int:
     import jax
 
     from jaxppo import PPOConfig
-    from jaxppo.core.algorithm import Algorithm, HyperParams
+    from jaxppo.core import ppo
+    from jaxppo.core.algorithm import Algorithm
+    from jaxppo.core.hyperparams import HyperParams
 
     config = PPOConfig.from_dict(cfg)
-    algo = Algorithm(config)
-    state = jax.eval_shape(algo.init, jax.random.PRNGKey(0), HyperParams.from_config(config))
+    algo = Algorithm.create(config)
+    state = jax.eval_shape(lambda k, h: ppo.init(algo, k, h), jax.random.PRNGKey(0),
+                           HyperParams.from_config(config))
     return int(sum(x.size for x in jax.tree.leaves(state.params)))
 
 

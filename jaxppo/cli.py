@@ -31,7 +31,13 @@ def _build_parser() -> argparse.ArgumentParser:
         description="PPO compiled end to end with JAX (gymnax envs, one XLA program per device).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_training_commands(sub)
+    _add_run_folder_commands(sub)
+    return parser
 
+
+def _add_training_commands(sub) -> None:
+    """`train` and `search`."""
     t = sub.add_parser(
         "train",
         help="train a policy and write a run folder",
@@ -75,6 +81,14 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--runs-dir", default="runs", help="folder that receives the run folder")
     s.add_argument("--run-name", help="run folder name (default <env>-search-<YYYYmmdd-HHMMSS>)")
 
+
+
+NO_IMPORTS_HELP = ("refuse a config.yaml whose env names a module to import (module:Class): "
+                   "for run folders you did not write (--env stays allowed)")
+
+
+def _add_run_folder_commands(sub) -> None:
+    """`eval`, `export` and `plot` of run folders, and `envs`."""
     e = sub.add_parser("eval", help="evaluate the trained policy of a run folder",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("run", help="run folder")
@@ -88,6 +102,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="which seed of a multi-seed run (member of a sweep)")
     e.add_argument("--env", metavar="MODULE:CLASS",
                    help="the env, for a run of a custom env that config.yaml names only by name")
+    e.add_argument("--no-imports", action="store_true", help=NO_IMPORTS_HELP)
     e.add_argument("--json", action="store_true", help="print the result as JSON")
     e.add_argument("--video", metavar="OUT.gif|OUT.mp4",
                    help="instead, play --episodes episodes one after the other and write them as "
@@ -106,6 +121,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="also write the sampling variant, to <stem>.sample<suffix>")
     x.add_argument("--env", metavar="MODULE:CLASS",
                    help="the env, for a run of a custom env that config.yaml names only by name")
+    x.add_argument("--no-imports", action="store_true", help=NO_IMPORTS_HELP)
 
     p = sub.add_parser("plot", help="plot return curves of one or more run folders")
     p.add_argument("runs", nargs="+", help="run folders (or metrics.jsonl files)")
@@ -113,7 +129,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("envs", help="list the gymnax environments: spaces and tuned configs")
     v.add_argument("--names", action="store_true", help="only the names, one per line")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,7 +262,8 @@ def _eval(args) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        policy = load_policy(args.run, seed_index=args.seed_index, env=args.env)
+        policy = load_policy(args.run, seed_index=args.seed_index, env=args.env,
+                             trust_config=not args.no_imports)
         record = sweep.read_record(args.run)
         out = policy.evaluate(episodes=args.episodes, seed=args.seed,
                               deterministic=not args.stochastic, max_steps=args.max_steps)
@@ -283,7 +299,8 @@ def _video(args) -> int:
     from jaxppo.run.video import write_video
 
     try:
-        policy = load_policy(args.run, seed_index=args.seed_index, env=args.env)
+        policy = load_policy(args.run, seed_index=args.seed_index, env=args.env,
+                             trust_config=not args.no_imports)
         episodes = 1 if args.episodes is None else args.episodes
         out = write_video(policy, args.video, episodes=episodes, seed=args.seed,
                           deterministic=not args.stochastic, max_steps=args.max_steps)
@@ -303,7 +320,8 @@ def _export(args) -> int:
 
     try:
         out = export_policy(args.run, args.format, args.output, stochastic=args.stochastic,
-                            seed_index=args.seed_index, env=args.env)
+                            seed_index=args.seed_index, env=args.env,
+                            trust_config=not args.no_imports)
     except (CheckpointError, ConfigError, ExportError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -313,36 +331,19 @@ def _export(args) -> int:
 
 
 def _train_on_hosts(args) -> int:
-    """`train --hosts H`: hand over to the Ray driver (imported only here)."""
-    argv = ["--hosts", str(args.hosts), "--runs-dir", args.runs_dir]
-    if args.seeds is not None:
-        argv += ["--seeds", str(args.seeds)]
-    if args.resume:
-        argv += ["--resume", args.resume]
-    if args.stop_after is not None:
-        argv += ["--stop-after", str(args.stop_after)]
-    for flag, value in (("--env", args.env), ("--config", args.config), ("--run-name", args.run_name)):
-        if value:
-            argv += [flag, value]
-    if args.defaults:
-        argv.append("--defaults")
-    if args.no_progress:
-        argv.append("--no-progress")
-    if args.no_plot:
-        argv.append("--no-plot")
-    if args.overrides:
-        argv += ["--set", *args.overrides]
+    """`train --hosts H` (and `search --hosts H`): the multi-host driver, on these flags."""
     # Imported here only: the multi-host entry point loads Ray, which nothing else needs.
-    from jaxppo.distributed.__main__ import main as distributed_main
+    from jaxppo.distributed.launch import HostOptions, train_from_command
 
-    return distributed_main(argv, search=args.command == "search")
+    return train_from_command(args, HostOptions(hosts=args.hosts),
+                              search=args.command == "search")
 
 
 def _train(args) -> int:
     searching = args.command == "search"
     if searching and args.population is not None:  # --population N: search.population=N
         args.overrides = [*(args.overrides or []), f"search.population={args.population}"]
-    if getattr(args, "hosts", None) is not None:
+    if args.hosts is not None:
         return _train_on_hosts(args)
     try:
         config, source, run_dir = command.start(args, "-search" if searching else "")

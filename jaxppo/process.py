@@ -27,9 +27,13 @@ def process_uptime() -> float:
 
 
 def enable_compilation_cache(path: str | None) -> None:
-    """Turn on JAX's persistent compilation cache so a repeated run skips most compiling. A
-    folder that cannot be created or written (a read-only HOME) leaves the cache off, with a
-    warning: training does not need it."""
+    """Turns on JAX's persistent compilation cache, so a repeated run skips most compiling.
+
+    Args:
+      path: the cache folder (~ expanded); None or "" leaves the cache as it is. A folder
+        that cannot be created or written (a read-only HOME) leaves the cache off, with a
+        warning: training does not need it.
+    """
     if not path:
         return
     path = os.path.expanduser(path)

@@ -1,17 +1,8 @@
-"""Where the chunk runs: one device, this host's devices, or the devices of several hosts.
+"""Where the chunk runs: one device (`jit`), this host's devices, or the devices of several
+hosts (`pmap` over one axis spanning them, after `jax.distributed.initialize`).
 
-All three run the same `Algorithm.chunk`; only how it is compiled differs. With one device it
-is `jit`; with several it is `pmap` over an axis that spans every device of the run, whether
-they belong to this process or (after `jax.distributed.initialize`) to several processes on
-several hosts. Collectives over that axis are XLA's: within a host, shared memory; across
-hosts, gloo on CPU and NCCL on GPU.
-
-State layouts. The *device layout* is what the program holds: `[local_devices, seeds?, ...]`
-on each process when pmapped, `[seeds?, ...]` otherwise. The *unsharded layout* is one
-host-side (numpy) TrainState of the whole run, as if it ran on one device: every env in
-global order, one copy of the replicated fields. Snapshots and checkpoints use the unsharded
-layout, so a run saved on any number of devices or hosts resumes on any other number that
-divides num_envs; keys derive from global env ids, so the continuation is the same.
+A chunk is a `lax.scan` of `jaxppo.core.ppo.iteration`, evaluating when due; this module also
+moves the state between the device layout and the unsharded one (see "state layouts" below).
 """
 
 from __future__ import annotations
@@ -25,10 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm, TrainState
+from jaxppo.core.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.errors import ConfigError
 from jaxppo.resolve import Layout, Resolved
+from jaxppo.search.pbt import Explorer
 
 AXIS = "device"
 
@@ -50,6 +44,71 @@ class Program(NamedTuple):
     population: bool = False  # the shards hold different PBT members (splits_population)
 
 
+# ---------------------------------------------------------------------- chunks of iterations
+def train_function(algo: Algorithm) -> Callable:
+    """A pure `train_fn(key, hp) -> (final TrainState, metrics [num_iterations])`."""
+    algo.require_compiled_env("make_train")
+    n_iter = algo.config.num_iterations
+
+    def train_fn(key, hp):
+        state = ppo.init(algo, key, hp)
+        return jax.lax.scan(lambda s, _: ppo.iteration(algo, s, hp), state, None, length=n_iter)
+
+    return train_fn
+
+
+def chunk(algo: Algorithm, state: TrainState, hp: HyperParams, start: jax.Array, length: int,
+          stop: jax.Array | None = None):
+    """`length` iterations from `start`; iterations from `stop` (default: the run's end)
+    on are skipped (cond on an unbatched index, so under vmap it stays a real branch).
+
+    With `eval_every > 0`, iteration k (1-based) is followed by an evaluation when k is a
+    multiple of eval_every or the last iteration; its eval_* metrics are NaN otherwise.
+    """
+    n_iter = algo.config.num_iterations
+    stop = n_iter if stop is None else jnp.minimum(stop, n_iter)
+    return jax.lax.scan(lambda s, i: chunk_step(algo, s, hp, start + i, stop), state,
+                        jnp.arange(length))
+
+
+def chunk_step(algo: Algorithm, s: TrainState, hp: HyperParams, index: jax.Array,
+               stop: jax.Array):
+    """Iteration `index` (0-based) of a chunk: run when index < stop, else skipped (zero
+    metrics, state unchanged); then the evaluation when due. A PBT member trains with the
+    hyperparameters in its state (`hp` only gives their shapes)."""
+    cfg = algo.config
+    if s.hparams is not None:
+        hp = s.hparams
+
+    def live_iteration(s):
+        return ppo.iteration(algo, s, hp)
+
+    def skip(s):
+        _, m = jax.eval_shape(live_iteration, s)
+        return s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), m)
+
+    live = index < stop
+    s, m = jax.lax.cond(live, live_iteration, skip, s)
+    if cfg.eval_every:
+        done = index + 1
+        due = jnp.logical_or(done % cfg.eval_every == 0, done == cfg.num_iterations)
+        m = {**m, **_maybe_evaluate(algo, s, jnp.logical_and(live, due))}
+    return s, m
+
+
+def _maybe_evaluate(algo: Algorithm, state: TrainState, due: jax.Array) -> dict:
+    """Eval metrics when `due` (unbatched), NaN otherwise. The key is folded from the
+    training key without consuming it, so training randomness does not change."""
+
+    def evaluate(st):
+        return algo.evaluate(st.params, st.obs_stats, jax.random.fold_in(st.rng, EVAL_KEY_TAG))
+
+    def skip(st):
+        return {k: jnp.float32(jnp.nan) for k in EVAL_METRIC_KEYS}
+
+    return jax.lax.cond(due, evaluate, skip, state)
+
+
 def _program_devices(layout: Layout) -> list:
     """The devices the pmap spans, in shard order: each process's first local_devices."""
     if layout.num_processes == 1:
@@ -60,23 +119,23 @@ def _program_devices(layout: Layout) -> list:
     return [d for p in sorted(by_process) for d in by_process[p][:layout.local_devices]]
 
 
-def build_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
-    """jit (one shard) or pmap (several, on one host or many: `run.layout`) of init and
+def build_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Program:
+    """jit (one shard) or pmap (several, on one host or many: `resolved.layout`) of init and
     chunk, vmapped over seeds when asked. Device layout: [local_devices?, seeds?, ...]."""
-    if run.splits_population:
-        return _population_program(run, hp, chunk_len)
-    seeds = run.config.num_seeds
-    layout = run.layout
+    if resolved.splits_population:
+        return _population_program(resolved, hp, chunk_len)
+    seeds = resolved.config.num_seeds
+    layout = resolved.layout
     shards = layout.shards
-    algo = Algorithm(run, axis_name=AXIS if shards > 1 else None)
+    algo = Algorithm.create(resolved, axis_name=AXIS if shards > 1 else None)
     local = algo.local_envs
     hp_axis = (0 if _is_batched(hp, seeds) else None) if seeds > 1 else None
 
     def init_one(key, hp, shard):
-        return algo.init(key, hp, env_index_offset=shard * local)
+        return ppo.init(algo, key, hp, env_index_offset=shard * local)
 
     def chunk_one(state, hp, start, stop):
-        return algo.chunk(state, hp, start, chunk_len, stop)
+        return chunk(algo, state, hp, start, chunk_len, stop)
 
     if seeds > 1:
         def init_dev(root, hp, shard):
@@ -84,22 +143,22 @@ def build_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
             return jax.vmap(init_one, in_axes=(0, hp_axis, None))(keys, hp, shard)
 
         chunk_dev = jax.vmap(chunk_one, in_axes=(0, hp_axis, None, None))
-        if run.config.pbt is not None:
+        if resolved.config.pbt is not None:
             chunk_dev = _population_chunk(algo, chunk_len)
     else:
         init_dev, chunk_dev = init_one, chunk_one
 
     if shards == 1:
         init = jax.jit(lambda root, hp: init_dev(root, hp, 0))
-        chunk = jax.jit(chunk_dev, donate_argnums=0)
+        compiled = jax.jit(chunk_dev, donate_argnums=0)
     else:
         devices = _program_devices(layout)
         pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
         first = layout.first_shard
         init = lambda root, hp: pinit(root, hp, jnp.arange(first, first + layout.local_devices))  # noqa: E731
-        chunk = jax.pmap(chunk_dev, axis_name=AXIS, in_axes=(0, None, None, None), devices=devices,
-                         donate_argnums=0)
-    return Program(algo, layout, init, chunk)
+        compiled = jax.pmap(chunk_dev, axis_name=AXIS, in_axes=(0, None, None, None),
+                            devices=devices, donate_argnums=0)
+    return Program(algo, layout, init, compiled)
 
 
 def _population_chunk(algo: Algorithm, chunk_len: int, axis_name: str | None = None) -> Callable:
@@ -108,13 +167,12 @@ def _population_chunk(algo: Algorithm, chunk_len: int, axis_name: str | None = N
     sees all of them at once. With `axis_name` the members are split over that pmap axis;
     the chunk's metrics are then gathered over it, so every shard returns the whole
     population's. Metrics come back [members, chunk_len], as from the vmapped chunk."""
-    from jaxppo.search.pbt import Explorer
-
     explorer = Explorer(algo)
     n_iter = algo.config.num_iterations
-    step = jax.vmap(algo.chunk_step, in_axes=(0, 0, None, None))
+    step = jax.vmap(lambda s, h, i, stop: chunk_step(algo, s, h, i, stop),
+                    in_axes=(0, 0, None, None))
 
-    def chunk(state, hp, start, stop):
+    def population_chunk(state, hp, start, stop):
         stop = jnp.minimum(stop, n_iter)
 
         def body(s, i):
@@ -128,18 +186,19 @@ def _population_chunk(algo: Algorithm, chunk_len: int, axis_name: str | None = N
             m = jax.tree.map(lambda x: jax.lax.all_gather(x, axis_name, tiled=True), m)
         return state, m
 
-    return chunk
+    return population_chunk
 
 
-def _population_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Program:
+def _population_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Program:
     """A PBT population split over the layout's shards (devices, or hosts): each shard trains
     num_seeds / shards whole members, with no collective between iterations; the shards
     exchange fitness values and the best members' learner states at exploit steps only.
     Member i is the same as on one device (its key is the i-th of the run's)."""
-    layout = run.layout
-    seeds = run.config.num_seeds
+    layout = resolved.layout
+    seeds = resolved.config.num_seeds
     local = seeds // layout.shards
-    algo = Algorithm(dataclasses.replace(run, layout=Layout()))  # a member's envs: one shard
+    # A member's envs are one shard.
+    algo = Algorithm.create(dataclasses.replace(resolved, layout=Layout()))
     batched = _is_batched(hp, seeds)
 
     def init_dev(root, hp, shard):
@@ -147,24 +206,21 @@ def _population_program(run: Resolved, hp: HyperParams, chunk_len: int) -> Progr
         keys = jax.lax.dynamic_slice_in_dim(jax.random.split(root, seeds), first, local)
         if batched:
             hp = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, first, local), hp)
-            return jax.vmap(lambda k, h: algo.init(k, h))(keys, hp)
-        return jax.vmap(lambda k: algo.init(k, hp))(keys)
+            return jax.vmap(lambda k, h: ppo.init(algo, k, h))(keys, hp)
+        return jax.vmap(lambda k: ppo.init(algo, k, hp))(keys)
 
     devices = _program_devices(layout)
     pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
     first = layout.first_shard
     init = lambda root, hp: pinit(root, hp, jnp.arange(first, first + layout.local_devices))  # noqa: E731
-    chunk = jax.pmap(_population_chunk(algo, chunk_len, AXIS), axis_name=AXIS,
-                     in_axes=(0, None, None, None), devices=devices, donate_argnums=0)
-    return Program(algo, layout, init, chunk, population=True)
+    compiled = jax.pmap(_population_chunk(algo, chunk_len, AXIS), axis_name=AXIS,
+                        in_axes=(0, None, None, None), devices=devices, donate_argnums=0)
+    return Program(algo, layout, init, compiled, population=True)
 
 
 def initialise_and_compile(program: Program, key: jax.Array, hp: HyperParams):
     """Run `init`, then compile `chunk` for the resulting state; returns (state, compiled).
-
-    (Compiling the chunk in a second thread while init runs was measured: no faster on two
-    cores, and about 170 MB more peak memory, so the two run one after the other.)
-    """
+    The two run one after the other (docs/design.md, "Compiling while init runs")."""
     start0 = jnp.asarray(0, jnp.int32)
     state = program.init(key, hp)
     if program.layout.num_processes > 1:
@@ -190,6 +246,13 @@ def _is_batched(hp: HyperParams, seeds: int) -> bool:
 
 
 # ---------------------------------------------------------------------- state layouts
+# The *device layout* is what the program holds: [local_devices, seeds?, ...] on each process
+# when pmapped, [seeds?, ...] otherwise. The *unsharded layout* is one host-side (numpy)
+# TrainState of the whole run, as if it ran on one device: every env in global order, one copy
+# of the replicated fields. Snapshots and checkpoints use the unsharded layout, so a run saved
+# on any number of devices or hosts resumes on any other number that divides num_envs; keys
+# derive from global env ids, so the continuation is the same. Collectives over the axis are
+# XLA's: within a host, shared memory; across hosts, gloo on CPU and NCCL on GPU.
 def _split_fields(population: bool) -> tuple[str, ...]:
     """The TrainState fields split over shards: the per-env ones, or (a PBT population split
     over its shards) every field, by member."""
@@ -291,8 +354,8 @@ def local_metrics(metrics: dict, layout: Layout) -> dict[str, np.ndarray]:
 
 
 class ChunkRunner:
-    """A compiled program and its state on this process's devices: what the run loop drives
-    (in-process for one host, inside each host's learner for several)."""
+    """A compiled program and its state on this process's devices: a `jaxppo.run.runner.Runner`
+    (driven by the run loop in-process, and inside each host's learner for several hosts)."""
 
     def __init__(self, program: Program, hp: HyperParams, key: jax.Array,
                  restored: TrainState | None = None):
@@ -305,7 +368,8 @@ class ChunkRunner:
         self.hp = hp
         self.population = program.population
         # pmapped params are one copy per device, unless the devices hold different members
-        self.params_replicated = not program.population
+        self.params_replicated = self.shards > 1 and not program.population
+        self.host_failures: list[dict] = []
         t0 = time.perf_counter()
         self.state, self.compiled = initialise_and_compile(program, key, hp)
         check_memory(self.compiled, self.config, self.layout)
@@ -314,7 +378,7 @@ class ChunkRunner:
                                         self.population)
         self.compile_seconds = time.perf_counter() - t0
 
-    def run(self, start: int, stop: int) -> dict[str, np.ndarray]:
+    def train_chunk(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Iterations start+1..stop (at most one chunk); their metrics [seeds?, stop - start]."""
         self.state, m = self.compiled(self.state, self.hp, jnp.asarray(start, jnp.int32),
                                       jnp.asarray(stop, jnp.int32))
@@ -337,7 +401,7 @@ class ChunkRunner:
         return self.state
 
     def close(self) -> None:
-        pass
+        """Nothing to release: the state goes with the runner."""
 
 
 def check_memory(compiled, config, layout: Layout) -> None:

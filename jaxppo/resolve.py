@@ -1,10 +1,11 @@
 """`resolve(config)`: everything a run derives from its config, worked out and checked once.
 
-`PPOConfig.validate` checks each field on its own. What needs more than the config (the env
-and its spaces, the transforms, the network's torso, the devices the envs are split over,
-the bound on an evaluation episode) is worked out here, once per run, by `train`,
-`make_train`, `load_policy` and the multi-host entry; the rest of the package takes the
-`Resolved` it returns and checks nothing again.
+`resolve` validates the config (`PPOConfig.validate`: each field's declared check, then the
+rules between fields), once per run. What needs more than the config (the env and its
+spaces, the transforms, the network's torso, the devices the envs are split over, the bound
+on an evaluation episode) is worked out here too, by `train`, `make_train`, `load_policy` and
+the multi-host entry; the rest of the package takes the `Resolved` it returns and checks
+nothing again.
 """
 
 from __future__ import annotations

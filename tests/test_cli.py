@@ -184,7 +184,7 @@ def test_train_help_mentions_every_option():
 
 
 def test_config_keys_help_parses_no_python(monkeypatch):
-    """The help's config keys come from scanning config.py's lines: no ast.parse (which
+    """The help's config keys come from the fields' declarations: no ast.parse (which
     inspect.getsource runs for a class), whose AST state CPython 3.11 shares between threads
     and which can then fail with a spurious SystemError while another thread parses."""
     import ast

@@ -58,9 +58,15 @@ def test_no_import_cycles():
 def test_leaf_modules_import_nothing_from_jaxppo_but_errors():
     graph = _imports()
     assert graph["jaxppo.errors"] == set() and graph["jaxppo.process"] == set()
-    # config checks `search` and `pbt` with jaxppo.search.space, itself a leaf over errors
+    # config checks `search` and `pbt` with jaxppo.search.space, itself a leaf over errors;
+    # its fields are declared with jaxppo.config_fields, files read with jaxppo.config_files,
+    # and env objects named with jaxppo.envs.record (which imports nothing of jaxppo)
     assert graph["jaxppo.search.space"] == {"jaxppo.errors"}
-    assert graph["jaxppo.config"] == {"jaxppo.errors", "jaxppo.search.space"}
+    assert graph["jaxppo.config_fields"] == {"jaxppo.errors"}
+    assert graph["jaxppo.config_files"] == {"jaxppo.errors", "jaxppo.config_fields"}
+    assert graph["jaxppo.envs.record"] == set()
+    assert graph["jaxppo.config"] == {"jaxppo.errors", "jaxppo.search.space", "jaxppo.config_fields",
+                                      "jaxppo.config_files", "jaxppo.envs.record"}
 
 
 # What a folder never imports: the algorithm knows nothing of runs, searches, Ray or the CLI;

@@ -20,18 +20,21 @@ def compute_gae(
     gamma: float | jax.Array,
     gae_lambda: float | jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
-    """Advantages and value targets for a rollout.
+    """Advantages and value targets for a rollout (arrays time-major, [T, E]).
 
-    Args (all [T, E], time-major):
-      rewards: r_t.
-      values: V(s_t) under the critic that acted.
-      next_values: V(s'_t), the value of the true successor of step t: the final
-        (pre-reset) observation for a finished episode, else the next observation.
-      terminated, truncated: bool flags of step t (truncated wins only if not terminated).
-      gamma, gae_lambda: scalars.
+    Args:
+      rewards: [T, E] r_t.
+      values: [T, E] V(s_t) under the critic that acted.
+      next_values: [T, E] V(s'_t) of the true successor of step t: the final (pre-reset)
+        observation for a finished episode, else the next observation.
+      terminated: [T, E] bool, the episode really ended at step t (bootstrap with 0).
+      truncated: [T, E] bool, a time limit cut it (bootstrap with next_values, cut the
+        trace); terminated wins where both are set.
+      gamma: the discount, a scalar.
+      gae_lambda: GAE's lambda, a scalar.
 
     Returns:
-      advantages [T, E] and value_targets = advantages + values [T, E].
+      (advantages [T, E], value_targets = advantages + values [T, E]).
     """
     terminated = terminated.astype(values.dtype)
     done = jnp.maximum(terminated, truncated.astype(values.dtype))

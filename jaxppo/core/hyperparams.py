@@ -1,4 +1,9 @@
-"""The tunable scalars of a run (`HyperParams`) and their piecewise-linear schedules."""
+"""The tunable scalars of a run (`HyperParams`) and their piecewise-linear schedules.
+
+`HyperParams` has one leaf per field that jaxppo.config declares tunable, in declaration
+order: a schedule (`lr`, `entropy_coeff`) becomes its points (`lr_points`, `entropy_points`),
+any other field its float32 value.
+"""
 
 from __future__ import annotations
 
@@ -7,47 +12,45 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxppo.config import PPOConfig, require_config
+from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES, PPOConfig, check_fields, require_config
 from jaxppo.errors import ConfigError
+
+# What from_config reads: the tunable fields, the fields giving their schedules' form, and
+# the budget a linear schedule anneals over.
+_READS = (*HYPERPARAM_LEAVES.values(), *SCHEDULES.values(), "total_timesteps")
 
 
 @struct.dataclass
 class HyperParams:
     """The tunable scalars of a run: pytree leaves, so `jax.vmap` can sweep any of them.
 
-    `lr_points`/`entropy_points` are piecewise-linear schedules over env steps, [K, 2] arrays
-    of (env_step, value); a constant is one point, a linear anneal two.
+    The leaves are named after the config's tunable fields (`clip_param`, `gamma`, ...),
+    except schedules: `lr_points`/`entropy_points` are piecewise-linear schedules over env
+    steps, [K, 2] arrays of (env_step, value); a constant is one point, a linear anneal two.
+    `vf_clip_param` null (no value clipping) is 0. `kl_coeff` is the initial value; the live
+    one is in TrainState.
     """
 
-    lr_points: jax.Array
-    entropy_points: jax.Array
-    clip_param: jax.Array
-    vf_clip_param: jax.Array
-    vf_coeff: jax.Array
-    kl_coeff: jax.Array  # initial value; the live one is in TrainState
-    kl_target: jax.Array
-    max_grad_norm: jax.Array
-    gamma: jax.Array
-    gae_lambda: jax.Array
+    __annotations__ = {leaf: "jax.Array" for leaf in HYPERPARAM_LEAVES}
+    # leaves holding schedule points ([K, 2]) and leaves holding one value
+    point_leaves = tuple(leaf for leaf, name in HYPERPARAM_LEAVES.items() if name in SCHEDULES)
+    scalar_leaves = tuple(leaf for leaf, name in HYPERPARAM_LEAVES.items() if name not in SCHEDULES)
 
     @classmethod
     def from_config(cls, config: PPOConfig) -> "HyperParams":
-        config = require_config(config).validate()
-        f = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
-        return cls(
-            lr_points=_schedule_points(config.lr, config.lr_schedule, config.total_timesteps),
-            entropy_points=_schedule_points(
-                config.entropy_coeff, config.entropy_schedule, config.total_timesteps
-            ),
-            clip_param=f(config.clip_param),
-            vf_clip_param=f(config.vf_clip_param if config.vf_clip_param is not None else 0.0),
-            vf_coeff=f(config.vf_coeff),
-            kl_coeff=f(config.kl_coeff),
-            kl_target=f(config.kl_target),
-            max_grad_norm=f(config.max_grad_norm),
-            gamma=f(config.gamma),
-            gae_lambda=f(config.gae_lambda),
-        )
+        """The config's tunable values. ConfigError for a bad value of a field it reads (the
+        whole config is validated by `jaxppo.resolve`, once per run)."""
+        config = require_config(config)
+        check_fields(config, _READS)
+        leaves = {}
+        for leaf, name in HYPERPARAM_LEAVES.items():
+            value = getattr(config, name)
+            if name in SCHEDULES:
+                leaves[leaf] = _schedule_points(value, getattr(config, SCHEDULES[name]),
+                                                config.total_timesteps)
+            else:
+                leaves[leaf] = jnp.asarray(0.0 if value is None else value, jnp.float32)
+        return cls(**leaves)
 
     @classmethod
     def stack(cls, items: "list[HyperParams]") -> "HyperParams":
@@ -68,8 +71,8 @@ class HyperParams:
                 f"HyperParams.stack: item {wrong} is {type(items[wrong]).__name__} "
                 f"{repr(items[wrong])[:40]}, not a HyperParams; make each with "
                 "HyperParams.from_config(config)")
-        shapes = {tuple(np.shape(h.lr_points)) + tuple(np.shape(h.entropy_points)) for h in items}
-        if len({np.shape(h.clip_param) for h in items}) != 1:
+        shapes = {tuple(np.shape(getattr(h, leaf)) for leaf in cls.point_leaves) for h in items}
+        if len({np.shape(getattr(h, cls.scalar_leaves[0])) for h in items}) != 1:
             raise ConfigError(
                 "HyperParams.stack: some items are already stacked (a leading axis) and some "
                 "are not; stack single HyperParams (HyperParams.from_config) only")

@@ -29,8 +29,7 @@ class Batch(NamedTuple):
 
 
 def shares_log_std(dist: DistParams) -> bool:
-    """True when `log_std` is one vector for every sample (state-independent std), so
-    batching code must pass it through unsliced; False when it is per sample like `loc`."""
+    """True when `log_std` is one vector for every sample (batching leaves it unsliced)."""
     return dist.log_std.ndim < dist.loc.ndim
 
 
@@ -59,6 +58,8 @@ def map_samples(fn, batch: Batch) -> Batch:
 
 
 class LossTerms(NamedTuple):
+    """The loss and its terms (scalars), as `ppo_loss_terms` returns them."""
+
     total: jax.Array
     policy_loss: jax.Array
     value_loss: jax.Array
@@ -82,11 +83,28 @@ def ppo_loss_terms(
     use_kl_loss: bool,
     use_vf_clip: bool,
 ) -> LossTerms:
-    """Total = policy_loss + kl_coeff*kl (if use_kl_loss) + vf_coeff*value_loss - entropy_coeff*entropy.
+    """PPO's loss and its terms for one minibatch.
 
-    policy_loss = -mean(min(r*A, clip(r, 1-eps, 1+eps)*A)), r = exp(logp_new - logp_old);
-    value_loss = 0.5*mean((V - target)^2), or with value clipping
-    0.5*mean(max((V - target)^2, (V_old + clip(V - V_old, -c, c) - target)^2)).
+    total = policy_loss + vf_coeff*value_loss - entropy_coeff*entropy (+ kl_coeff*kl when
+    use_kl_loss), where policy_loss = -mean(min(r*A, clip(r, 1-eps, 1+eps)*A)) with
+    r = exp(logp_new - logp_old), and value_loss = 0.5*mean((V - target)^2), or with value
+    clipping 0.5*mean(max((V - target)^2, (V_old + clip(V - V_old, -c, c) - target)^2)).
+
+    Args:
+      discrete: the actions are discrete (else Gaussian).
+      new_dist: the current policy's distribution over the batch, loc [B, A|D].
+      new_values: [B] the current critic's values.
+      batch: the minibatch (old log-probs, values, advantages, targets).
+      clip_param: eps, the policy ratio's clip range.
+      vf_clip_param: c, the value clip range (with use_vf_clip).
+      vf_coeff: the value loss's weight.
+      entropy_coeff: the entropy bonus's weight.
+      kl_coeff: the KL penalty's weight (with use_kl_loss).
+      use_kl_loss: add the KL penalty.
+      use_vf_clip: clip the value loss.
+
+    Returns:
+      LossTerms of scalars: the total and each term, with KL and clip-fraction diagnostics.
     """
     log_probs = networks.log_prob(discrete, new_dist, batch.actions)
     log_ratio = log_probs - batch.old_log_probs

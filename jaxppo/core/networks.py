@@ -1,8 +1,5 @@
-"""Actor-critic networks (flax) and the action distributions PPO needs.
-
-Distributions are written out here (a dozen lines each) rather than taken from distrax so
-that the package stays within its small set of dependencies; each function is a pure
-function of the distribution parameters, which the rollout stores for the KL term.
+"""Actor-critic networks (flax) and the action distributions PPO needs, as pure functions
+of the distribution parameters (which the rollout stores for the KL term).
 """
 
 from __future__ import annotations
@@ -42,12 +39,12 @@ class DistParams(NamedTuple):
 
 # ---------------------------------------------------------------- distributions
 def sample(discrete: bool, dist: DistParams, key: jax.Array) -> jax.Array:
+    """A sample from `dist`: [...] action indices, or [..., D] continuous actions."""
     return sample_with_noise(discrete, dist, sampling_noise(discrete, key, dist.loc.shape))
 
 
 def sampling_noise(discrete: bool, key: jax.Array, shape) -> jax.Array:
-    """The noise that turns distribution parameters of `shape` into a sample: Gumbel for
-    logits (the Gumbel-max trick), standard normal for a Gaussian's mean."""
+    """Gumbel noise of `shape` for logits (the Gumbel-max trick), else standard normal."""
     return jax.random.gumbel(key, shape) if discrete else jax.random.normal(key, shape)
 
 
@@ -60,10 +57,12 @@ def sample_with_noise(discrete: bool, dist: DistParams, noise: jax.Array) -> jax
 
 
 def mode(discrete: bool, dist: DistParams) -> jax.Array:
+    """The most likely action (the deterministic policy's)."""
     return jnp.argmax(dist.loc, axis=-1) if discrete else dist.loc
 
 
 def log_prob(discrete: bool, dist: DistParams, action: jax.Array) -> jax.Array:
+    """log p(action) [...], summed over a continuous action's dimensions."""
     if discrete:
         logp = jax.nn.log_softmax(dist.loc)
         return jnp.take_along_axis(logp, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
@@ -72,6 +71,7 @@ def log_prob(discrete: bool, dist: DistParams, action: jax.Array) -> jax.Array:
 
 
 def entropy(discrete: bool, dist: DistParams) -> jax.Array:
+    """The distribution's entropy [...], summed over action dimensions."""
     if discrete:
         logp = jax.nn.log_softmax(dist.loc)
         return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
@@ -98,15 +98,19 @@ _MIN_DRAW = 4096
 
 
 def orthogonal(scale: float):
-    """An orthogonal initializer (the Q of a Gaussian matrix's QR, signs fixed by R's
-    diagonal, times `scale`), as flax's, with two changes:
+    """An orthogonal initializer, as flax's, for kernels of any shape.
 
-    * the Gaussian matrix is the first entries of a draw of at least `_MIN_DRAW` normals:
-      compiling a random draw costs about 0.15 s on a CPU for every distinct shape, and the
-      layers of a small network then share one;
-    * under vmap (seeds) the QRs run one at a time: flax's batched LAPACK QR uses jaxlib's
-      CPU thread pool, which we saw deadlock (every thread idle) with 4 vmapped seeds on 2
-      cores.
+    The Q of a Gaussian matrix's QR, signs fixed by R's diagonal, times `scale`. Two changes
+    from flax's, both for the CPU (docs/design.md): the Gaussian matrix is the first entries
+    of a draw of at least `_MIN_DRAW` normals (one compile for every small layer), and under
+    vmap (seeds) the QRs run one at a time (jaxlib's batched QR deadlocked its CPU thread
+    pool).
+
+    Args:
+      scale: the gain.
+
+    Returns:
+      init(key, shape, dtype=float32) -> array.
     """
 
     def one(key, shape, dtype):
@@ -140,6 +144,8 @@ def _dense(features: int, scale: float) -> nn.Dense:
 
 
 class MLP(nn.Module):
+    """Dense layers of `hidden_sizes`, each followed by `activation`."""
+
     hidden_sizes: Sequence[int]
     activation: str
 
@@ -183,8 +189,8 @@ class CNN(nn.Module):
 def _patches(x: jax.Array, k: int) -> jax.Array:
     """[N, H, W, C] -> [N, H, W, k*k*C]: each pixel's k x k neighbourhood (zero "SAME" padding).
 
-    A conv is then one Dense over the last axis. With XLA's CPU convolution, a MinAtar PPO
-    iteration took about 4x longer than with this matmul form (measured on a 2-core CPU).
+    A conv is then one Dense over the last axis: on a CPU much faster than XLA's convolution
+    (docs/design.md).
     """
     lo = (k - 1) // 2
     hi = k - 1 - lo
@@ -316,7 +322,11 @@ def initial_carry(network, batch_shape: tuple[int, ...] = ()):
 
 
 def resolve_torso(config, spec) -> str:
-    """"auto" picks the CNN for image observations [H, W, C] and the MLP otherwise."""
+    """The torso, "cnn" or "mlp"; "auto" picks the CNN for image observations [H, W, C].
+
+    Raises:
+      ConfigError: network.torso="cnn" for observations that are not images.
+    """
     torso = config.network.torso
     if torso == "auto":
         return "cnn" if len(spec.obs_shape) == 3 else "mlp"
@@ -329,8 +339,18 @@ def resolve_torso(config, spec) -> str:
 
 
 def make_network(config, spec) -> nn.Module:
-    """The config's network for the env `spec`: an ActorCritic, or a RecurrentActorCritic
-    when `network.recurrent_size > 0`."""
+    """The config's network for an env.
+
+    Args:
+      config: the PPOConfig (its `network` fields).
+      spec: the env's EnvSpec.
+
+    Returns:
+      An ActorCritic, or a RecurrentActorCritic when `network.recurrent_size > 0`.
+
+    Raises:
+      ConfigError: a CNN torso for observations that are not images.
+    """
     net = config.network
     common = dict(
         action_dim=spec.action_dim,

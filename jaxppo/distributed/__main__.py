@@ -1,21 +1,14 @@
 """`python -m jaxppo.distributed --hosts H --env CartPole-v1 ...`: the entry point `ray job
-submit` runs (also `make ray-submit`, `jaxppo train --hosts H`). Writes the same run folder
-as `jaxppo train`, through the same run loop."""
+submit` runs (also `make ray-submit`). Writes the same run folder as `jaxppo train`, through
+the same run loop (`jaxppo.distributed.launch.train_from_command`, which `jaxppo train
+--hosts H` calls too)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import sys
-
-import jax
 
 from jaxppo.run import command
-from jaxppo.distributed.cluster import DistributedError, quiet_library_logs
-from jaxppo.distributed.launch import train_distributed
-from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, TrainingDivergedError,
-                           TrainingInterrupted)
+from jaxppo.distributed.launch import HostOptions, train_from_command
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -52,46 +45,13 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, *, search: bool = False) -> int:
-    """The driver's command line; `search`: `jaxppo search --hosts H` (the config must have a
-    `search`, and the run folder is named <env>-search-rayH-<time>)."""
+def main(argv: list[str] | None = None) -> int:
+    """The driver's command line: parse the flags and train (see `train_from_command`)."""
     args = _build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    logging.getLogger("jaxppo").setLevel(logging.INFO)
-    quiet_library_logs()  # a job's log: jaxppo's progress and warnings, not orbax's INFO
-
-    # The driver runs no training step; keep it off accelerators so it never competes with a
-    # learner for GPU memory on the head node (override with JAX_PLATFORMS).
-    if not os.environ.get("JAX_PLATFORMS"):
-        jax.config.update("jax_platforms", "cpu")
-    try:
-        config, source, run_dir = command.start(
-            args, name_tag=f"{'-search' if search else ''}-ray{args.hosts}")
-        if search and not args.resume:
-            config = command.searched(config)
-    except (ConfigError, CheckpointError) as e:
-        return command.fail(e)
-
-    print(f"config: {source}; hosts: {args.hosts}; run folder: {run_dir.resolve()}",
-          file=sys.stderr, flush=True)
-    try:
-        result = train_distributed(
-            config, hosts=args.hosts, run_dir=None if args.resume else run_dir,
-            resume=run_dir if args.resume else None, stop_after_iterations=args.stop_after,
-            progress=False if args.no_progress else None, plot=not args.no_plot,
-            min_hosts=args.min_hosts,
-            address=args.address, strategy=args.strategy, gpus_per_host=args.gpus_per_host,
-            coordinator_port=args.coordinator_port,
-        )
-    except (DistributedError, ConfigError, CheckpointError) as e:
-        return command.fail(e)
-    except TrainingInterrupted as e:
-        return command.interrupted(e)
-    except (TrainingDivergedError, RunFolderError) as e:
-        return command.fail(e, 1)
-    return command.report(result, resume_command=f"python -m jaxppo.distributed --resume {run_dir} "
-                                         f"--hosts {args.hosts}")
+    options = HostOptions(hosts=args.hosts, min_hosts=args.min_hosts, address=args.address,
+                          coordinator_port=args.coordinator_port,
+                          gpus_per_host=args.gpus_per_host, strategy=args.strategy)
+    return train_from_command(args, options)
 
 
 if __name__ == "__main__":

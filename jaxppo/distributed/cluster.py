@@ -13,7 +13,7 @@ import warnings
 
 import ray
 
-from jaxppo.distributed.loopback import LOOPBACK_ENV
+from jaxppo.distributed.loopback import keep_loopback
 from jaxppo.errors import ConfigError
 
 # ---------------------------------------------------------------------- errors
@@ -62,44 +62,6 @@ def _split_address(address: str) -> tuple[str, int] | None:
         return None
 
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-@contextlib.contextmanager
-def keep_loopback(address: str | None, children: bool = False):
-    """Let `ray.init` use a cluster bound to loopback (`--node-ip-address=127.0.0.1`).
-
-    Ray rewrites a 127.0.0.1/localhost address to this machine's outward IP and then looks
-    for a raylet with that IP; a loopback-only cluster has neither. For loopback addresses
-    only, Ray takes 127.0.0.1 as this machine's IP while `ray.init` runs (its own switch for
-    single-machine clusters, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER); with `children` the Ray
-    processes started meanwhile inherit the switch. Other addresses are left alone.
-    """
-    hp = _split_address(address) if address else None
-    if hp is None or hp[0] not in _LOOPBACK:
-        yield
-        return
-    try:
-        import ray._private.ray_constants as ray_constants
-    except ImportError:  # pragma: no cover - layout of a future Ray
-        yield
-        return
-    old = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
-    old_env = {k: os.environ.get(k) for k in LOOPBACK_ENV}
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    if children:
-        os.environ.update(LOOPBACK_ENV)
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = old
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 @contextlib.contextmanager
 def _quiet_fork_warning():
     # Ray starts its daemons with subprocess (fork + exec at once), which JAX's
@@ -122,7 +84,7 @@ def connect(address: str | None = None, timeout_s: float = 5.0) -> bool:
     quiet = dict(logging_level=logging.WARNING, log_to_driver=True)
     if address is None or address == "local":
         # A private single-node instance, on loopback only.
-        with keep_loopback("127.0.0.1:0", children=True), _quiet_fork_warning():
+        with keep_loopback("127.0.0.1", children=True), _quiet_fork_warning():
             ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
         return True
     if address.startswith(("http://", "https://")):
@@ -155,7 +117,8 @@ def connect(address: str | None = None, timeout_s: float = 5.0) -> bool:
                 f"`ray job submit --address http://{hp[0]}:{hp[1]} -- python -m "
                 "jaxppo.distributed ...`")
     try:
-        with keep_loopback(address), _quiet_fork_warning():
+        hp = _split_address(address)
+        with keep_loopback(hp[0] if hp else None), _quiet_fork_warning():
             ray.init(address=address, **quiet)
     except (ConnectionError, RuntimeError, TimeoutError) as e:
         raise ClusterUnreachableError(

@@ -5,7 +5,7 @@ and the run loop (jaxppo.run.loop) drives them chunk by chunk, as it drives one 
     place bundles (STRICT_SPREAD) ─────────────►  start; host 0 picks the coordinator port
     hand every host the coordinator address ───►  jax.distributed.initialize(addr, H, i)
     start(snapshot) ───────────────────────────►  build + compile the same chunk
-    run(start, stop) per chunk ────────────────►  the chunk, all-reduces inside XLA
+    train_chunk(start, stop) per chunk ────────►  the chunk, all-reduces inside XLA
     ◄──────────────────── metrics + unsharded state (host 0; gathered by a collective)
 
 The driver keeps the newest snapshot (the whole TrainState after the last chunk, env states
@@ -50,9 +50,12 @@ class HostLost(Exception):
         self.dead = dead
 
 
-def check_hosts(run: Resolved, hosts: int, min_hosts: int | None = None) -> None:
-    """HostsConfigError unless the run can be split over `hosts` (and `min_hosts`) hosts."""
-    config = run.config
+def check_hosts(resolved: Resolved, hosts: int, min_hosts: int | None = None) -> None:
+    """Check `hosts` and `min_hosts`, and that the run can be split over `hosts` hosts.
+
+    Raises:
+        HostsConfigError: (a ConfigError) naming the problem and the fix.
+    """
     for name, value in (("hosts", hosts), ("min_hosts", min_hosts)):
         if value is None and name == "min_hosts":
             continue
@@ -61,40 +64,54 @@ def check_hosts(run: Resolved, hosts: int, min_hosts: int | None = None) -> None
     if min_hosts is not None and min_hosts > hosts:
         raise HostsConfigError(f"min_hosts={min_hosts} is more than hosts={hosts}; use "
                                f"--min-hosts {hosts} or fewer")
-    if config.num_envs % hosts:
-        n = config.num_envs
+    problem = split_problem(resolved, hosts)
+    if problem is not None:
+        raise problem
+
+
+def split_problem(resolved: Resolved, hosts: int) -> HostsConfigError | None:
+    """Why the run cannot be split over `hosts` hosts, or None when it can.
+
+    Every host owns the same number of envs (PBT runs included); then `jaxppo.resolve`'s
+    check for a layout of one shard per host applies.
+    """
+    n = resolved.config.num_envs
+    if n % hosts:
         divisors = [d for d in range(1, n + 1) if n % d == 0]
         lower = (n // hosts) * hosts
-        upper = lower + hosts
-        envs_hint = f"{upper}" if lower == 0 else f"{lower} or {upper}"
-        raise HostsConfigError(
+        envs_hint = f"{lower + hosts}" if lower == 0 else f"{lower} or {lower + hosts}"
+        return HostsConfigError(
             f"num_envs={n} (the global env count) is not divisible by hosts={hosts}: every "
             f"host must own the same number of envs. Use hosts from {divisors}, or set "
-            f"num_envs to a multiple of {hosts} (e.g. --set num_envs={envs_hint})"
-        )
-    # The program must also be buildable with one shard per host (e.g. a recurrent policy's
-    # minibatches of whole env sequences): the same check a local pmap makes.
-    run.with_layout(Layout(1, hosts))
+            f"num_envs to a multiple of {hosts} (e.g. --set num_envs={envs_hint})")
+    try:
+        resolved.with_layout(Layout(1, hosts))
+    except ConfigError as e:
+        return HostsConfigError(str(e))
+    return None
 
 
 class HostGroup:
-    """A runner for jaxppo.run.loop.run_loop whose chunk runs on `hosts` Ray learners.
+    """The `jaxppo.run.runner.Runner` whose chunk runs on `hosts` Ray learners.
 
     restored: the unsharded state to start from (a resumed run), else None (fresh, from the
-    config's seed). Ray must be connected (jaxppo.distributed.cluster.connect).
+    config's seed). Ray must be connected (jaxppo.distributed.cluster.connect); with
+    `owns_ray`, `close` also disconnects it.
     """
 
-    def __init__(self, run: Resolved, hp, hosts: int, *, chunk_len: int,
+    def __init__(self, resolved: Resolved, hp, hosts: int, *, chunk_len: int,
                  restored=None, start_iter: int = 0, min_hosts: int | None = None,
                  strategy: str = "STRICT_SPREAD", gpus_per_host: float = 0,
                  placement_timeout_s: float = 60.0, init_timeout_s: int = 60,
                  coordinator_port: int = 0, max_restarts: int = 8,
                  pin_cpus: list[list[int]] | None = None,
-                 learner_env: dict[str, str] | None = None, snapshot_every_s: float = 0.0):
+                 learner_env: dict[str, str] | None = None, snapshot_every_s: float = 0.0,
+                 owns_ray: bool = False):
         if strategy not in STRATEGIES:
             raise HostsConfigError(f"strategy={strategy!r} must be one of {', '.join(STRATEGIES)} "
                                    "(STRICT_SPREAD, the default, puts one host on each node)")
-        self.config = run.config
+        self.resolved = resolved
+        self.config = resolved.config
         self.hp = jax.tree.map(np.asarray, hp)
         self.requested = hosts
         self.min_hosts = hosts if min_hosts is None else min_hosts
@@ -107,7 +124,7 @@ class HostGroup:
         self.max_restarts = max_restarts
         self.pin_cpus = pin_cpus
         self.learner_env = dict(learner_env or {})
-        self.algorithm = Algorithm(run)
+        self.algorithm = Algorithm.create(resolved)
         self.snapshot_every_s = snapshot_every_s
         self.snapshot_state = restored
         # The run's iteration (what the loop has), the newest snapshot's, and where the
@@ -121,9 +138,12 @@ class HostGroup:
         self.hosts = 0
         self.shards = 0
         self.compile_seconds = 0.0
+        self.owns_ray = owns_ray
 
-    # -------------------------------------------------------------- runner interface
-    def run(self, start: int, stop: int) -> dict:
+    # -------------------------------------------------------------- the Runner protocol
+    def train_chunk(self, start: int, stop: int) -> dict:
+        """Iterations start+1..stop on every host (after a restart, the learners first redo
+        what the loop already has); host 0's metrics [seeds?, stop - start]."""
         if start != self.iteration:
             raise RuntimeError(f"chunk from {start}, but the group is at iteration {self.iteration}")
         while True:
@@ -131,7 +151,7 @@ class HostGroup:
                 if self.learners_at < start:  # restarted: redo what the loop already logged
                     self._replay(start)
                 take = time.monotonic() - self.snapshot_time >= self.snapshot_every_s
-                out = self._call_all("run", start, stop, take)
+                out = self._call_all("train_chunk", start, stop, take)
                 self.iteration = self.learners_at = stop
                 if take:
                     self._keep([part for _, part in out])
@@ -161,7 +181,7 @@ class HostGroup:
         (the loop has them): the same numbers again, since the state and keys are."""
         while self.learners_at < until:
             nxt = min(until, self.learners_at + self.chunk_len)
-            self._call_all("run", self.learners_at, nxt, False)
+            self._call_all("train_chunk", self.learners_at, nxt, False)
             self.learners_at = nxt
 
     @property
@@ -171,9 +191,12 @@ class HostGroup:
 
     @property
     def params_replicated(self) -> bool:
-        return not self.population
+        """The final state's params are one copy per shard (not a population's members)."""
+        return self.shards > 1 and not self.population
 
     def final_state(self):
+        """The state after the last chunk: [shards, ...] as one process's pmap holds it, or a
+        population's [members, ...]."""
         state = self.snapshot()
         if self.shards > 1 and not self.population:
             return shard_state(state, self.shards, self.config.num_seeds)
@@ -181,12 +204,15 @@ class HostGroup:
 
     def close(self) -> None:
         """Leave the jax.distributed group in order (a barrier; otherwise the learners that
-        outlive host 0's coordinator log fatal errors), then stop the learners."""
+        outlive host 0's coordinator log fatal errors), then stop the learners (and, with
+        `owns_ray`, disconnect from Ray)."""
         try:
             ray.get([a.leave.remote() for a in self.learners], timeout=10)
         except Exception:  # a learner already gone: nothing to leave in order
             pass
         self._teardown()
+        if self.owns_ray:
+            ray.shutdown()
 
     # -------------------------------------------------------------- starting
     def start(self) -> "HostGroup":
@@ -381,7 +407,7 @@ class HostGroup:
     def _fewer_hint(self, available: int) -> str | None:
         """'--min-hosts N': the most hosts <= available that divide num_envs, if any."""
         for h in range(min(available, self.requested), 0, -1):
-            if self.config.num_envs % h == 0:
+            if split_problem(self.resolved, h) is None:
                 return f"--min-hosts {h}"
         return None
 
@@ -397,9 +423,9 @@ class HostGroup:
                 "and the learners' logs (`ray logs`, the dashboard)")
 
     def _hosts_for(self, available: int) -> int:
-        """The most hosts (<= requested, <= available, >= min_hosts) that divide num_envs."""
+        """The most hosts (<= requested, <= available, >= min_hosts) the run splits over."""
         for h in range(min(self.requested, available), self.min_hosts - 1, -1):
-            if self.config.num_envs % h == 0:
+            if split_problem(self.resolved, h) is None:
                 return h
         fewer = self._fewer_hint(available)
         raise DistributedError(

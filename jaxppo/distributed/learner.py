@@ -17,11 +17,11 @@ import time
 import warnings
 
 import jax
-import jax.numpy as jnp
 import jaxlib
 import ray
 from jax.experimental import multihost_utils
 
+from jaxppo.distributed import loopback
 from jaxppo.distributed.cluster import quiet_library_logs
 from jaxppo.program import ChunkRunner, build_program
 from jaxppo.resolve import resolve
@@ -29,110 +29,9 @@ from jaxppo.process import __version__, enable_compilation_cache
 
 logger = logging.getLogger("jaxppo.distributed")
 
-# Set JAXPPO_GLOO_POLLER_IDLE=0 to leave gloo's network thread at normal priority.
-POLLER_ENV = "JAXPPO_GLOO_POLLER_IDLE"
-
-
 def versions() -> dict:
     return {"python": sys.version.split()[0], "jax": jax.__version__,
             "jaxlib": jaxlib.__version__, "jaxppo": __version__}
-
-
-def _thread_ticks() -> dict[int, int]:
-    """CPU ticks (user + system) of every thread of this process."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(tid)] = int(fields[11]) + int(fields[12])
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def collective_burst(size: int = 16, reps: int = 100):
-    """A compiled function that runs `reps` all-reduces (pmean) of `size` floats over every
-    device of the group, one after the other, and returns its wall time in seconds per
-    all-reduce. A collective: every host must call it at the same time."""
-    n = jax.local_device_count()
-
-    def body(x):
-        return jax.lax.scan(lambda c, _: (jax.lax.pmean(c, "all") + 1.0, None), x, None,
-                            length=reps)[0]
-
-    fn = jax.pmap(body, axis_name="all")
-    x = jnp.zeros((n, size), jnp.float32)
-    jax.block_until_ready(fn(x))  # compile
-
-    def run() -> float:
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        return (time.perf_counter() - t0) / reps
-
-    return run
-
-
-def quiet_gloo_poller() -> dict:
-    """Give gloo's network thread SCHED_IDLE priority; returns what was measured and done.
-
-    gloo's network thread busy-polls its sockets while a collective is in flight. When it
-    shares a core with the thread that must post the next receive, it takes the core from
-    it, and each all-reduce costs ~2-4 ms instead of ~0.15 ms (measured on loopback; see
-    README, "Multi-host"). At SCHED_IDLE it runs only when the core is otherwise idle, i.e.
-    exactly while the compute thread waits for the network. No JAX or gloo option controls
-    the polling, so the thread is found by what it does: the thread other than this one that
-    uses the most CPU during a burst of all-reduces. The change is kept only if the next
-    burst is faster; otherwise it is undone. A collective (every host calls it together);
-    Linux only; JAXPPO_GLOO_POLLER_IDLE=0 turns it off.
-    """
-    import threading
-
-    burst = collective_burst()
-    before_s = burst()
-    out = {"all_reduce_ms_before": before_s * 1e3, "all_reduce_ms": before_s * 1e3, "thread": None}
-    off = os.environ.get(POLLER_ENV, "1") == "0" or not hasattr(os, "sched_setscheduler")
-    t0, ticks0 = time.perf_counter(), _thread_ticks()
-    burst()
-    seconds, ticks1 = time.perf_counter() - t0, _thread_ticks()
-    me = {os.getpid(), threading.get_native_id()}
-    used = sorted(((ticks1[t] - ticks0.get(t, ticks1[t]), t) for t in ticks1 if t not in me),
-                  reverse=True)
-    hz = os.sysconf("SC_CLK_TCK")
-    tid = used[0][1] if used and used[0][0] / hz >= 0.25 * seconds else None
-    if off or tid is None:
-        burst()  # every host runs the same number of bursts
-        return out
-    try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-    except OSError:
-        burst()
-        return out
-    after_s = burst()
-    if after_s < before_s:
-        out.update(all_reduce_ms=after_s * 1e3, thread=tid)
-    else:  # not the poller after all: put it back
-        try:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        except OSError:
-            pass
-    out["all_reduce_ms_after"] = after_s * 1e3
-    return out
-
-
-def undo_worker_niceness() -> bool:
-    """Ray starts worker processes at nice 15 (raylet's worker_niceness), which hands the
-    learner's core to any other process, Ray's own agents included. Put this process's
-    threads back to 0 where allowed (root, CAP_SYS_NICE); else `RAY_worker_niceness=0` in
-    the environment of `ray start` does it. Returns True when the learner runs at 0."""
-    ok = True
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) > 0:
-                os.setpriority(os.PRIO_PROCESS, int(tid), 0)
-        except (OSError, PermissionError):
-            ok = False
-    return ok
 
 
 @contextlib.contextmanager
@@ -145,16 +44,10 @@ def _checked_by_driver():
         yield
 
 
-def pin_to_cpus(cpus: list[int]) -> None:
-    """Pin the calling thread, and so the threads it starts later (JAX's and XLA's: the
-    backend starts after this), to `cpus`. Ray's own threads, started before, stay free to
-    run elsewhere, off the learner's core."""
-    os.sched_setaffinity(0, cpus)
-
-
 class HostLearner:
     """Host `host_index` of `num_hosts`. The driver calls, in order: `info`, (host 0)
-    `coordinator_address`, `initialize` on every host at once, `start`, then `run` per chunk.
+    `coordinator_address`, `initialize` on every host at once, `start`, then `train_chunk`
+    per chunk.
     """
 
     def __init__(self, config, hp, host_index: int, num_hosts: int, use_gpu: bool = False,
@@ -168,9 +61,9 @@ class HostLearner:
         self.runner = None
         self.collectives: dict = {}
         quiet_library_logs()  # Ray forwards this process's output to the driver's log
-        undo_worker_niceness()
+        loopback.undo_worker_niceness()
         if cpus:
-            pin_to_cpus(cpus)
+            loopback.pin_to_cpus(cpus)
 
     def info(self) -> dict:
         ctx = ray.get_runtime_context()
@@ -209,8 +102,8 @@ class HostLearner:
                 "that the node's JAX install has that platform (jax[cuda12] for GPUs; "
                 "JAX_PLATFORMS, --gpus-per-host) and that it can reach the coordinator") from None
         with _checked_by_driver():
-            self.run_spec = resolve(self.config, "hosts")
-        local_devices = self.run_spec.layout.local_devices
+            self.resolved = resolve(self.config, "hosts")
+        local_devices = self.resolved.layout.local_devices
         return {"process_index": jax.process_index(), "local_devices": local_devices,
                 "devices": [str(d) for d in jax.local_devices()[:local_devices]],
                 "backend": jax.default_backend()}
@@ -221,17 +114,17 @@ class HostLearner:
         t0 = time.perf_counter()
         enable_compilation_cache(self.config.compilation_cache_dir)
         with _checked_by_driver():
-            program = build_program(self.run_spec, self.hp, chunk_len)
+            program = build_program(self.resolved, self.hp, chunk_len)
         self.runner = ChunkRunner(program, self.hp, jax.random.PRNGKey(self.config.seed), restored)
         multihost_utils.sync_global_devices("jaxppo learners ready")
-        if self.run_spec.layout.num_processes > 1 and jax.default_backend() == "cpu":
-            self.collectives = quiet_gloo_poller()
+        if self.resolved.layout.num_processes > 1 and jax.default_backend() == "cpu":
+            self.collectives = loopback.quiet_gloo_poller()
         return time.perf_counter() - t0
 
-    def run(self, start: int, stop: int, snapshot: bool = True):
+    def train_chunk(self, start: int, stop: int, snapshot: bool = True):
         """Iterations start+1..stop. Returns (metrics, this host's part of the state after
         them or None); host 0's metrics are the run's (every host has the same)."""
-        metrics = self.runner.run(start, stop)
+        metrics = self.runner.train_chunk(start, stop)
         return (metrics if self.host_index == 0 else None), (self.snapshot() if snapshot else None)
 
     def snapshot(self):
@@ -251,4 +144,4 @@ class HostLearner:
 
     def time_all_reduce(self, size: int, reps: int = 100) -> float:
         """Milliseconds per all-reduce of `size` floats across the group (every host at once)."""
-        return collective_burst(size, reps)() * 1e3
+        return loopback.collective_burst(size, reps)() * 1e3

@@ -1,38 +1,167 @@
-"""`python -m jaxppo.distributed.loopback <ray CLI args>`: the `ray` CLI for a cluster that
-lives entirely on this machine's loopback interface (127.0.0.1).
+"""Operations for a Ray cluster on one machine's loopback interface (127.0.0.1), kept out
+of the training path: `make ray-cluster` / `make ray-stop`, and a learner on such a cluster.
 
-Ray rewrites 127.0.0.1/localhost, both in `--node-ip-address` and in `--address`, to the
-machine's outward IP (so that other machines could reach it), and so do the Ray processes
-it starts whenever they connect by a loopback address (the dashboard's job agent, a job's
-driver). A local multi-node test cluster should never leave loopback. This wrapper
-
-* runs the `ray` CLI with loopback addresses kept as given, and
-* starts every Ray process with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, Ray's own switch for
-  "this machine's address is 127.0.0.1" (the CLI itself still allows `ray start --address`).
-
-`make ray-cluster` starts the head and two worker nodes with it:
-
-    python -m jaxppo.distributed.loopback start --head --node-ip-address=127.0.0.1 --port=6379 ...
-    python -m jaxppo.distributed.loopback start --address=127.0.0.1:6379 \\
-        --node-ip-address=127.0.0.1 --num-cpus=1 --dashboard-agent-listen-port=0
-
-Only use it for single-machine clusters; on real clusters use the plain `ray` CLI.
-
-`python -m jaxppo.distributed.loopback stop-cluster --address=127.0.0.1:6379 [--temp-dir=DIR]`
-stops one such cluster (`make ray-stop`): `ray stop` has no way to choose a cluster and stops
-every Ray process of the user on the machine. See `stop_cluster`.
+`python -m jaxppo.distributed.loopback <ray CLI args>` runs the `ray` CLI with loopback
+addresses kept as given (Ray rewrites them to the machine's outward IP otherwise);
+`... stop-cluster --address=127.0.0.1:6379 [--temp-dir=DIR]` stops that one cluster.
+For learners sharing a machine's cores: `undo_worker_niceness`, `pin_to_cpus`,
+`quiet_gloo_poller`. Only for single-machine clusters; on real clusters use `ray` itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
+
+import jax
+import jax.numpy as jnp
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Set JAXPPO_GLOO_POLLER_IDLE=0 to leave gloo's network thread at normal priority.
+POLLER_ENV = "JAXPPO_GLOO_POLLER_IDLE"
+
+
+# ---------------------------------------------------------------------- connecting
+@contextlib.contextmanager
+def keep_loopback(host: str | None, children: bool = False):
+    """Let `ray.init` use a cluster bound to loopback (`--node-ip-address=127.0.0.1`).
+
+    Ray rewrites a 127.0.0.1/localhost address to this machine's outward IP and then looks
+    for a raylet with that IP; a loopback-only cluster has neither. For a loopback `host`
+    only, Ray takes 127.0.0.1 as this machine's IP while `ray.init` runs (its own switch for
+    single-machine clusters, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER); with `children` the Ray
+    processes started meanwhile inherit the switch. Other hosts are left alone.
+    """
+    if host not in LOOPBACK:
+        yield
+        return
+    try:
+        import ray._private.ray_constants as ray_constants
+    except ImportError:  # pragma: no cover - layout of a future Ray
+        yield
+        return
+    old = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    old_env = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    if children:
+        os.environ.update(LOOPBACK_ENV)
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ---------------------------------------------------------------------- a learner's process
+def _thread_ticks() -> dict[int, int]:
+    """CPU ticks (user + system) of every thread of this process."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def collective_burst(size: int = 16, reps: int = 100):
+    """A compiled function that runs `reps` all-reduces (pmean) of `size` floats over every
+    device of the group, one after the other, and returns its wall time in seconds per
+    all-reduce. A collective: every host must call it at the same time."""
+    n = jax.local_device_count()
+
+    def body(x):
+        return jax.lax.scan(lambda c, _: (jax.lax.pmean(c, "all") + 1.0, None), x, None,
+                            length=reps)[0]
+
+    fn = jax.pmap(body, axis_name="all")
+    x = jnp.zeros((n, size), jnp.float32)
+    jax.block_until_ready(fn(x))  # compile
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(x))
+        return (time.perf_counter() - t0) / reps
+
+    return run
+
+
+def quiet_gloo_poller() -> dict:
+    """Give gloo's network thread SCHED_IDLE priority; returns what was measured and done.
+
+    gloo's network thread busy-polls its sockets while a collective is in flight; sharing a
+    core with the thread that must post the next receive, it takes the core from it (see
+    docs/design.md, "Run path and loopback operations"). At SCHED_IDLE it runs only when the
+    core is otherwise idle, i.e. exactly while the compute thread waits for the network. No JAX or gloo option controls
+    the polling, so the thread is found by what it does: the thread other than this one that
+    uses the most CPU during a burst of all-reduces. The change is kept only if the next
+    burst is faster; otherwise it is undone. A collective (every host calls it together);
+    Linux only; JAXPPO_GLOO_POLLER_IDLE=0 turns it off.
+    """
+    burst = collective_burst()
+    before_s = burst()
+    out = {"all_reduce_ms_before": before_s * 1e3, "all_reduce_ms": before_s * 1e3, "thread": None}
+    off = os.environ.get(POLLER_ENV, "1") == "0" or not hasattr(os, "sched_setscheduler")
+    t0, ticks0 = time.perf_counter(), _thread_ticks()
+    burst()
+    seconds, ticks1 = time.perf_counter() - t0, _thread_ticks()
+    me = {os.getpid(), threading.get_native_id()}
+    used = sorted(((ticks1[t] - ticks0.get(t, ticks1[t]), t) for t in ticks1 if t not in me),
+                  reverse=True)
+    hz = os.sysconf("SC_CLK_TCK")
+    tid = used[0][1] if used and used[0][0] / hz >= 0.25 * seconds else None
+    if off or tid is None:
+        burst()  # every host runs the same number of bursts
+        return out
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:
+        burst()
+        return out
+    after_s = burst()
+    if after_s < before_s:
+        out.update(all_reduce_ms=after_s * 1e3, thread=tid)
+    else:  # not the poller after all: put it back
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+    out["all_reduce_ms_after"] = after_s * 1e3
+    return out
+
+
+def undo_worker_niceness() -> bool:
+    """Ray starts worker processes at nice 15 (raylet's worker_niceness), which hands the
+    learner's core to any other process, Ray's own agents included. Put this process's
+    threads back to 0 where allowed (root, CAP_SYS_NICE); else `RAY_worker_niceness=0` in
+    the environment of `ray start` does it. Returns True when the learner runs at 0."""
+    ok = True
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) > 0:
+                os.setpriority(os.PRIO_PROCESS, int(tid), 0)
+        except (OSError, PermissionError):
+            ok = False
+    return ok
+
+
+def pin_to_cpus(cpus: list[int]) -> None:
+    """Pin the calling thread, and so the threads it starts later (JAX's and XLA's: the
+    backend starts after this), to `cpus`. Ray's own threads, started before, stay free to
+    run elsewhere, off the learner's core."""
+    os.sched_setaffinity(0, cpus)
 
 
 # ---------------------------------------------------------------------- stopping one cluster

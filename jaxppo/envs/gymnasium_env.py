@@ -1,19 +1,7 @@
-"""Gymnasium environments by name (`env="gymnasium:CartPole-v1"`), for the host-loop mode.
-
-A gymnasium env steps in Python, so it cannot live inside the compiled iteration: its
-`gymnasium.make_vec(..., vectorization_mode="sync")` vector env is stepped by
-`jaxppo.run.hostloop`, and everything else (the policy, GAE, the PPO update) stays compiled.
-`GymnasiumEnv` is what the rest of jaxppo sees of it: the single env's spaces (the shape of
-the networks), its time limit (the evaluation bound) and how a policy action becomes an env
-action. It is built once per run to read the spaces; the vector env is made by the host loop.
-
-Vector envs run in SAME_STEP autoreset mode (gymnasium >= 1.1): the step that ends an episode
-returns the next episode's first observation, with the true final observation in
-`info["final_obs"]` — exactly the gymnax contract the rest of jaxppo is written for
-(terminated and truncated apart, bootstrapping a truncation from V(final observation)), so
-every transition is a real one. Gymnasium's default NEXT_STEP mode would instead return the
-reset observation one step later, through a step whose action is ignored and whose transition
-must be masked out of GAE and the loss.
+"""Gymnasium environments by name (`env="gymnasium:CartPole-v1"`), for the host-loop mode:
+the env steps in Python (`jaxppo.run.hostloop` runs its vector env in SAME_STEP autoreset
+mode, which keeps the gymnax contract), the policy and the update stay compiled.
+`GymnasiumEnv` is what the rest of jaxppo sees of it: spaces, time limit, actions.
 """
 
 from __future__ import annotations
@@ -24,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxppo.envs.transforms import env_wrappers
 from jaxppo.errors import ConfigError
 
 PREFIX = "gymnasium:"
@@ -140,8 +129,11 @@ class GymnasiumEnv:
 
 
 def make_gymnasium_env(config) -> tuple[GymnasiumEnv, GymnasiumParams | None]:
-    """(env, params) for config.env = "gymnasium:<id>"; ConfigError for what the host loop
-    cannot run."""
+    """(env, params: its time limit or None) for config.env = "gymnasium:<id>".
+
+    Raises:
+      ConfigError: env_params given, an unknown id, or spaces the host loop cannot run.
+    """
     if config.env_params is not None:
         raise ConfigError("env_params is for gymnax envs; a gymnasium env takes its options "
                           "as env_kwargs (passed to gymnasium.make)")
@@ -150,10 +142,12 @@ def make_gymnasium_env(config) -> tuple[GymnasiumEnv, GymnasiumParams | None]:
 
 
 def check_config(config, layout) -> None:
-    """What the host loop does not run: several seeds or devices, hosts, recurrent policies,
-    observation wrappers (they wrap a gymnax env; reward hooks are fine)."""
-    from jaxppo.envs.transforms import env_wrappers
+    """Checks that the host loop can run the config.
 
+    Raises:
+      ConfigError: several seeds or devices, hosts, a recurrent policy, or env wrappers
+        (they wrap a gymnax env; reward hooks are fine).
+    """
     where = f"env={config.env!r} steps in Python (host-loop mode)"
     if config.num_seeds != 1:
         raise ConfigError(f"num_seeds={config.num_seeds}: {where}, one seed per process; start "

@@ -28,6 +28,7 @@ class _Deferred(types.ModuleType):
 
 
 def import_gymnax():
+    """gymnax, with its render-only imports deferred until first used."""
     if "gymnax" not in sys.modules:
         for name in _RENDER_ONLY:
             if name not in sys.modules and importlib.util.find_spec(name.split(".")[0]) is not None:

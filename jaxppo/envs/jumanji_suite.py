@@ -1,33 +1,7 @@
-"""Jumanji environments by name (`env="jumanji:<Id>"`, e.g. "jumanji:Snake-v1"), behind the
-gymnax API that the rollout is written for.
-
-A Jumanji env steps as `state, timestep = env.step(state, action)` (reset: `env.reset(key)`),
-and says how an episode ended in the timestep, as dm_env does: `step_type` LAST ends it, and
-its `discount` tells a real end (0) from a cut one (1, a truncation). It does not reset
-itself. `JumanjiEnv` gives it jaxppo's semantics:
-
-* `terminated` is a LAST step with discount 0 and `truncated` a LAST step with discount 1.
-  Jumanji 1.1.2's single-agent envs end their own time limit (`time_limit`, e.g. Snake's
-  4000 steps) with discount 0, so that counts as terminated, as Jumanji says (their
-  observations carry the step count). jaxppo adds its own limit,
-  `params.max_steps_in_episode` (the env's `time_limit` by default, else 1000 steps): a step
-  that reaches it without a real end is truncated, and bootstrapped. Set it below
-  `time_limit` for a time limit that is not a death.
-* The observation before the reset is in `info["final_observation"]`; on either end the env
-  resets with the key jaxppo gives that env step (a new random start every episode; within
-  an episode the env draws from the key its state carries, as Jumanji does).
-* Observations, a tree of arrays (e.g. Snake's `Observation(grid, step_count,
-  action_mask)`), become one float32 vector: every leaf in `jax.tree.leaves` order (a
-  NamedTuple's fields in order, a chex dataclass's fields sorted by name), flattened
-  (C order) and cast to float32 (bools are 0/1), concatenated. `JumanjiEnv.obs_parts`
-  names each part and its shape in that order. Image-like grids are flattened too, so the
-  policy's torso is the MLP.
-* Actions: a `DiscreteArray` spec is `Discrete(num_values)`; a `MultiDiscreteArray` spec
-  (e.g. Minesweeper's [row, col]) is one `Discrete` over all combinations (at most
-  `MAX_JOINT_ACTIONS`), index i meaning `jnp.unravel_index(i, num_values)`. Other action
-  specs (continuous, several agents' rewards) are a ConfigError.
-
-jumanji is imported only when a `jumanji:` env is built: `import jaxppo` does not load it.
+"""Jumanji environments by name (`env="jumanji:<Id>"`, e.g. "jumanji:Snake-v1") behind the
+gymnax API: `JumanjiEnv` splits dm_env's LAST step into terminated (discount 0) and truncated
+(discount 1, or jaxppo's own time limit), auto-resets, flattens the observation tree into one
+float32 vector and maps (multi-)discrete action specs to one Discrete action.
 """
 
 from __future__ import annotations
@@ -40,47 +14,43 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxppo.envs import adapter
 from jaxppo.errors import ConfigError
-from jaxppo.envs.brax_suite import (
-    first_line,
-    gymnax_spaces,
-    import_suite,
-    select_reset,
-    trace_step,
-    unknown_env_error,
-)
 
 PREFIX = "jumanji:"
 DEFAULT_EPISODE_LENGTH = 1000  # jaxppo's limit for an env without a `time_limit` of its own
 MAX_JOINT_ACTIONS = 4096  # a MultiDiscreteArray spec with more combinations is refused
-_LAST = 2  # jumanji.types.StepType.LAST
 
 
 def registered_jumanji_envs() -> list[str]:
     """Jumanji's registered env ids (the <Id> of "jumanji:<Id>")."""
-    return sorted(import_suite("jumanji").registered_environments())
+    return sorted(adapter.import_suite("jumanji").registered_environments())
 
 
 def make_jumanji_env(path: str, env_kwargs: dict) -> tuple[JumanjiEnv, dict]:
-    """The `JumanjiEnv` "jumanji:<Id>" names, built by `jumanji.make(id, **kwargs)` with the
-    env_kwargs that are not fields of `JumanjiParams` (e.g. num_rows=6 for Snake). Returns
-    (env, the other env_kwargs: params, which make_env sets)."""
+    """Builds the env "jumanji:<Id>" names with `jumanji.make`.
+
+    Args:
+      path: "jumanji:<Id>".
+      env_kwargs: the config's; those that are not fields of `JumanjiParams` go to
+        `jumanji.make` (e.g. num_rows=6 for Snake).
+
+    Returns:
+      (env, the other env_kwargs: params, which make_env sets).
+
+    Raises:
+      ConfigError: an unknown id, a failing constructor, or an env jaxppo cannot adapt.
+    """
     name = path[len(PREFIX):]
-    jumanji = import_suite("jumanji")
+    jumanji = adapter.import_suite("jumanji")
     names = registered_jumanji_envs()
     if name not in names:
-        raise unknown_env_error(path, names, "a registered Jumanji environment")
-    params = {k: v for k, v in env_kwargs.items() if k in _PARAM_FIELDS}
-    kwargs = {k: v for k, v in env_kwargs.items() if k not in _PARAM_FIELDS}
-    try:
-        jumanji_env = jumanji.make(name, **kwargs)
-    except Exception as e:  # noqa: BLE001 - a bad kwarg, a level file it cannot fetch: one error
-        call = ", ".join([repr(name)] + [f"{k}={v!r}" for k, v in kwargs.items()])
-        raise ConfigError(f"env={path!r}: jumanji.make({call}) raised {type(e).__name__}: "
-                          f"{first_line(e)}. env_kwargs other than {sorted(_PARAM_FIELDS)} go "
-                          "to the env's constructor (e.g. num_rows=6 for Snake-v1)") from None
+        raise adapter.unknown_env_error(path, names, "a registered Jumanji environment")
+    params, kwargs = adapter.split_env_kwargs(env_kwargs)
+    jumanji_env = adapter.construct(path, "jumanji.make", jumanji.make, name, kwargs,
+                                    "go to the env's constructor (e.g. num_rows=6 for Snake-v1)")
     env = JumanjiEnv(jumanji_env, name=f"jumanji-{name}")
-    trace_step(env, path, "jumanji", "Jumanji", jnp.zeros((), jnp.int32))
+    adapter.trace_step(env, path, "jumanji", "Jumanji", jnp.zeros((), jnp.int32))
     return env, params
 
 
@@ -90,9 +60,6 @@ class JumanjiParams:
     which an episode that has not ended is truncated)."""
 
     max_steps_in_episode: int = DEFAULT_EPISODE_LENGTH
-
-
-_PARAM_FIELDS = {"max_steps_in_episode"}
 
 
 @struct.dataclass
@@ -109,9 +76,22 @@ class JumanjiEnv:
 
     reset(key, params) -> (obs, state); step(key, state, action, params) -> (obs, state,
     reward, terminated, truncated, info), auto-resetting with `key` when the episode ends and
-    keeping the observation before the reset in info["final_observation"]. Observations are
-    the flattened float32 vector the module docstring describes (`obs_parts` lists its
-    parts); actions are one integer (`action_space(params).n` of them).
+    keeping the observation before the reset in info["final_observation"].
+
+    * Ends: `terminated` is a LAST step with discount 0, `truncated` a LAST step with
+      discount 1 or a step that reaches `params.max_steps_in_episode` (the env's
+      `time_limit` by default, else 1000) without a real end. Jumanji's single-agent envs
+      end their own `time_limit` with discount 0, a real end as Jumanji says (their
+      observations carry the step count); set max_steps_in_episode below it for a time
+      limit that is bootstrapped.
+    * Observations: every leaf of the observation tree in `jax.tree.leaves` order,
+      flattened (C order), cast to float32 (bools 0/1) and concatenated into one vector;
+      `obs_parts` names each part and its shape. Image-like grids are flattened too, so the
+      torso is the MLP.
+    * Actions: one integer (`action_space(params).n` of them). A `DiscreteArray` spec is
+      `Discrete(num_values)`; a 1-D `MultiDiscreteArray` spec (e.g. Minesweeper's [row,
+      col]) is one Discrete over all combinations (at most `MAX_JOINT_ACTIONS`), index i
+      meaning `jnp.unravel_index(i, num_values)`. Other specs are a ConfigError.
     """
 
     def __init__(self, jumanji_env, name: str | None = None):
@@ -146,30 +126,29 @@ class JumanjiEnv:
         params = self.default_params if params is None else params
         stepped, timestep = self.jumanji_env.step(state.jumanji_state, self._action_map(action))
         time = state.time + 1
-        last = timestep.step_type == _LAST
+        last = timestep.step_type == adapter.LAST
         terminated = jnp.logical_and(last, timestep.discount == 0)
         truncated = jnp.logical_and(
             jnp.logical_or(last, time >= params.max_steps_in_episode), ~terminated)
         done = jnp.logical_or(terminated, truncated)
         stepped_obs = _flat(timestep.observation)
-        reset_obs, reset_state = self.reset(key, params)
-        next_state = select_reset(done, reset_state, JumanjiEnvState(stepped, time))
-        obs = jnp.where(done, reset_obs, stepped_obs)
+        obs, next_state, info = adapter.auto_reset(done, self.reset(key, params), stepped_obs,
+                                                   JumanjiEnvState(stepped, time))
         reward = jnp.asarray(timestep.reward, jnp.float32)
-        return obs, next_state, reward, terminated, truncated, {"final_observation": stepped_obs}
+        return obs, next_state, reward, terminated, truncated, info
 
     def observation_space(self, params: JumanjiParams | None = None):
-        return gymnax_spaces().Box(-jnp.inf, jnp.inf, (self._obs_size,), jnp.float32)
+        return adapter.gymnax_spaces().Box(-jnp.inf, jnp.inf, (self._obs_size,), jnp.float32)
 
     def action_space(self, params: JumanjiParams | None = None):
-        return gymnax_spaces().Discrete(self._action_map.n)
+        return adapter.gymnax_spaces().Discrete(self._action_map.n)
 
     def __repr__(self) -> str:
         return f"JumanjiEnv({type(self.jumanji_env).__name__}, {self.name!r})"
 
 
 def _flat(observation) -> jax.Array:
-    """A Jumanji observation (a tree of arrays) as one float32 vector (module docstring)."""
+    """A Jumanji observation (a tree of arrays) as one float32 vector (see `JumanjiEnv`)."""
     return jnp.concatenate([jnp.ravel(jnp.asarray(x)).astype(jnp.float32)
                             for x in jax.tree.leaves(observation)])
 
@@ -189,7 +168,7 @@ class _ActionMap:
 
 def _action_map(jumanji_env, name: str) -> _ActionMap:
     """How jaxppo's Discrete action maps to the env's action spec, or a ConfigError."""
-    specs = import_suite("jumanji", "jumanji.specs")
+    specs = adapter.import_suite("jumanji", "jumanji.specs")
     spec = jumanji_env.action_spec
     if isinstance(spec, specs.DiscreteArray):
         return _ActionMap(int(spec.num_values), None, spec.dtype)

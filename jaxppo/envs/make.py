@@ -1,9 +1,6 @@
-"""Environments: gymnax envs by name, a user's gymnax-API env (an object or "module:Class"),
-and their spaces.
-
-gymnax 1.x `step` returns `obs, state, reward, terminated, truncated, info`, auto-resets,
-and puts the pre-reset observation in `info["final_observation"]`; the rollout relies on it,
-so a user's env is checked for exactly that before anything is compiled (`check_env`).
+"""Environments by name: `make_env(config)` builds a gymnax env, a suite's adapter
+("brax:<name>", ...), a gymnasium env or a user's gymnax-API env ("module:Class" or an object,
+checked by `jaxppo.envs.check`), and returns it with its params and spaces as an `EnvSpec`.
 """
 
 from __future__ import annotations
@@ -11,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-import weakref
 from typing import Any, NamedTuple
 
 import jax
@@ -20,8 +16,10 @@ import numpy as np
 
 from jaxppo.envs.gymnax_import import import_gymnax
 from jaxppo.errors import ConfigError
+from jaxppo.envs.check import check_env, error_summary
 from jaxppo.envs.gymnasium_env import is_gymnasium_env, make_gymnasium_env
-from jaxppo.envs.brax_suite import SUITES, is_suite_env, make_brax_env, registered_brax_envs, suite_of
+from jaxppo.envs.adapter import SUITES, is_suite_env, suite_of
+from jaxppo.envs.brax_suite import make_brax_env, registered_brax_envs
 from jaxppo.envs.craftax_suite import make_craftax_env, registered_craftax_envs
 from jaxppo.envs.jumanji_suite import make_jumanji_env, registered_jumanji_envs
 from jaxppo.envs.xminigrid_suite import make_xminigrid_env, registered_xminigrid_envs
@@ -29,7 +27,16 @@ from jaxppo.envs.transforms import box_bounds, wrap_env
 
 
 class EnvSpec(NamedTuple):
-    """An environment and what the networks need to know about it."""
+    """An environment and what the networks need to know about it.
+
+    Attributes:
+      env: the env (gymnax API), transforms included.
+      env_params: the params its reset and step take.
+      obs_shape: one observation's shape.
+      discrete: Discrete actions (else a Box).
+      action_dim: the number of actions (discrete) or the action vector's size.
+      action_low, action_high: a Box's bounds [action_dim] (None for discrete actions).
+    """
 
     env: Any
     env_params: Any
@@ -50,12 +57,19 @@ class EnvSpec(NamedTuple):
 
 
 def registered_env_names() -> list[str]:
+    """gymnax's registered env names."""
     gymnax = import_gymnax()
 
     return list(gymnax.registered_envs)
 
 
 def check_env_name(name: str) -> None:
+    """Checks that `name` is a registered gymnax env.
+
+    Raises:
+      ConfigError: it is not; the message gives the nearest names (or the suite that has
+        it, as "<suite>:<name>"), every registered name and the other kinds of env.
+    """
     names = registered_env_names()
     if name in names:
         return
@@ -105,8 +119,12 @@ def _suite_with_name(name: str) -> str | None:
 
 
 def check_recorded_env(config, run_dir, fix: str) -> None:
-    """ConfigError when a run folder's config names its env only by a name that is neither
-    registered nor "module:Class": a custom env that cannot be rebuilt from the folder."""
+    """Checks that a run folder's config names an env that can be rebuilt.
+
+    Raises:
+      ConfigError: the env is named only by a name that is neither registered nor
+        "module:Class" (a custom env the folder cannot rebuild); `fix` says what to do.
+    """
     env = config.env
     if not isinstance(env, str) or ":" in env or env in registered_env_names():
         return
@@ -118,13 +136,54 @@ def check_recorded_env(config, run_dir, fix: str) -> None:
         "env='module:Class'")
 
 
-def make_env(config) -> EnvSpec:
-    """Build the env named in `config.env` (a registered gymnax name or "module:Class"), or
-    take the object given, with its params; a user's env is checked first (`check_env`).
+def imported_module(env) -> str | None:
+    """The module of the user's that building `env` imports: "module" of "module:Class" or
+    of "gymnasium:module:Id"; None for a registered gymnax name, a suite's env or an object."""
+    if not isinstance(env, str):
+        return None
+    if is_gymnasium_env(env):
+        module = env.partition(":")[2].rpartition(":")[0]
+        return module or None
+    if is_suite_env(env) or ":" not in env:
+        return None
+    return env.partition(":")[0] or None
 
-    `env_kwargs` keys that are fields of the env's params (e.g. `max_steps_in_episode`)
-    set those params; the rest go to the env's constructor (for "module:Class", the
-    constructor's arguments go to it and the rest set params).
+
+def refuse_imports(env, source: str, fix: str) -> None:
+    """Checks that building `env`, as `source` (a run folder's config.yaml, a config file)
+    names it, imports no module (trust_config=False, --no-imports: a folder or file of
+    someone else's).
+
+    Raises:
+      ConfigError: it would; names the module, and `fix` says how to go on.
+    """
+    module = imported_module(env)
+    if module is None:
+        return
+    raise ConfigError(
+        f"{source} names env={env!r}, which would import the module {module!r} (importing a "
+        "module runs its code), and imports named by a config are refused here "
+        f"(--no-imports / trust_config=False). {fix}")
+
+
+def make_env(config) -> EnvSpec:
+    """Builds the config's env with its params.
+
+    `config.env` is a registered gymnax name, "<suite>:<name>", "gymnasium:<id>",
+    "module:Class" or an env object; a user's env is checked first (`check_env`). The
+    `env_kwargs` keys that are fields of the env's params (e.g. `max_steps_in_episode`) set
+    those params; the rest go to the env's constructor (for "module:Class", the constructor's
+    arguments go to it and the rest set params). `config.transforms` wrap the env last.
+
+    Args:
+      config: a validated PPOConfig.
+
+    Returns:
+      The EnvSpec of the built env.
+
+    Raises:
+      ConfigError: an unknown env, env_kwargs it does not take, params of another type, or
+        a user's env that breaks the contract the rollout relies on.
     """
     env_kwargs = dict(config.env_kwargs or {})
     if is_gymnasium_env(config.env):  # steps in Python, outside the compiled program
@@ -149,9 +208,9 @@ def make_env(config) -> EnvSpec:
         _check_params_type(config.env_params, default_params, config.env_name)
     else:
         ctor_args: list[str] | None = None
-        if is_suite_env(config.env):  # "<suite>:<name>": jaxppo.envs.brax_suite*' adapters, gymnax API
+        if is_suite_env(config.env):  # "<suite>:<name>": a suite adapter, gymnax API
             env, env_kwargs = make_suite_env(config.env, env_kwargs)
-        elif isinstance(config.env, str):  # "module:Class" or "module:function"
+        elif isinstance(config.env, str):  # "module:Class" or "module:NAME"
             env, env_kwargs, ctor_args = import_env(config.env, env_kwargs)
         else:
             env = config.env
@@ -172,8 +231,8 @@ def make_env(config) -> EnvSpec:
         _check_param_values(param_kwargs, env_params, config.env_name)
         env_params = env_params.replace(**param_kwargs)
     if (not isinstance(config.env, str) or ":" in config.env) and not is_suite_env(config.env):
-        # gymnax's own envs and the suite adapters (tests/test_brax.py etc. check them; the
-        # check would add ~6 s of compiling to every Brax run on a CPU) are trusted.
+        # gymnax's own envs and the suite adapters are trusted: their tests check them, and
+        # the check's compiling would slow every run (docs/design.md, Env adapters).
         if not type(env).__module__.startswith("gymnax.environments."):
             check_env(env, env_params, config.env_name)
     if config.transforms:
@@ -186,8 +245,7 @@ _SUITE_MAKERS = {"brax": make_brax_env, "jumanji": make_jumanji_env,
 
 
 def make_suite_env(path: str, env_kwargs: dict) -> tuple[Any, dict]:
-    """The adapter env "<suite>:<name>" names (jaxppo.envs.brax_suite and jaxppo.suites_<suite>), built
-    with the env_kwargs its suite takes. Returns (env, the other env_kwargs: params)."""
+    """The adapter env "<suite>:<name>" names: (env, the env_kwargs that are its params)."""
     return _SUITE_MAKERS[suite_of(path)](path, env_kwargs)
 
 
@@ -212,18 +270,23 @@ def _env_spec(config, env, env_params) -> EnvSpec:
 
 # ---------------------------------------------------------------------- a user's own env
 _API = ("reset", "step", "action_space", "observation_space", "default_params")
-CHECK_STEPS = 512  # random steps of the auto-reset check (two envs, one jitted lax.scan)
-_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # env -> params that passed
-_GYMNAX_HINT = ("Subclassing gymnax.environments.environment.Environment and writing "
-                "step_env(key, state, action, params) -> (obs, state, reward, terminated, info) "
-                "and reset_env(key, params) -> (obs, state) gives all of this (its step splits "
-                "off truncation at params.max_steps_in_episode and auto-resets).")
 
 
 def import_env(path: str, env_kwargs: dict) -> tuple[Any, dict, list[str]]:
-    """The env "module:Class" names (or "module:function", a factory, or "module:NAME", an
-    env object), built with the env_kwargs its constructor takes by name. Returns (env, the
-    other env_kwargs, the constructor's argument names)."""
+    """Imports and builds a user's env.
+
+    Args:
+      path: "module:Class" (a class with the gymnax API) or "module:NAME" (an env object).
+      env_kwargs: the config's; those the constructor takes by name go to it.
+
+    Returns:
+      (env, the other env_kwargs, the constructor's argument names).
+
+    Raises:
+      ConfigError: the module, the attribute or the constructor fails, naming which, or the
+        attribute is neither an env class nor an env object (checked before anything is
+        called).
+    """
     import importlib
     import inspect
 
@@ -240,7 +303,7 @@ def import_env(path: str, env_kwargs: dict) -> tuple[Any, dict, list[str]]:
                 f"env={path!r}: there is no module {module_name!r} to import. Run from the "
                 "folder that holds it or add that folder to PYTHONPATH") from None
         raise ConfigError(f"env={path!r}: importing module {module_name!r} failed with "
-                          f"{_last_line(e)}{_where(e)}") from e
+                          f"{error_summary(e)}") from e
     obj = module
     parts = attr.split(".")
     for i, part in enumerate(parts):
@@ -252,10 +315,10 @@ def import_env(path: str, env_kwargs: dict) -> tuple[Any, dict, list[str]]:
             raise ConfigError(f"env={path!r}: {owner!r} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
     if not isinstance(obj, type) and all(hasattr(obj, a) for a in ("reset", "step")):
-        return obj, env_kwargs, []  # an env object the module holds
-    if not callable(obj):
-        raise ConfigError(f"env={path!r} is a {type(obj).__name__}, not an env class, a "
-                          "function that returns an env, or an env object")
+        # An env object the module holds: nothing is called with the config's arguments
+        # (make_env checks it has the whole API before use).
+        return obj, env_kwargs, []
+    _check_env_class(obj, path)
     try:
         ps = inspect.signature(obj).parameters.values()
         named = [p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -274,13 +337,33 @@ def import_env(path: str, env_kwargs: dict) -> tuple[Any, dict, list[str]]:
     return env, rest, named
 
 
-def _build_env(factory, kwargs: dict, path: str):
+def _check_env_class(obj, path: str) -> None:
+    """ConfigError unless `obj` is a class with the gymnax env API: a config (a shared run
+    folder's, say) then cannot call any other function with its env_kwargs (`os:system`)."""
+    if isinstance(obj, type):
+        missing = [a for a in _API if not hasattr(obj, a)]
+        if not missing:
+            return
+        raise ConfigError(
+            f"env={path!r} is a class without the gymnax env API (no {', '.join(missing)}); "
+            f"'module:Class' must name an env class with {', '.join(_API)} (a subclass of "
+            "gymnax's Environment has them), and jaxppo calls nothing else a config names")
+    fix = (f". To build the env with {path.rpartition(':')[2]}, wrap it in a class, or pass "
+           f"the env object from Python: PPOConfig(env={path.rpartition(':')[2]}())"
+           if callable(obj) else "")
+    raise ConfigError(
+        f"env={path!r} is a {'function' if callable(obj) else type(obj).__name__}, not an env "
+        f"class: 'module:Class' must name a class with the gymnax env API ({', '.join(_API)}) "
+        f"or an env object of that module, and jaxppo calls nothing else a config names{fix}")
+
+
+def _build_env(cls, kwargs: dict, path: str):
     try:
-        return factory(**kwargs)
+        return cls(**kwargs)
     except Exception as e:
         call = f"{path.partition(':')[2]}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
         raise ConfigError(
-            f"env={path!r}: {call} raised {_last_line(e)}{_where(e)}. env_kwargs keys that are "
+            f"env={path!r}: {call} raised {error_summary(e)}. env_kwargs keys that are "
             "arguments of the constructor go to it; the others set the env's params") from e
 
 
@@ -293,7 +376,7 @@ def _default_params(env, name: str, source: str | None = None):
     except AttributeError:
         missing.append("default_params")
     except Exception as e:
-        raise ConfigError(f"{name}: env.default_params raised {_last_line(e)}{_where(e)}; it "
+        raise ConfigError(f"{name}: env.default_params raised {error_summary(e)}; it "
                           "must return the env's params (what reset and step take)") from e
     if missing:
         what = (f"env={source!r} gives {env!r}, which is not an env with the gymnax API"
@@ -318,265 +401,6 @@ def _check_params_type(given, default, name: str) -> None:
         f"env_params={_short(given)} is a {type(given).__name__}, but {name} takes "
         f"{type(default).__name__} params (its default_params: {_short(default)}); pass "
         f"params of that type, e.g. {example}, or leave env_params unset{hint}")
-
-
-def check_env(env, params, name: str, steps: int = CHECK_STEPS) -> None:
-    """ConfigError naming the problem and the fix when a user's env breaks the contract the
-    rollout relies on: reset -> (obs, state); step -> (obs, state, reward, terminated,
-    truncated, info) with info["final_observation"]; observations as observation_space says;
-    and auto-reset (after a step that ends an episode, the next step starts a new one).
-
-    Traces reset and step once (jax.eval_shape), then runs `steps` random steps of two envs
-    in one jitted lax.scan (a fraction of a second for a small env); an env object that
-    passed with the same params is not checked again."""
-    try:
-        passed = _CHECKED.setdefault(env, set())
-        token = repr(params)
-    except TypeError:  # not weak-referenceable
-        passed, token = set(), None
-    if token in passed:
-        return
-    _check_own_params(env, params, name)
-    obs_space = _call(lambda: env.observation_space(params), name, "observation_space(params)")
-    act_space = _call(lambda: env.action_space(params), name, "action_space(params)")
-    key = jax.random.PRNGKey(0)
-    out = _call(lambda: jax.eval_shape(lambda k: env.reset(k, params), key), name,
-                "reset(key, params)")
-    if not isinstance(out, tuple) or len(out) != 2:
-        raise ConfigError(f"{name}: reset(key, params) must return (obs, state), not "
-                          f"{_describe(out)}. {_GYMNAX_HINT}")
-    obs, state = out
-    _check_obs(obs, obs_space, name)
-    sample = _action_sampler(act_space)
-    if sample is None:
-        return  # an action space jaxppo does not take: make_env says so
-    out = _call(lambda: jax.eval_shape(
-        lambda k, s: env.step(k, s, sample(k), params), key, state), name,
-        "step(key, state, action, params)")
-    _check_step_output(out, obs, state, name)
-    _check_auto_reset(env, params, sample, name, steps)
-    passed.add(token)
-
-
-def _check_own_params(env, params, name: str) -> None:
-    """An env that inherits gymnax's default_params gets EnvParams(max_steps_in_episode=1):
-    every episode would be cut after one step."""
-    import_gymnax()
-    from gymnax.environments import environment
-
-    if (type(params) is environment.EnvParams and params.max_steps_in_episode == 1
-            and getattr(type(env), "default_params", None) is environment.Environment.default_params):
-        raise ConfigError(
-            f"{name} has no default_params of its own: the one it inherits from gymnax's "
-            "Environment is EnvParams(max_steps_in_episode=1), which cuts every episode after "
-            "one step. Add a default_params property that returns your params (e.g. a "
-            "flax.struct.dataclass subclassing EnvParams with max_steps_in_episode: int = 500), "
-            "or set env_kwargs={'max_steps_in_episode': 500}")
-
-
-def _check_obs(obs, space, name: str) -> None:
-    if not (hasattr(obs, "shape") and hasattr(obs, "dtype")):
-        raise ConfigError(f"{name}: reset returns an observation that is {_describe(obs)}; "
-                          "jaxppo needs one array per env (concatenate or flatten the parts)")
-    space_shape = getattr(space, "shape", None)
-    if space_shape is None:
-        raise ConfigError(f"{name}: observation_space(params) gives {space!r}, which has no "
-                          "shape; use a gymnax spaces.Box")
-    space_shape = tuple(int(s) for s in space_shape)
-    space_dtype = getattr(space, "dtype", None)
-    dtype = obs.dtype if space_dtype is None else jax.dtypes.canonicalize_dtype(space_dtype)
-    if tuple(obs.shape) != space_shape or obs.dtype != dtype:
-        raise ConfigError(
-            f"{name}: reset returns observations {obs.dtype}{list(obs.shape)}, but "
-            f"observation_space(params) says {np.dtype(dtype)}{list(space_shape)}; the network "
-            "is built from the space, so make them agree (e.g. "
-            f"spaces.Box(low, high, {tuple(obs.shape)}, jnp.{obs.dtype}), or cast the "
-            "observation)")
-
-
-def _check_step_output(out, obs, state, name: str) -> None:
-    n = len(out) if isinstance(out, tuple) else None
-    if n == 5:
-        raise ConfigError(
-            f"{name}: step(key, state, action, params) returns 5 values; jaxppo needs 6, "
-            "(obs, state, reward, terminated, truncated, info) as in gymnax 1.x, so that a "
-            "time limit is not taken for a real end (a truncated step is bootstrapped from its "
-            "final observation). If yours returns (obs, state, reward, done, info) as older "
-            "gymnax did, split done: terminated = the episode really ended (goal, failure); "
-            "truncated = it was cut by a time limit (e.g. state.time >= "
-            "params.max_steps_in_episode) and did not end; and put the observation before the "
-            "reset in info['final_observation']. (A gymnasium env, whose step returns (obs, "
-            "reward, terminated, truncated, info) and keeps its state inside the object, "
-            f"cannot be jitted; port it to this functional API.) {_GYMNAX_HINT}")
-    if n != 6:
-        raise ConfigError(
-            f"{name}: step(key, state, action, params) must return (obs, state, reward, "
-            f"terminated, truncated, info), not {_describe(out)}. {_GYMNAX_HINT}")
-    obs2, state2, reward, term, trunc, info = out
-    if _spec(obs2) != _spec(obs):
-        raise ConfigError(f"{name}: step returns observations {_describe(obs2)} but reset "
-                          f"returns {_describe(obs)}; they must have the same shape and dtype")
-    bad = _state_difference(state, state2)
-    if bad:
-        raise ConfigError(
-            f"{name}: step returns a state that differs from the one reset returns ({bad}); "
-            "training carries the state through jax.lax.scan, so step must keep its structure, "
-            "shapes and dtypes (start values with the dtype they keep, e.g. jnp.float32(0.0))")
-    for what, v in (("reward", reward), ("terminated", term), ("truncated", trunc)):
-        if getattr(v, "shape", None) != ():
-            raise ConfigError(f"{name}: step returns {what} {_describe(v)}; it must be a "
-                              "scalar (one env: jaxppo vmaps the env itself)")
-    if not isinstance(info, dict) or "final_observation" not in info:
-        got = f"keys {sorted(map(str, info))}" if isinstance(info, dict) else _describe(info)
-        raise ConfigError(
-            f"{name}: step's info has no 'final_observation' ({got}). jaxppo needs the "
-            "observation before the auto-reset there, to bootstrap the value of a truncated "
-            f"step: return info={{..., 'final_observation': obs_before_reset}}. {_GYMNAX_HINT}")
-    if _spec(info["final_observation"]) != _spec(obs):
-        raise ConfigError(
-            f"{name}: info['final_observation'] is {_describe(info['final_observation'])} but "
-            f"observations are {_describe(obs)}; it must be the observation before the reset")
-
-
-def _check_auto_reset(env, params, sample, name: str, steps: int) -> None:
-    """Step two envs `steps` times with random actions. An env that does not reset itself
-    shows one of two symptoms once an episode has ended: every later step ends an episode
-    again (the terminal condition still holds: episodes of length 1), or a gymnax-style
-    `state.time` that does not go back to what reset gives."""
-    n = 2
-
-    def run(key):
-        k_reset, k_probe, k_steps = jax.random.split(key, 3)
-        _, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_reset, n), params)
-        _, probe = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_probe, 8), params)
-
-        def body(state, k):
-            k_act, k_env = jax.random.split(k)
-            actions = jax.vmap(sample)(jax.random.split(k_act, n))
-            _, state, _, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(k_env, n), state, actions, params)
-            done = jnp.logical_or(jnp.asarray(term).astype(bool), jnp.asarray(trunc).astype(bool))
-            return state, (done, _time(state, n))
-
-        _, (done, time) = jax.lax.scan(body, state, jax.random.split(k_steps, steps))
-        return done, time, _time(probe, 8)
-
-    done, time, reset_time = _call(
-        lambda: jax.device_get(jax.jit(run)(jax.random.PRNGKey(0))), name,
-        "step under jax.vmap and jax.lax.scan (as training runs it)")
-    done = np.asarray(done)
-    symptom = None
-    reset_time = np.asarray(reset_time)
-    time = np.asarray(time)
-    if reset_time.size and time.shape == done.shape and np.all(reset_time == reset_time[0]):
-        stale = done & (time != reset_time[0])
-        if stale.any():
-            t, e = map(int, np.argwhere(stale)[0])
-            symptom = (f"after step {t + 1} ended an episode, state.time was {time[t, e]} "
-                       f"instead of the {reset_time[0]} that reset gives")
-    for e in range(n):
-        d = done[:, e]
-        first = int(np.argmax(d))
-        if symptom is None and d.any() and first >= 1 and steps - first >= 16 and d[first:].all():
-            symptom = (f"the first episode ended at step {first + 1}, and every step after it "
-                       "ended an episode again (episodes of length 1)")
-    if symptom:
-        raise ConfigError(
-            f"{name} does not start a new episode when one ends: in {steps} random steps, "
-            f"{symptom}. jaxppo never calls reset during training: when terminated or truncated "
-            "is true, step itself must return reset's obs and state (and the observation "
-            f"before the reset in info['final_observation']). {_GYMNAX_HINT}")
-
-
-def _time(state, n: int):
-    """state.time [n] of a gymnax-style state, or an empty array."""
-    t = getattr(state, "time", None)
-    if hasattr(t, "shape") and tuple(t.shape) == (n,) and jnp.issubdtype(t.dtype, jnp.number):
-        return t
-    return jnp.zeros((0,), jnp.int32)
-
-
-def _action_sampler(space):
-    """A random action of the kind jaxppo's rollout passes to step, or None."""
-    try:
-        if hasattr(space, "n"):
-            n = int(space.n)
-            return lambda k: jax.random.randint(k, (), 0, n)
-        shape = tuple(space.shape)
-        if not hasattr(space, "low") or len(shape) > 1:
-            return None
-        dim = int(shape[0]) if shape else 1
-        low, high = box_bounds(space, dim)
-    except Exception:
-        return None
-    low, high = np.where(np.isfinite(low), low, -1.0), np.where(np.isfinite(high), high, 1.0)
-
-    def sample(k):
-        a = jax.random.uniform(k, (dim,), minval=low, maxval=high)
-        return a if shape else a[0]
-
-    return sample
-
-
-def _call(fn, name: str, what: str):
-    """fn(), with any exception from the user's env as a ConfigError naming the method."""
-    try:
-        return fn()
-    except ConfigError:
-        raise
-    except Exception as e:
-        tracer_errors = tuple(getattr(jax.errors, c) for c in (
-            "ConcretizationTypeError", "TracerBoolConversionError", "TracerArrayConversionError",
-            "TracerIntegerConversionError", "NonConcreteBooleanIndexError") if hasattr(jax.errors, c))
-        hint = (" (jaxppo runs reset and step under jax.jit and jax.vmap: branch with "
-                "jnp.where or jax.lax.cond, not Python if, and use jnp, not numpy, on arrays)"
-                if isinstance(e, tracer_errors) else "")
-        raise ConfigError(f"{name}: env.{what} raised {_last_line(e)}{_where(e)}{hint}") from e
-
-
-def _last_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def _where(e: BaseException) -> str:
-    """ ' (at file:line)' of the innermost frame outside jax, jaxppo and installed packages."""
-    import os
-    import traceback
-
-    skip = (os.sep + "site-packages" + os.sep, os.sep + "jaxppo" + os.sep + "envs.py")
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        if not any(s in frame.filename for s in skip) and not frame.filename.startswith("<"):
-            return f" (at {os.path.basename(frame.filename)}:{frame.lineno})"
-    return ""
-
-
-def _spec(x):
-    return (tuple(x.shape), np.dtype(x.dtype)) if hasattr(x, "shape") and hasattr(x, "dtype") else None
-
-
-def _describe(x) -> str:
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return f"{np.dtype(x.dtype)}{list(x.shape)}"
-    if isinstance(x, tuple):
-        return f"a tuple of {len(x)} values"
-    return f"a {type(x).__name__}"
-
-
-def _state_difference(before, after) -> str:
-    """'' when the two states have the same structure and leaf shapes/dtypes (a weakly typed
-    leaf of `before` may change dtype: lax.scan promotes it); else what differs."""
-    paths, tree = jax.tree_util.tree_flatten_with_path(before)
-    if jax.tree_util.tree_structure(after) != tree:
-        return (f"reset's state is {jax.tree_util.tree_structure(before)}, step's is "
-                f"{jax.tree_util.tree_structure(after)}")[:400]
-    for (path, a), b in zip(paths, jax.tree_util.tree_leaves(after)):
-        if tuple(a.shape) != tuple(b.shape) or (
-                a.dtype != b.dtype and not getattr(a, "weak_type", False)):
-            return (f"state{jax.tree_util.keystr(path)} is {_describe(a)} after reset, "
-                    f"{_describe(b)} after step")
-    return ""
 
 
 def _short(x) -> str:
@@ -608,7 +432,7 @@ def _param_fields(params) -> set[str]:
 
 
 def env_action(spec: EnvSpec, action: jax.Array) -> jax.Array:
-    """Map a policy action [.., action_dim] to what env.step expects (clipped to bounds)."""
+    """A policy action [...] or [..., action_dim] as env.step takes it (clipped to bounds)."""
     if spec.discrete:
         return action
     action = jnp.clip(action, spec.action_low, spec.action_high)

@@ -1,24 +1,8 @@
-"""User transforms: observation wrappers and reward hooks, inside the one compiled program.
-
-The JAX form of RLlib's connector pipelines. `PPOConfig.transforms` lists them in order:
+"""User transforms inside the one compiled program: env wrappers (`EnvWrapper`: frame
+stacking, discretised actions) and reward hooks over the rollout batch (`RewardHook`: a
+count bonus), listed in order in `PPOConfig.transforms`, e.g.
 
     transforms=[{"frame_stack": {"k": 4}}, {"count_bonus": {"scale": 0.1, "power": 0.5}}]
-
-Each entry is a registered name ("frame_stack"), a one-key mapping {name: kwargs}, a pair
-(name, kwargs), or a transform object (an `EnvWrapper`, a `RewardHook`, or a plain function
-`hook(hook_state, traj) -> (hook_state, rewards)` with empty state).
-
-* Env wrappers (`EnvWrapper`: frame stacking, action discretisation) wrap the gymnax env in
-  `make_env` (the first entry innermost), so the rollout, evaluation and `load_policy` all
-  see the transformed observations and action space. A wrapper keeps whatever it needs
-  (e.g. the last k frames) in the env state.
-* Reward hooks see the whole rollout batch (`traj`, leading axes [T, E]) before GAE and
-  return new rewards [T, E]; each hook's state lives in `TrainState.hook_state` (a tuple, one
-  entry per hook) and is carried from iteration to iteration. Hooks run in order, each seeing
-  the rewards of the one before in `traj.reward`. They run before reward normalisation, and
-  the episode-return metrics stay those of the env's own rewards.
-
-Everything here is a pure function of arrays: no Python runs per iteration.
 """
 
 from __future__ import annotations
@@ -38,7 +22,12 @@ from jaxppo.errors import ConfigError
 # ---------------------------------------------------------------------- base classes
 class EnvWrapper:
     """An env wrapper: `wrap(env)` returns a gymnax-API env (reset, step, observation_space,
-    action_space) whose observations or action space are transformed."""
+    action_space) whose observations or action space are transformed.
+
+    `make_env` wraps the env with the config's wrappers, the first entry innermost, so the
+    rollout, evaluation and `load_policy` all see the transformed env. A wrapper keeps what
+    it needs (e.g. the last k frames) in the env state.
+    """
 
     name = "env_wrapper"
 
@@ -56,6 +45,10 @@ class RewardHook:
     `__call__(hook_state, traj, axis_name=None)` returns (hook_state, rewards [T, E]).
     `axis_name` names the pmap axis when the batch is split over devices: a hook that keeps
     global statistics reduces over it (`lax.psum`) so every device holds the same state.
+
+    Hooks run in order before GAE and before reward normalisation, each seeing the rewards of
+    the one before in `traj.reward`; their states live in `TrainState.hook_state` (one entry
+    per hook) from iteration to iteration. Episode-return metrics stay the env's own.
     """
 
     name = "reward_hook"
@@ -342,8 +335,20 @@ def register_transform(name: str, cls: type) -> None:
 
 
 def resolve_transforms(entries) -> list:
-    """Transform objects for the config's `transforms` entries, in order (ConfigError for an
-    unknown name, a malformed entry or arguments the transform does not take)."""
+    """The transform objects of a config's `transforms` entries.
+
+    Args:
+      entries: each a registered name ("frame_stack"), a one-key mapping {name: kwargs}, a
+        pair (name, kwargs), or a transform object (an `EnvWrapper`, a `RewardHook`, or a
+        function `hook(hook_state, traj) -> (hook_state, rewards)` with empty state).
+
+    Returns:
+      The transforms, in order.
+
+    Raises:
+      ConfigError: an unknown name, a malformed entry or arguments the transform does not
+        take.
+    """
     out = []
     for entry in entries or ():
         if isinstance(entry, (EnvWrapper, RewardHook)):
@@ -382,10 +387,12 @@ def resolve_transforms(entries) -> list:
 
 
 def env_wrappers(config) -> list[EnvWrapper]:
+    """The config's env wrappers, in order."""
     return [t for t in resolve_transforms(config.transforms) if isinstance(t, EnvWrapper)]
 
 
 def reward_hooks(config) -> list[RewardHook]:
+    """The config's reward hooks, in order."""
     return [t for t in resolve_transforms(config.transforms) if isinstance(t, RewardHook)]
 
 
@@ -403,7 +410,18 @@ def init_reward_hooks(config, spec) -> tuple:
 
 
 def apply_reward_hooks(config, hook_state: tuple, traj, rewards, axis_name=None):
-    """Run the reward hooks in order over the batch [T, E]. Returns (rewards, hook_state)."""
+    """Runs the config's reward hooks in order over the rollout batch.
+
+    Args:
+      config: the PPOConfig.
+      hook_state: one state per hook (`init_reward_hooks`).
+      traj: the batch, leading axes [T, E].
+      rewards: [T, E], the env's rewards.
+      axis_name: the pmap axis of a batch split over devices, or None.
+
+    Returns:
+      (rewards [T, E], the new hook_state).
+    """
     hooks = reward_hooks(config)
     if not hooks:
         return rewards, hook_state

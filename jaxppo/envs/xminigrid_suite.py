@@ -1,25 +1,7 @@
 """XLand-MiniGrid environments by name (`env="xminigrid:<name>"`, e.g.
-"xminigrid:MiniGrid-Empty-5x5"), behind the gymnax API that the rollout is written for.
-
-An xminigrid env steps as `timestep = env.step(params, timestep, action)` (reset:
-`env.reset(params, key)`); the timestep carries the state and says how an episode ended, as
-dm_env does: `step_type` LAST ends it, with `discount` 0 when the agent reached the goal (a
-real end) and 1 when the step count reached `params.max_steps` (the time limit). It does
-not reset itself. `XMiniGridEnv` gives it jaxppo's semantics:
-
-* `terminated` is a LAST step with discount 0, `truncated` a LAST step with discount 1 (the
-  time limit, bootstrapped). The time limit is xminigrid's own `max_steps`, which jaxppo
-  calls `max_steps_in_episode` (e.g. 100 steps for MiniGrid-Empty-5x5: 4 * height * width);
-  the goal's reward, 1 - 0.9 * steps / max_steps, uses the same number.
-* The observation before the reset is in `info["final_observation"]`; on either end the env
-  resets with the key jaxppo gives that env step (a new layout every episode where the env
-  draws one, e.g. MiniGrid-EmptyRandom-5x5).
-* Observations are xminigrid's own: the agent's view, a uint8 [view_size, view_size, 2]
-  grid of (tile, colour) ids (7x7 by default: the policy's torso is then the CNN; set
-  network.torso=mlp for an MLP over the flattened view). Actions are Discrete (6: forward,
-  turn right, turn left, pick up, put down, toggle).
-
-xminigrid is imported only when an `xminigrid:` env is built: `import jaxppo` does not load it.
+"xminigrid:MiniGrid-Empty-5x5") behind the gymnax 1.x API: `XMiniGridEnv` splits dm_env's LAST
+step into terminated (discount 0: the goal) and truncated (discount 1: xminigrid's `max_steps`,
+jaxppo's `max_steps_in_episode`) and auto-resets, keeping the last observation.
 """
 
 from __future__ import annotations
@@ -31,49 +13,47 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxppo.envs import adapter
 from jaxppo.errors import ConfigError
-from jaxppo.envs.brax_suite import (
-    first_line,
-    gymnax_spaces,
-    import_suite,
-    select_reset,
-    trace_step,
-    unknown_env_error,
-)
 
 PREFIX = "xminigrid:"
-_LAST = 2  # xminigrid.types.StepType.LAST
 
 
 def registered_xminigrid_envs() -> list[str]:
     """xminigrid's registered env names (the <name> of "xminigrid:<name>")."""
-    return list(import_suite("xminigrid").registered_environments())
+    return list(adapter.import_suite("xminigrid").registered_environments())
 
 
 def make_xminigrid_env(path: str, env_kwargs: dict) -> tuple[XMiniGridEnv, dict]:
-    """The `XMiniGridEnv` "xminigrid:<name>" names, built by `xminigrid.make(name, **kwargs)`
-    with the env_kwargs that are not fields of `XMiniGridParams` (they set xminigrid's
-    EnvParams, e.g. view_size=5). Returns (env, the other env_kwargs: params, which make_env
-    sets)."""
+    """Builds the env "xminigrid:<name>" names with `xminigrid.make`.
+
+    Args:
+      path: "xminigrid:<name>".
+      env_kwargs: the config's; those that are not fields of `XMiniGridParams` set
+        xminigrid's EnvParams (e.g. view_size=5).
+
+    Returns:
+      (env, the other env_kwargs: params, which make_env sets).
+
+    Raises:
+      ConfigError: an unknown name, xminigrid's `max_steps` given, a constructor that fails
+        or an env that does not trace.
+    """
     name = path[len(PREFIX):]
-    xminigrid = import_suite("xminigrid")
+    xminigrid = adapter.import_suite("xminigrid")
     names = registered_xminigrid_envs()
     if name not in names:
-        raise unknown_env_error(path, names, "a registered xminigrid environment")
+        raise adapter.unknown_env_error(path, names, "a registered xminigrid environment")
     if "max_steps" in env_kwargs:
         raise ConfigError(f"env={path!r}: the time limit is env_kwargs max_steps_in_episode "
                           "(xminigrid's max_steps); rename the key")
-    params = {k: v for k, v in env_kwargs.items() if k in _PARAM_FIELDS}
-    kwargs = {k: v for k, v in env_kwargs.items() if k not in _PARAM_FIELDS}
-    try:
-        xminigrid_env, xminigrid_params = xminigrid.make(name, **kwargs)
-    except Exception as e:  # noqa: BLE001 - a bad kwarg: one clear error
-        call = ", ".join([repr(name)] + [f"{k}={v!r}" for k, v in kwargs.items()])
-        raise ConfigError(f"env={path!r}: xminigrid.make({call}) raised {type(e).__name__}: "
-                          f"{first_line(e)}. env_kwargs other than {sorted(_PARAM_FIELDS)} set "
-                          "xminigrid's EnvParams (e.g. view_size=5)") from None
+    params, kwargs = adapter.split_env_kwargs(env_kwargs)
+    xminigrid_env, xminigrid_params = adapter.construct(
+        path, "xminigrid.make", xminigrid.make, name, kwargs,
+        "set xminigrid's EnvParams (e.g. view_size=5)")
     env = XMiniGridEnv(xminigrid_env, xminigrid_params, name=f"xminigrid-{name}")
-    trace_step(env, path, "xminigrid", "xminigrid", jnp.zeros((), jnp.int32), ' and env_kwargs')
+    adapter.trace_step(env, path, "xminigrid", "xminigrid", jnp.zeros((), jnp.int32),
+                       ' and env_kwargs')
     return env, params
 
 
@@ -86,9 +66,6 @@ class XMiniGridParams(struct.PyTreeNode):
     xminigrid: Any = None
 
 
-_PARAM_FIELDS = {"max_steps_in_episode"}
-
-
 class XMiniGridEnv:
     """An xminigrid env (one env: jaxppo vmaps it) with the gymnax 1.x API.
 
@@ -96,6 +73,12 @@ class XMiniGridEnv:
     reward, terminated, truncated, info), auto-resetting with `key` when the episode ends and
     keeping the observation before the reset in info["final_observation"]. The state is
     xminigrid's `TimeStep` (which holds its `State`).
+
+    The time limit is xminigrid's `max_steps` (e.g. 100 for MiniGrid-Empty-5x5: 4 * height
+    * width), which its goal reward, 1 - 0.9 * steps / max_steps, uses too. Observations are
+    xminigrid's own: the agent's view, a uint8 [view_size, view_size, 2] grid of (tile,
+    colour) ids (the torso is then the CNN; network.torso=mlp flattens it). Actions are
+    Discrete (6: forward, turn right, turn left, pick up, put down, toggle).
     """
 
     def __init__(self, xminigrid_env, xminigrid_params, name: str | None = None):
@@ -124,21 +107,20 @@ class XMiniGridEnv:
              params: XMiniGridParams | None = None):
         xminigrid_params = self._params(params)
         stepped = _plain(self.xminigrid_env.step(xminigrid_params, state, action))
-        last = stepped.step_type == _LAST
+        last = stepped.step_type == adapter.LAST
         terminated = jnp.logical_and(last, stepped.discount == 0)
         truncated = jnp.logical_and(last, ~terminated)
-        reset_obs, reset_state = self.reset(key, params)
-        next_state = select_reset(last, reset_state, stepped)
-        obs = jnp.where(last, reset_obs, stepped.observation)
-        info = {"final_observation": stepped.observation}
+        obs, next_state, info = adapter.auto_reset(last, self.reset(key, params),
+                                                   stepped.observation, stepped)
         return obs, next_state, stepped.reward, terminated, truncated, info
 
     def observation_space(self, params: XMiniGridParams | None = None):
         shape = tuple(int(s) for s in self.xminigrid_env.observation_shape(self._params(params)))
-        return gymnax_spaces().Box(0, 255, shape, jnp.uint8)
+        return adapter.gymnax_spaces().Box(0, 255, shape, jnp.uint8)
 
     def action_space(self, params: XMiniGridParams | None = None):
-        return gymnax_spaces().Discrete(int(self.xminigrid_env.num_actions(self._params(params))))
+        num_actions = self.xminigrid_env.num_actions(self._params(params))
+        return adapter.gymnax_spaces().Discrete(int(num_actions))
 
     def __repr__(self) -> str:
         return f"XMiniGridEnv({type(self.xminigrid_env).__name__}, {self.name!r})"

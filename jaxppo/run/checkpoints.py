@@ -11,7 +11,8 @@ while saving leaves the earlier checkpoints as they were; only the newest
 `keep_checkpoints` are kept.
 
 Nothing here deletes or rewrites anything while a run is being checked for resuming: the
-manager is opened read-only until every check has passed.
+manager is opened read-only until every check has passed (the resume steps themselves are
+the run folder's, jaxppo.run.folder).
 """
 
 from __future__ import annotations
@@ -28,22 +29,16 @@ import jax
 import numpy as np
 from flax import serialization
 
-from jaxppo.config import PPOConfig
+from jaxppo.config import LOCKED_FIELDS, PPOConfig  # noqa: F401 (LOCKED_FIELDS re-exported)
 from jaxppo.errors import CheckpointError, ConfigError
-from jaxppo.run.logs import METRICS_FILE, read_metrics
 
 CHECKPOINT_DIR = "checkpoints"
 FORMAT_VERSION = 1
 _ITEMS = ("state", "meta")
 
-# Config fields that fix the shapes or the meaning of the saved state: a resumed run must
-# keep them. Everything else (total_timesteps, lr, eval/checkpoint cadence, ...) may change.
-# Every network.* field is locked (sizes, activation, torso, ...); so are observation
-# transforms, which can change the observation shape.
-LOCKED_FIELDS = (
-    "env", "env_kwargs", "env_params", "num_envs", "num_steps", "num_seeds", "seed",
-    "transforms", "network",
-)
+# LOCKED_FIELDS (re-exported from jaxppo.config, where they are the fields declared as
+# shapes) fix the shapes or the meaning of the saved state: a resumed run must keep them.
+# Everything else (total_timesteps, lr, eval/checkpoint cadence, ...) may change.
 
 
 # ---------------------------------------------------------------------- orbax store
@@ -260,7 +255,7 @@ def _check_shapes(state, target, path: Path) -> None:
             )
 
 
-# ---------------------------------------------------------------------- resuming a run
+# ---------------------------------------------------------------------- finding a run's checkpoint
 def find_latest(run_dir: str | Path) -> tuple[CheckpointStore, int]:
     """A read-only store on RUN_DIR's checkpoints and its newest step; CheckpointError when
     the folder or a complete checkpoint is missing."""
@@ -319,116 +314,6 @@ def load_run_config(run_dir: str | Path, meta: dict | None = None):
             "file; pass a PPOConfig with the same env_params (train(config, resume=...))"
         )
     return PPOConfig.from_dict(data)
-
-
-def check_resumable(saved: dict, config, run_dir: str | Path) -> None:
-    """ConfigError naming the field, the saved and the new value when `config` changes a
-    field the saved state depends on. (The number of devices or hosts may change: the state
-    is saved unsharded, see jaxppo.program.)"""
-    new = config.to_dict()
-    pairs = []
-    for name in LOCKED_FIELDS:
-        if name == "network":
-            old_net, new_net = saved.get("network") or {}, new.get("network") or {}
-            pairs += [(f"network.{k}", old_net[k], new_net.get(k)) for k in old_net]
-        elif name in saved:  # a field the saving version did not have is not checked
-            pairs.append((name, saved[name], new.get(name)))
-    for name, old_v, new_v in pairs:
-        if _norm(old_v) != _norm(new_v):
-            raise ConfigError(
-                f"cannot resume {run_dir} with {name}={new_v!r}: its checkpoint was made with "
-                f"{name}={old_v!r}, and {name} fixes the shape or meaning of the saved state. "
-                f"Resume with {name}={old_v!r} (only fields such as total_timesteps, lr or "
-                "eval_every may change), or start a new run. Nothing was changed."
-            )
-
-
-def check_metrics_file(run_dir: str | Path, iteration: int, num_seeds: int) -> None:
-    """CheckpointError unless RUN_DIR/metrics.jsonl holds a row for every iteration up to the
-    checkpoint's (for every seed): resuming would otherwise leave a hole in the record."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        raise CheckpointError(
-            f"{path} is missing, but the checkpoint is at iteration {iteration}: resuming would "
-            "leave iterations without metrics. Restore the file (or start a new run). Nothing "
-            "was changed.")
-    try:
-        rows = read_metrics(path)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} cannot be read ({str(e)[:160]}); restore it. Nothing "
-                              "was changed.") from None
-    have = {(r.get("iteration"), r.get("seed", 0)) for r in rows if isinstance(r, dict)}
-    missing = sorted({it for it in range(1, iteration + 1) for s in range(num_seeds)
-                      if (it, s) not in have})
-    if missing:
-        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-        raise CheckpointError(
-            f"{path} has no rows for iteration(s) {shown} of the {iteration} the checkpoint "
-            "holds: resuming would leave a hole in the record. Restore the file (or start a new "
-            "run). Nothing was changed.")
-
-
-def begin_resume(caller: str, config, run_dir, resume):
-    """(config, run_dir, store, step, meta) for `caller(config, run_dir=, resume=)`.
-
-    Without resume: the config (required) and run_dir as given, no store. With resume: the
-    run continues in resume's folder; store and step are its newest checkpoint (the caller
-    closes the store) and config, when not given, is the run's own. ConfigError or
-    CheckpointError otherwise, with the store closed."""
-    for name, value in (("run_dir", run_dir), ("resume", resume)):
-        if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise ConfigError(f"{caller}({name}={value!r}): {name} must be the path of a run "
-                              "folder (a str or Path), or None")
-    if resume is None:
-        if config is None:
-            raise ConfigError(f"{caller}(config): a PPOConfig is needed unless resume=RUN_DIR "
-                              "is given")
-        return config, run_dir, None, None, None
-    if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
-        raise ConfigError(f"{caller}(run_dir={str(run_dir)!r}, resume={str(resume)!r}): a "
-                          "resumed run continues in its own folder; pass only resume=")
-    run_dir = Path(resume)
-    store, step = find_latest(run_dir)
-    try:
-        meta = store.read_meta(step)
-        if config is None:
-            config = load_run_config(run_dir, meta)
-    except BaseException:
-        store.close()
-        raise
-    return config, run_dir, store, step, meta
-
-
-def refuse_checkpointed_run_dir(run_dir, resume_command: str) -> None:
-    """ConfigError when a fresh run would start in a folder that already holds checkpoints."""
-    if run_dir is not None and checkpoint_dir(run_dir).is_dir() and any(
-            checkpoint_dir(run_dir).iterdir()):
-        raise ConfigError(
-            f"run folder {run_dir} already holds checkpoints; continue it with "
-            f"resume={str(run_dir)!r} (`{resume_command} --resume {run_dir}`) or choose a new "
-            "folder")
-
-
-def restore_for_resume(store: CheckpointStore, step: int, abstract, config, run_dir):
-    """(restored state, iteration it was saved at, wall_time offset) of a checkpoint to
-    continue; a checkpoint past the config's last iteration is a ConfigError."""
-    restored, meta = store.restore(step, target=abstract)
-    start_iter = int(meta["iteration"])
-    n_iter = config.num_iterations
-    if start_iter > n_iter:
-        raise ConfigError(
-            f"cannot resume {run_dir}: its checkpoint is at iteration {start_iter}, past the "
-            f"{n_iter} iterations of total_timesteps={config.total_timesteps}; raise "
-            f"total_timesteps to at least {start_iter * config.batch_size}. Nothing was changed.")
-    return restored, start_iter, float(meta.get("wall_time", 0.0))
-
-
-def _norm(v):
-    if isinstance(v, (list, tuple)):
-        return [_norm(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _norm(x) for k, x in v.items()}
-    return v
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -4,19 +4,17 @@ and run folder they give, and the lines that close a run."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
-import linecache
 import os
-import re
 import signal
 import sys
 import time
 from pathlib import Path
 
 from jaxppo.run.checkpoints import load_run_config
-from jaxppo.config import NetworkConfig, PPOConfig, read_config_file, tuned_config_path
-from jaxppo.envs.make import check_recorded_env
+from jaxppo.config import PPOConfig, tuned_config_path
+from jaxppo.config_fields import keys as config_keys
+from jaxppo.config_files import read_config_file
+from jaxppo.envs.make import check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.search.space import SEARCH_EXAMPLE
 from jaxppo.run.folder import fresh_run_dir
@@ -41,6 +39,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue RUN_DIR from its newest checkpoint, with its config.yaml; --set "
                         "may change fields such as total_timesteps (to extend the run), not shapes")
+    p.add_argument("--no-imports", action="store_true",
+                   help="refuse a --config file's or --resume folder's env that names a module "
+                        "to import (module:Class): for files and run folders you did not write")
     p.add_argument("--stop-after", type=int, metavar="N",
                    help="stop after N iterations of this call (a checkpoint is written); "
                         "continue later with --resume")
@@ -51,57 +52,24 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
 
 
 def config_keys_help() -> str:
-    """Every config key with its default and what it means, for `train --help`: read from the
-    comments beside (or above) each field in jaxppo/config.py, so the two cannot drift apart."""
+    """Every config key with its default and what it means, for `train --help`: from each
+    field's declaration in jaxppo/config.py."""
     out = ["config keys (--set KEY=VALUE, or a --config YAML/JSON file; README, Configuration, "
            "has more):"]
-    for cls, prefix in ((PPOConfig, ""), (NetworkConfig, "network.")):
-        defaults = {f.name: _default(f) for f in dataclasses.fields(cls)}
-        section, above = None, []
-        for line in _class_lines(cls):
-            text = line.strip()
-            if text.startswith("# ---"):
-                section, above = re.split(r"[(:]| ---", text.strip("# -"))[0].strip(), []
-            elif text.startswith("#"):
-                above.append(text.lstrip("# "))
-            elif m := re.match(r"(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", text):
-                name = m.group(1)
-                if name in defaults and not (name == "network" and not prefix):
-                    if section:
-                        out.append(f"  {section}:")
-                        section = None
-                    meaning = m.group(2) or re.split(r"(?<=\.) ", " ".join(above))[0]
-                    out.append(f"    {prefix}{name} = {defaults[name]}"
-                               + (f"  -- {meaning}" if meaning else ""))
-                above = []
-        if prefix:
-            out.insert(-len(defaults), "  network:")
+    for section, key, default, meaning in config_keys(PPOConfig):
+        if section:
+            out.append(f"  {section}:")
+        out.append(f"    {key} = {_shown(default)}" + (f"  -- {meaning}" if meaning else ""))
     return "\n".join(out)
 
 
-def _class_lines(cls) -> list[str]:
-    """The source lines of a top-level class, found by scanning its module's file.
-
-    Not `inspect.getsource`: for a class it runs `ast.parse` over the whole module, and
-    CPython 3.11's AST constructor keeps its recursion depth in state shared by all threads,
-    so a parse while another thread parses can fail with a spurious "SystemError: AST
-    constructor recursion depth mismatch" (python/cpython#106905).
-    """
-    lines = linecache.getlines(inspect.getsourcefile(cls))
-    start = next(i for i, line in enumerate(lines) if re.match(rf"class {cls.__name__}\b", line))
-    end = next((j for j in range(start + 1, len(lines))
-                if lines[j].strip() and not lines[j][0].isspace()), len(lines))
-    return [line.rstrip("\n") for line in lines[start:end]]
-
-
-def _default(f: dataclasses.Field) -> str:
-    if f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-        return "{}" if value == {} else "(see network.*)" if f.name == "network" else repr(value)
-    value = f.default
+def _shown(value) -> str:
+    """A default as YAML would write it: true, null, [64, 64]."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    return "null" if value is None else str(list(value)) if isinstance(value, tuple) else str(value)
+    if value is None:
+        return "null"
+    return str(list(value)) if isinstance(value, tuple) else str(value)
 
 
 def _overrides(args) -> list[str]:
@@ -115,6 +83,9 @@ def new_config(args) -> tuple[PPOConfig, str]:
         raise ConfigError("--env '' is empty; give an env name, e.g. --env CartPole-v1 "
                           "(`jaxppo envs --names` lists them), or module:Class of your own env")
     file_values = read_config_file(args.config) if args.config else {}
+    if args.no_imports and not args.env:
+        refuse_imports(file_values.get("env"), args.config, (
+            "Give the env yourself with --env, or, if you trust the file, leave out --no-imports"))
     env = args.env or file_values.get("env")
     config, sources = PPOConfig(), ["defaults"]
     tuned = tuned_config_path(env) if isinstance(env, str) and not args.defaults else None
@@ -130,7 +101,7 @@ def new_config(args) -> tuple[PPOConfig, str]:
     if overrides:
         config = config.with_overrides(overrides)
         sources.append("--set")
-    return config.validate(), " < ".join(sources)
+    return config, " < ".join(sources)
 
 
 def resumed_config(args) -> tuple[PPOConfig, Path]:
@@ -146,6 +117,11 @@ def resumed_config(args) -> tuple[PPOConfig, Path]:
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
     config = load_run_config(run_dir)
+    if args.no_imports:
+        refuse_imports(config.env, str(run_dir / "config.yaml"), (
+            "Resume from Python with the env: jaxppo.train(jaxppo.PPOConfig.from_file("
+            f"{str(run_dir / 'config.yaml')!r}).replace(env=YourEnv()), resume={str(run_dir)!r}), "
+            f"or, if you trust {run_dir}, leave out --no-imports"))
     check_recorded_env(config, run_dir, (
         "The command line cannot resume it; resume from Python with the env: jaxppo.train("
         f"jaxppo.PPOConfig.from_file({str(run_dir / 'config.yaml')!r}).replace(env=YourEnv()), "
@@ -153,12 +129,13 @@ def resumed_config(args) -> tuple[PPOConfig, Path]:
     overrides = _overrides(args)
     if overrides:
         config = config.with_overrides(overrides)
-    return config.validate(), run_dir
+    return config, run_dir
 
 
 def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
     """(config, its source, run folder) from the flags: --resume's folder, or a new
-    runs_dir/<run-name or env[-tag]-time>. ConfigError / CheckpointError otherwise."""
+    runs_dir/<run-name or env[-tag]-time>. ConfigError / CheckpointError otherwise. The
+    config is validated where the run resolves it (`jaxppo.resolve`), once."""
     if args.stop_after is not None and args.stop_after < 1:
         raise ConfigError(f"--stop-after {args.stop_after} must be >= 1")
     name = args.run_name
@@ -176,11 +153,12 @@ def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
 
 
 def searched(config: PPOConfig) -> PPOConfig:
-    """`jaxppo search`'s config, which must have a `search`."""
+    """`jaxppo search`'s config, which must have a `search` (validated with the rest of the
+    config when the run resolves it)."""
     if config.search is None:
         raise ConfigError("jaxppo search needs a `search` in the config (a file's `search:` "
                           "or --set 'search={...}'): " + SEARCH_EXAMPLE)
-    return config.validate()
+    return config
 
 
 def fail(err: Exception, code: int = 2) -> int:

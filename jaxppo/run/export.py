@@ -1,32 +1,15 @@
-"""Export a trained policy to run without jaxppo: a serialized `jax.export` function, or ONNX.
+"""Export a trained policy to run without jaxppo: a serialized `jax.export` function
+(`format="jax"`, needs only jax) or an ONNX model (`format="onnx"`, the `export` extra), with a
+JSON description of its inputs and outputs next to it.
 
     jaxppo.export_policy("runs/CartPole-v1-...", format="onnx", path="cartpole.onnx")
-
-The exported function is the policy as `load_policy` runs it — observation normalisation
-included, actions ready for the env (continuous ones clipped to the bounds) — with its
-params baked in as constants, for a batch of observations [b, *obs_shape] (b symbolic unless
-`batch_size` is given). Next to it, `<file>.json` describes the inputs and outputs.
-
-* `jax`: `jax.export.deserialize(open(f, "rb").read()).call(obs)` (jax only). Variants: the
-  deterministic policy `obs -> action`, and with `stochastic=True` a sampling one
-  `(obs, seed uint32) -> action` that equals `policy(obs, jax.random.PRNGKey(seed))`. A
-  recurrent policy takes its carry and returns the next one: `(obs, carry) -> (action,
-  carry)`, starting each episode from zeros.
-* `onnx` (the `export` extra: jax2onnx, onnx, onnxruntime): the deterministic policy
-  `obs -> action`, and with `stochastic=True` a sampling one `(obs, noise) -> action` whose
-  noise is Gumbel(0, 1) [b, num_actions] for discrete actions or standard normal [b, D] for
-  continuous ones (the policy draws no random numbers itself). A recurrent policy's carry is
-  an input and an output, as for `jax`.
-
-Actions are those of the env the policy trained on, transforms included: with
-`discretize_actions` an index, which the JSON's `env_action_table` maps to the original
-env's action; with `frame_stack` the input is the stacked observation.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -38,6 +21,11 @@ import numpy as np
 from jaxppo.core import networks
 from jaxppo.envs.make import env_action
 from jaxppo.errors import ExportError
+from jaxppo.run.checkpoints import CHECKPOINT_DIR
+from jaxppo.run.folder import LOCK_FILE
+from jaxppo.run.logs import METRICS_FILE, TENSORBOARD_DIR, WANDB_ID_FILE
+from jaxppo.search.results import BEST_FILE, PLOT_FILE, SEARCH_FILE, TABLE_FILE
+from jaxppo.search.sweep import SWEEP_FILE
 from jaxppo.run.policy import Policy, load_policy
 from jaxppo.process import __version__
 
@@ -60,15 +48,39 @@ class Exported(NamedTuple):
 
 def export_policy(source: str | Path | Policy, format: str = "jax", path: str | Path | None = None,
                   *, stochastic: bool = False, seed_index: int = 0, step: int | None = None,
-                  env: Any = None, batch_size: int | None = None) -> Exported:
-    """Write the trained policy of `source` (a run folder or a `Policy`) as `format` ("jax" or
-    "onnx") to `path` (default: `<run folder name>[-seed<I>]<.jaxexport|.onnx>`, or
-    `<env>...` for a Policy, in the working directory).
+                  env: Any = None, batch_size: int | None = None,
+                  trust_config: bool = True) -> Exported:
+    """Writes a trained policy as a function that runs without jaxppo.
 
-    stochastic: also write the sampling variant, to `<stem>.sample<suffix>`. seed_index, step,
-    env: as for `load_policy` (a run folder only). batch_size: a fixed batch instead of a
-    symbolic one. Raises ExportError for what cannot be exported (and a missing extra),
-    CheckpointError/ConfigError/ValueError as `load_policy` does.
+    The function is the policy as `load_policy` runs it (observation normalisation included,
+    actions ready for the env, continuous ones clipped) with its params baked in, for a batch
+    of observations [b, *obs_shape]. The deterministic variant is `obs -> action`. The
+    sampling variant is `(obs, seed uint32) -> action` for "jax", equal to
+    `policy(obs, jax.random.PRNGKey(seed))`, and `(obs, noise) -> action` for "onnx", the
+    noise being Gumbel(0, 1) [b, num_actions] (discrete) or standard normal [b, D]. A
+    recurrent policy also takes its carry and returns the next one (zeros at an episode's
+    start). Actions are those of the env it trained on, transforms included (with
+    `discretize_actions` an index; the JSON's `env_action_table` maps it).
+
+    Args:
+      source: a run folder or a `Policy`.
+      format: "jax" (`jax.export.deserialize(open(f, "rb").read()).call(obs)`) or "onnx".
+      path: the file (default: `<run folder name>[-seed<I>]<.jaxexport|.onnx>`, or `<env>...`
+        for a Policy, in the working directory); `<file>.json` describes it.
+      stochastic: also write the sampling variant, to `<stem>.sample<suffix>`.
+      seed_index: as for `load_policy` (a run folder only).
+      step: as for `load_policy` (a run folder only).
+      env: as for `load_policy` (a run folder only).
+      batch_size: a fixed batch instead of a symbolic one.
+      trust_config: as for `load_policy` (a run folder only).
+
+    Returns:
+      The files written and the JSON's content (`Exported`).
+
+    Raises:
+      ExportError: what cannot be exported, a missing extra, or a file to write that is one
+        of the run folder's own (config.yaml, params.msgpack, summary.json, checkpoints/...).
+      CheckpointError, ConfigError, TypeError, ValueError: as `load_policy` raises them.
     """
     if format not in FORMATS:
         raise ExportError(f"format={format!r} is not an export format; use one of "
@@ -78,12 +90,20 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
         raise ExportError(f"batch_size={batch_size!r} must be an integer >= 1, or None for a "
                           "symbolic batch dimension")
     if isinstance(source, Policy):
-        policy, name = source, source.config.env_name
-    else:
-        policy = load_policy(source, seed_index=seed_index, step=step, env=env)
+        name = source.config.env_name
+    elif isinstance(source, (str, os.PathLike)):
         name = Path(source).resolve().name + (f"-seed{seed_index}" if seed_index else "")
+    else:
+        raise TypeError(f"source={source!r:.60} must be a run folder (a str or Path) or a "
+                        "Policy (jaxppo.load_policy(run_dir))")
     path = Path(path) if path is not None else Path(name + FORMATS[format])
     sample_path = path.with_name(f"{path.stem}.sample{path.suffix}") if stochastic else None
+    metadata_path = path.with_name(path.name + ".json")
+    if not isinstance(source, Policy):
+        _check_outside_run(Path(source), path, [p for p in (metadata_path, sample_path) if p],
+                           format)
+    policy = source if isinstance(source, Policy) else load_policy(
+        source, seed_index=seed_index, step=step, env=env, trust_config=trust_config)
     io = _signature(policy, batch_size)
     carry_in, carry_out = (["carry"], ["next_carry"]) if policy.recurrent else ([], [])
     if format == "jax":
@@ -101,9 +121,36 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
     path.write_bytes(files["deterministic"])
     if sample_path is not None:
         sample_path.write_bytes(files["sample"])
-    metadata_path = path.with_name(path.name + ".json")
     metadata_path.write_text(json.dumps(metadata, indent=2) + "\n")
     return Exported(path, sample_path, metadata_path, metadata)
+
+
+# A run folder's own files and folders (jaxppo.run.folder): an export never writes over them.
+RUN_FILES = frozenset({
+    "config.yaml", METRICS_FILE, "params.msgpack", "summary.json", SWEEP_FILE, "curve.png",
+    LOCK_FILE, WANDB_ID_FILE, SEARCH_FILE, TABLE_FILE, BEST_FILE, PLOT_FILE, CHECKPOINT_DIR,
+    TENSORBOARD_DIR, "wandb"})
+
+
+def _check_outside_run(run_dir: Path, path: Path, others: list[Path], format: str) -> None:
+    """ExportError when `path` or a file written next to it (`others`: its .json, its
+    .sample variant) is, after resolving links and "..", one of the run folder's own files
+    or inside one of its folders (their tmp files included)."""
+    run = run_dir.resolve()
+    for out in [path, *others]:
+        target = out.resolve()
+        if target == run:
+            raise ExportError(f"{out} is the run folder itself; give a file to write, e.g. "
+                              f"{run.name}{FORMATS[format]}")
+        if not target.is_relative_to(run):
+            continue
+        first = target.relative_to(run).parts[0]
+        if first in RUN_FILES or first.removesuffix(".tmp") in RUN_FILES:
+            written = "" if out == path else f" (written with {path})"
+            raise ExportError(
+                f"{out}{written} would overwrite {run_dir}'s own {first}: an export writes no "
+                f"file the run folder uses ({', '.join(sorted(RUN_FILES))}). Write it outside "
+                f"the run folder (e.g. {run.name}{FORMATS[format]}) or under another name")
 
 
 # ---------------------------------------------------------------- the functions exported
@@ -134,7 +181,7 @@ def _noise_sample_fn(policy: Policy):
 
     def step(obs, carry, noise):
         # The observation pipeline of Algorithm.policy_step, with the noise given.
-        dist, _, carry = algo.network.apply(params, algo._obs_in(stats, obs), carry)
+        dist, _, carry = algo.network.apply(params, algo.obs_in(stats, obs), carry)
         return env_action(algo.spec, networks.sample_with_noise(algo.discrete, dist, noise)), carry
 
     if policy.recurrent:

@@ -6,16 +6,16 @@
     RUN_DIR/params.msgpack     the trained params and observation statistics
     RUN_DIR/summary.json       final return, evaluation, speed (per member, for a sweep)
     RUN_DIR/sweep.json         a vmapped sweep's hyperparameters per member (jaxppo.search.sweep)
-    RUN_DIR/results.json, results.csv, best.yaml, results.png
+    RUN_DIR/search.json, search.csv, best.yaml, search.png
                                a search's (or PBT's) member table, ranking, best config, plot
                                (jaxppo.search.results)
     RUN_DIR/curve.png          return vs env steps and vs wall time
     RUN_DIR/tensorboard/       with `tensorboard: true`
     RUN_DIR/wandb_id           with `wandb`: the W&B run id of each seed (resume continues them)
 
-Nothing is created before the run has passed every check (`RunFolder` is opened after). A
-write that fails (a full disk, a read-only folder) is a RunFolderError naming the file, what
-is already saved and how to continue; it never removes what was saved before.
+Nothing is created before the run has passed every check; a failed write is a
+RunFolderError naming the file and what is saved. Resuming is the folder's too
+(`begin_resume`, `ResumePoint`).
 """
 
 from __future__ import annotations
@@ -27,16 +27,19 @@ import logging
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from jaxppo.run.checkpoints import CHECKPOINT_DIR, CheckpointStore, save_params, write_text_atomic
+from jaxppo.run.checkpoints import (CHECKPOINT_DIR, LOCKED_FIELDS, CheckpointStore, checkpoint_dir,
+                                    find_latest, load_run_config, save_params, write_text_atomic)
 from jaxppo.config import PPOConfig
-from jaxppo.errors import ConfigError, RunFolderError
+from jaxppo.errors import CheckpointError, ConfigError, RunFolderError
 from jaxppo.search import results
 from jaxppo.run.plots import plot_runs, plot_search
-from jaxppo.run.logs import RunLog
+from jaxppo.run.logs import METRICS_FILE, RunLog, read_metrics
 from jaxppo.process import process_uptime
 from jaxppo.search.sweep import SWEEP_FILE
 
@@ -129,7 +132,7 @@ class RunFolder:
         return info
 
     def _write_search(self, result, info: dict, plot: bool) -> None:
-        """results.json, results.csv, best.yaml and (with plot) results.png (jaxppo.search.results)."""
+        """search.json, search.csv, best.yaml and (with plot) search.png (jaxppo.search.results)."""
         rec = results.report(self.config, info, self.sweep, result.metrics)
         for name, text in ((results.SEARCH_FILE, json.dumps(rec, indent=2)),
                            (results.TABLE_FILE, results.table_csv(rec)),
@@ -253,6 +256,195 @@ def fresh_run_dir(runs_dir: str | Path, name: str) -> Path:
         raise ConfigError(f"run folder {run_dir} already exists and is not empty; "
                           "choose another --run-name (or continue it with --resume)")
     return run_dir
+
+
+# ---------------------------------------------------------------------- resuming a run
+@dataclass
+class ResumePoint:
+    """The newest checkpoint of a run folder being continued, opened read-only.
+
+    Attributes:
+        run_dir: the run folder.
+        store: its checkpoints, read-only until closed (`close`, by whoever opened it).
+        step: the checkpoint's step (its iteration).
+        meta: the checkpoint's record (iteration, env steps, layout, the run's config, ...).
+    """
+
+    run_dir: Path
+    store: CheckpointStore
+    step: int
+    meta: dict
+
+    def check(self, config: PPOConfig) -> None:
+        """Check that `config` can continue the run.
+
+        Raises:
+            ConfigError: `config` changes a field that fixes the saved state's shape or meaning.
+            CheckpointError: metrics.jsonl lacks rows up to the checkpoint.
+        """
+        check_resumable(self.meta.get("config") or {}, config, self.run_dir)
+        check_metrics_file(self.run_dir, int(self.meta["iteration"]), config.num_seeds)
+
+    def restore(self, abstract: Any, config: PPOConfig) -> tuple[Any, int, float]:
+        """Restore the checkpoint's state into the structure of `abstract`.
+
+        Args:
+            abstract: the unsharded TrainState's shapes and dtypes (`jax.eval_shape` of init).
+            config: the config the run continues with.
+
+        Returns:
+            (the unsharded numpy state, the iteration it was saved at, the run's wall time then).
+
+        Raises:
+            CheckpointError: the checkpoint is unreadable or its arrays do not fit `abstract`.
+            ConfigError: the checkpoint is past the config's last iteration.
+        """
+        restored, meta = self.store.restore(self.step, target=abstract)
+        start_iter = int(meta["iteration"])
+        if start_iter > config.num_iterations:
+            raise ConfigError(
+                f"cannot resume {self.run_dir}: its checkpoint is at iteration {start_iter}, past "
+                f"the {config.num_iterations} iterations of total_timesteps="
+                f"{config.total_timesteps}; raise total_timesteps to at least "
+                f"{start_iter * config.batch_size}. Nothing was changed.")
+        return restored, start_iter, float(meta.get("wall_time", 0.0))
+
+    def close(self) -> None:
+        """Close the read-only store."""
+        self.store.close()
+
+
+def begin_resume(caller: str, config: PPOConfig | None, run_dir, resume
+                 ) -> tuple[PPOConfig, Path | None, ResumePoint | None]:
+    """The config, run folder and resume point of `caller(config, run_dir=, resume=)`.
+
+    Args:
+        caller: the function's name, for the messages.
+        config: the run's config; None to take a resumed run's own.
+        run_dir: the folder of a new run (or None), or the resumed one's.
+        resume: the run folder to continue from its newest checkpoint, or None.
+
+    Returns:
+        (config, run_dir, the resume point or None): without resume, the config and run_dir
+        as given; with it, resume's folder and its newest checkpoint, which the caller closes.
+
+    Raises:
+        ConfigError: a bad argument, or no config for a new run.
+        CheckpointError: no complete checkpoint to resume (the store is closed then).
+    """
+    for name, value in (("run_dir", run_dir), ("resume", resume)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{caller}({name}={value!r}): {name} must be the path of a run "
+                              "folder (a str or Path), or None")
+    if resume is None:
+        if config is None:
+            raise ConfigError(f"{caller}(config): a PPOConfig is needed unless resume=RUN_DIR "
+                              "is given")
+        return config, run_dir, None
+    if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+        raise ConfigError(f"{caller}(run_dir={str(run_dir)!r}, resume={str(resume)!r}): a "
+                          "resumed run continues in its own folder; pass only resume=")
+    run_dir = Path(resume)
+    store, step = find_latest(run_dir)
+    try:
+        meta = store.read_meta(step)
+        if config is None:
+            config = load_run_config(run_dir, meta)
+    except BaseException:
+        store.close()
+        raise
+    return config, run_dir, ResumePoint(run_dir, store, step, meta)
+
+
+def check_start(run_dir, point: ResumePoint | None, config: PPOConfig, resume_command: str) -> None:
+    """Check, before anything is built, that the run can start in its folder.
+
+    Args:
+        run_dir: the run folder, or None (nothing is written).
+        point: the checkpoint a resumed run continues from; None for a new run.
+        config: the (resolved) config the run trains with.
+        resume_command: the command a user continues a run with, for the messages.
+
+    Raises:
+        ConfigError: a new run's folder cannot be made or already holds checkpoints, or the
+            config cannot continue the resumed one.
+        CheckpointError: the resumed run's metrics.jsonl lacks rows up to the checkpoint.
+    """
+    if point is not None:
+        point.check(config)
+        return
+    if run_dir is not None:
+        check_run_dir(run_dir)
+    refuse_checkpointed_run_dir(run_dir, resume_command)
+
+
+def check_resumable(saved: dict, config: PPOConfig, run_dir: str | Path) -> None:
+    """Check that `config` keeps every locked field of the saved run's config `saved`.
+
+    The number of devices or hosts may change: the state is saved unsharded (jaxppo.program).
+
+    Raises:
+        ConfigError: naming the field, the saved and the new value.
+    """
+    new = config.to_dict()
+    pairs = []
+    for name in LOCKED_FIELDS:
+        if name == "network":
+            old_net, new_net = saved.get("network") or {}, new.get("network") or {}
+            pairs += [(f"network.{k}", old_net[k], new_net.get(k)) for k in old_net]
+        elif name in saved:  # a field the saving version did not have is not checked
+            pairs.append((name, saved[name], new.get(name)))
+    for name, old_v, new_v in pairs:
+        if _norm(old_v) != _norm(new_v):
+            raise ConfigError(
+                f"cannot resume {run_dir} with {name}={new_v!r}: its checkpoint was made with "
+                f"{name}={old_v!r}, and {name} fixes the shape or meaning of the saved state. "
+                f"Resume with {name}={old_v!r} (only fields such as total_timesteps, lr or "
+                "eval_every may change), or start a new run. Nothing was changed."
+            )
+
+
+def check_metrics_file(run_dir: str | Path, iteration: int, num_seeds: int) -> None:
+    """CheckpointError unless RUN_DIR/metrics.jsonl holds a row for every iteration up to the
+    checkpoint's (for every seed): resuming would otherwise leave a hole in the record."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        raise CheckpointError(
+            f"{path} is missing, but the checkpoint is at iteration {iteration}: resuming would "
+            "leave iterations without metrics. Restore the file (or start a new run). Nothing "
+            "was changed.")
+    try:
+        rows = read_metrics(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} cannot be read ({str(e)[:160]}); restore it. Nothing "
+                              "was changed.") from None
+    have = {(r.get("iteration"), r.get("seed", 0)) for r in rows if isinstance(r, dict)}
+    missing = sorted({it for it in range(1, iteration + 1) for s in range(num_seeds)
+                      if (it, s) not in have})
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        raise CheckpointError(
+            f"{path} has no rows for iteration(s) {shown} of the {iteration} the checkpoint "
+            "holds: resuming would leave a hole in the record. Restore the file (or start a new "
+            "run). Nothing was changed.")
+
+
+def refuse_checkpointed_run_dir(run_dir, resume_command: str) -> None:
+    """ConfigError when a fresh run would start in a folder that already holds checkpoints."""
+    if run_dir is not None and checkpoint_dir(run_dir).is_dir() and any(
+            checkpoint_dir(run_dir).iterdir()):
+        raise ConfigError(
+            f"run folder {run_dir} already holds checkpoints; continue it with "
+            f"resume={str(run_dir)!r} (`{resume_command} --resume {run_dir}`) or choose a new "
+            "folder")
+
+
+def _norm(v):
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    return v
 
 
 def summary(result, sweep: dict | None = None) -> dict:

@@ -1,12 +1,12 @@
 """Host-loop mode: a gymnasium vector env steps in Python, everything else stays compiled.
 
 For `env="gymnasium:<id>"` (jaxppo.envs.gymnasium_env). An iteration is the compiled one cut at the
-env: the rollout's random numbers come from `Algorithm.rollout_noise` (one jitted call), each
-of the num_steps env steps is one jitted policy call (`act`) and one `envs.step` into numpy
+env: the rollout's random numbers come from `jaxppo.core.ppo.rollout_noise` (one jitted call),
+each of the num_steps env steps is one jitted policy call (`act`) and one `envs.step` into numpy
 buffers, and then GAE, the reward hooks and normalisation, every epoch and minibatch, the KL
-coefficient and the metrics are `Algorithm.update` — the same function the compiled iteration
-calls — jitted once. The loop (jaxppo.run.loop) drives a `HostLoopRunner` as it drives the
-compiled `ChunkRunner`: same run folder, metrics, checkpoints, progress, CLI.
+coefficient and the metrics are `jaxppo.core.ppo.update` — the same function the compiled
+iteration calls — jitted once. The loop (jaxppo.run.loop) drives a `HostLoopRunner` as it drives
+the compiled `ChunkRunner`: same run folder, metrics, checkpoints, progress, CLI.
 
 Gymnasium 1.x semantics: the vector env autoresets in SAME_STEP mode, so step t of env e is
 (s_t, a_t, r_t, terminated, truncated) with the true final observation in info["final_obs"]
@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxppo.core import ppo
 from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, Transition, TrainState
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.envs.make import env_action
@@ -57,7 +58,7 @@ class HostRollout:
         algo = algorithm
 
         def act(params, obs_stats, raw_obs, noise):
-            dist, _, _ = algo.network.apply(params, algo._obs_in(obs_stats, raw_obs), (), None)
+            dist, _, _ = algo.network.apply(params, algo.obs_in(obs_stats, raw_obs), (), None)
             action, logp = algo.sample_actions(dist, noise)
             return action, env_action(algo.spec, action), logp, dist
 
@@ -126,34 +127,35 @@ class HostRollout:
 
 def initial_state(algo: Algorithm, key: jax.Array, hp: HyperParams, obs) -> tuple[TrainState, jax.Array]:
     """(fresh TrainState around envs reset to `obs`, the key their reset seeds come from):
-    the same key splits as `Algorithm.init`; the env state lives outside (())."""
+    the same key splits as `ppo.init`; the env state lives outside (())."""
     key, k_params, k_env = jax.random.split(key, 3)
     env_ids = jnp.arange(algo.local_envs, dtype=jnp.int32)
-    return algo.init_state(key, k_params, hp, jnp.asarray(obs), (), env_ids), k_env
+    return ppo.init_state(algo, key, k_params, hp, jnp.asarray(obs), (), env_ids), k_env
 
 
 def abstract_state(run: Resolved, hp: HyperParams):
     """The shapes and dtypes of a host-loop TrainState (what a checkpoint is restored into)."""
-    algo = Algorithm(run)
+    algo = Algorithm.create(run)
     obs = jax.ShapeDtypeStruct((run.config.num_envs,) + run.spec.obs_shape, jnp.float32)
     return jax.eval_shape(lambda k, o: initial_state(algo, k, hp, o)[0],
                           jax.random.PRNGKey(run.config.seed), obs)
 
 
 class HostLoopRunner:
-    """What the run loop drives for a gymnasium env (see jaxppo.run.loop): `run(start, stop)`
-    plays and learns iterations start+1..stop, `snapshot()` is the learner state (numpy)."""
+    """The `jaxppo.run.runner.Runner` of a gymnasium env: `train_chunk(start, stop)` plays and
+    learns iterations start+1..stop in this process, `snapshot()` is the learner state (numpy)."""
 
     shards = 1
     hosts = 1
+    params_replicated = False
 
-    def __init__(self, run: Resolved, hp: HyperParams, restored: TrainState | None = None):
+    def __init__(self, resolved: Resolved, hp: HyperParams, restored: TrainState | None = None):
         if np.ndim(hp.clip_param) != 0:
             raise ConfigError("hparams: a gymnasium env trains one seed per process, so one set "
                               "of hyperparameters (HyperParams.from_config), not a stacked sweep")
         t0 = time.perf_counter()
-        self.algorithm = algo = Algorithm(run)
-        self.config = cfg = run.config
+        self.algorithm = algo = Algorithm.create(resolved)
+        self.config = cfg = resolved.config
         self.hp = hp
         key = jax.random.PRNGKey(cfg.seed)
         _, _, k_env = jax.random.split(key, 3)
@@ -166,12 +168,13 @@ class HostLoopRunner:
         else:
             self.state = jax.tree.map(jnp.asarray, restored)
         self._split = jax.jit(lambda s: (*jax.random.split(s.rng),))
-        self._noise = jax.jit(lambda k, ids: algo.rollout_noise(k, ids)[0])
+        self._noise = jax.jit(lambda k, ids: ppo.rollout_noise(algo, k, ids)[0])
         # Not donating the state: its statistics also go in as the acting ones, and a
         # learner state is small.
         self._update = jax.jit(
-            lambda s, traj, hp, start, stats: algo.update(s, traj, s.env_ids, hp, start, stats))
+            lambda s, traj, hp, start, stats: ppo.update(algo, s, traj, s.env_ids, hp, start, stats))
         self._eval_envs = None
+        self.host_failures: list[dict] = []
         # Compile everything once now (the loop reports it as compile time), on a throwaway
         # rollout of zeros: nothing steps the envs.
         self._compile()
@@ -195,7 +198,7 @@ class HostLoopRunner:
         args = (state, traj, self.hp, state.env_steps, state.obs_stats)
         self._update = self._update.lower(*args).compile()
 
-    # ------------------------------------------------------------------ the loop's runner API
+    # ------------------------------------------------------------------ the Runner protocol
     def iterate(self) -> tuple[dict, Transition]:
         """One iteration: rollout on the host, then the compiled update. Returns its metrics
         (numpy scalars) and the rollout."""
@@ -209,7 +212,7 @@ class HostLoopRunner:
                                            obs_stats_acting)
         return jax.device_get(metrics), traj
 
-    def run(self, start: int, stop: int) -> dict[str, np.ndarray]:
+    def train_chunk(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Iterations start+1..stop; their metrics [stop - start] (eval_* NaN where none ran)."""
         cfg = self.config
         rows = []
@@ -247,9 +250,11 @@ class HostLoopRunner:
             episode_return=r.episode_return.copy(), episode_length=r.episode_length.copy())
 
     def final_state(self) -> TrainState:
+        """The learner state as the update left it (device arrays)."""
         return self.state
 
     def close(self) -> None:
+        """Close the training and evaluation envs."""
         self.rollout.close()
         if self._eval_envs is not None:
             self._eval_envs.close()

@@ -1,13 +1,6 @@
-"""A run folder's logs: metrics.jsonl (always), TensorBoard event files and Weights & Biases
-runs (both optional).
-
-metrics.jsonl holds one JSON object per iteration (and seed), NaN/inf written as null. On
-resume the rows after the restored iteration are dropped (the file is rewritten through a
-temporary file and a rename), so every iteration appears exactly once.
-TensorBoard files are written with tensorboardX, which needs no TensorFlow.
-W&B (`config.wandb`, the `wandb` package imported only then) gets one run per seed, grouped,
-with the same rows (env steps as W&B's step), the config, the final summary and curve.png;
-the run ids are kept in RUN_DIR/wandb_id so a resumed run continues the same W&B runs.
+"""A run folder's logs: metrics.jsonl (always: one JSON object per iteration and seed, NaN/inf
+as null, rows past the restored iteration dropped on resume), TensorBoard event files
+(tensorboardX, no TensorFlow) and Weights & Biases runs (both optional).
 """
 
 from __future__ import annotations
@@ -27,8 +20,17 @@ WANDB_INSTALL = "pip install 'jaxppo[wandb]'"
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """Rows of a metrics.jsonl (a run folder may be given instead). A last line cut short by
-    a crash is skipped; nulls stay None."""
+    """The rows of a metrics.jsonl.
+
+    Args:
+      path: the file, or a run folder that holds it.
+
+    Returns:
+      One dict per line; nulls stay None, and a last line cut short by a crash is skipped.
+
+    Raises:
+      ValueError: a line before the last is not valid JSON.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
@@ -137,6 +139,7 @@ def _last_iteration(path: Path) -> int:
 
 # ---------------------------------------------------------------------- Weights & Biases
 def wandb_enabled(settings: dict | None) -> bool:
+    """True when the config's `wandb` settings log to W&B (set, and mode is not "disabled")."""
     return bool(settings) and settings.get("mode") != "disabled"
 
 
@@ -161,16 +164,12 @@ def check_wandb(config) -> None:
 class WandbWriter:
     """Weights & Biases runs of one run folder: one W&B run per seed (sweep member).
 
-    Several seeds are one W&B *group* (the run folder's name unless wandb.group is set), a run
-    per seed named `<name>-seed<i>`: that is how W&B expects repeated runs of one config, and
-    its charts then draw the group's mean with its spread, while each seed keeps its own
-    history, config and summary (metrics prefixed seed_i/ in one run would give N charts per
-    metric and names that change with num_seeds). Metrics carry TensorBoard's tag groups
-    (charts/, eval/, train/, perf/) and are logged at step=env_steps, so W&B's x axis is env
-    steps. The ids live in RUN_DIR/wandb_id (one line per seed) and a resumed run passes them
-    back with resume="allow": W&B continues the same runs. Rows up to `logged_through` (the
-    iterations logged before a resume; W&B keeps them) are not sent again; W&B runs started
-    on a resume (wandb newly set) get the earlier rows first.
+    Several seeds are one W&B group (the run folder's name unless wandb.group is set), a run
+    per seed named `<name>-seed<i>` (docs/design.md, "Videos and W&B"). Metrics carry
+    TensorBoard's tag groups (charts/, eval/, train/, perf/) at step=env_steps. The ids live in
+    RUN_DIR/wandb_id (one line per seed), and a resumed run continues the same W&B runs
+    (resume="allow"): rows up to `logged_through` (logged before the resume) are not sent
+    again; W&B runs started on a resume (wandb newly set) get the earlier rows first.
     """
 
     def __init__(self, run_dir: Path, settings: dict, config_record: dict, num_seeds: int, *,

@@ -1,14 +1,7 @@
 """The run loop: the same for one device, this host's devices, or several hosts.
 
-The loop does not know where the chunk runs. It is given a *runner* (jaxppo.program.ChunkRunner
-in-process, jaxppo.distributed's host group across Ray hosts) with
-
-    run(start, stop) -> metrics   iterations start+1..stop (one chunk), numpy [seeds?, n]
-    snapshot() -> TrainState      the state after the last chunk, unsharded (numpy)
-    final_state()                 what TrainResult.state holds
-    shards, hosts, algorithm, compile_seconds, close()
-
-and between chunks it checks health (NaN/inf), appends metrics.jsonl, checkpoints on the
+The loop does not know where the chunk runs: it drives a `jaxppo.run.runner.Runner`, and
+between chunks it checks health (NaN/inf), appends metrics.jsonl, checkpoints on the
 configured cadence, reports progress and calls the callback. Everything written goes through
 one jaxppo.run.folder.RunFolder.
 """
@@ -27,17 +20,15 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxppo.run import checkpoints as ckpt
-from jaxppo.run import hostloop
 from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, TrainState
 from jaxppo.config import PPOConfig
 from jaxppo.errors import TrainingDivergedError, TrainingInterrupted
 from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
-from jaxppo.program import auto_chunk, build_program
+from jaxppo.program import auto_chunk
 from jaxppo.run.policy import check_key, check_obs, evaluate_policy
-from jaxppo.resolve import Resolved
 from jaxppo.run.folder import RunFolder
+from jaxppo.run.runner import Runner
 from jaxppo.process import __version__, process_uptime
 
 # Metrics whose non-finite value means training diverged (episode stats are NaN by design
@@ -135,6 +126,7 @@ class TrainResult:
 
 
 def metric_keys(config: PPOConfig) -> tuple[str, ...]:
+    """The metrics each iteration gives: the training ones, eval_* and PBT's when configured."""
     return (METRIC_KEYS + (EVAL_METRIC_KEYS if config.eval_every else ())
             + pbt_metric_keys(config))
 
@@ -147,18 +139,6 @@ def chunk_length(config: PPOConfig) -> int:
     if config.checkpoint_every:
         chunk_len = min(chunk_len, config.checkpoint_every)
     return chunk_len
-
-
-def restore_checkpoint(store, step: int, run: Resolved, run_dir, hp):
-    """(unsharded numpy TrainState, iteration, wall_time offset) of a checkpoint, whatever
-    number of devices or hosts wrote it."""
-    config = run.config
-    if run.host_loop:  # a gymnasium env: the learner state (jaxppo.run.hostloop)
-        abstract = hostloop.abstract_state(run, hp)
-    else:
-        program = build_program(run.with_layout(None), hp, 1)
-        abstract = jax.eval_shape(program.init, jax.random.PRNGKey(config.seed), hp)
-    return ckpt.restore_for_resume(store, step, abstract, config, run_dir)
 
 
 class StopSignals:
@@ -189,115 +169,182 @@ class StopSignals:
         return False
 
 
-def run_loop(runner, config: PPOConfig, *, folder=None, start_iter: int = 0, resumed: bool = False,
-             wall_offset: float = 0.0, stop_after_iterations: int | None = None,
-             progress: bool | None = None, callback: Callable[[list[dict]], None] | None = None,
-             label: str | None = None, member_labels: list[str] | None = None):
-    """Run chunks from `start_iter` to the end (or stop_after_iterations more); returns a
-    TrainResult. Raises TrainingDivergedError on NaN/inf (metrics so far are kept). On
-    SIGINT/SIGTERM it stops after the running chunk, checkpoints, and returns a result whose
-    `interrupted` names the signal (the caller finishes the run folder and raises).
-    member_labels: for a sweep, each seed index's hyperparameters ("lr=0.001"), which the
-    progress shows instead of a mean over seeds."""
-    n_iter = config.num_iterations
-    seeds = config.num_seeds
-    chunk_len = chunk_length(config)
-    keys = metric_keys(config)
-    history = _history_from_rows(folder.previous_rows if folder else [], keys, seeds)
-    end_iter = n_iter if stop_after_iterations is None else min(n_iter, start_iter + stop_after_iterations)
-    reporter = _Reporter(config, n_iter, progress, start=start_iter, label=label,
+def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = None,
+               start_iter: int = 0, resumed: bool = False, wall_offset: float = 0.0,
+               stop_after_iterations: int | None = None, progress: bool | None = None,
+               callback: Callable[[list[dict]], None] | None = None, label: str | None = None,
+               member_labels: list[str] | None = None) -> TrainResult:
+    """Train chunk after chunk from `start_iter` to the end (or stop_after_iterations more).
+
+    Args:
+        runner: where the chunks run.
+        config: the run's (resolved) config.
+        folder: the run folder that gets every metric row and checkpoint; None writes nothing.
+        start_iter: the iteration the runner's state is at (a resumed run's checkpoint).
+        resumed: True when that state comes from a checkpoint (not saved again unchanged).
+        wall_offset: the wall time of the processes that ran the run before (a resumed run).
+        stop_after_iterations: train at most this many iterations, then checkpoint and return.
+        progress: a progress bar; None: a bar on a terminal, else a line per chunk; False: none.
+        callback: called with the metric rows of each finished chunk.
+        label: the run's name in the progress (default: the env's name).
+        member_labels: for a sweep, each seed index's hyperparameters ("lr=0.001"), which the
+            progress shows instead of a mean over seeds.
+
+    Returns:
+        The TrainResult. On SIGINT/SIGTERM the loop stops after the running chunk and
+        checkpoints; the result's `interrupted` names the signal (the caller finishes the run
+        folder and raises).
+
+    Raises:
+        TrainingDivergedError: a health metric became NaN/inf (the rows before it are kept).
+    """
+    end_iter = config.num_iterations if stop_after_iterations is None else min(
+        config.num_iterations, start_iter + stop_after_iterations)
+    history = _History(config, folder.previous_rows if folder else [])
+    reporter = _Reporter(config, config.num_iterations, progress, start=start_iter, label=label,
                          member_labels=member_labels)
     t_train = time.perf_counter()
-    last_finite: dict | None = None
-    it, saved_at, wall = start_iter, start_iter if resumed else None, wall_offset
-    saved_time = time.monotonic()
+    saver = _Saver(runner, config, folder, saved_at=start_iter if resumed else None)
+    it, wall, last_row = start_iter, wall_offset, None
+    with StopSignals() as signals:
+        try:
+            while it < end_iter and signals.received is None:
+                stop = _chunk_stop(config, it, end_iter)
+                t0 = time.perf_counter()
+                metrics = runner.train_chunk(it, stop)
+                dt = time.perf_counter() - t0
+                wall = wall_offset + process_uptime()
+                sps = (stop - it) * config.batch_size * config.num_seeds / max(dt, 1e-9)
+                rows = _chunk_rows(metrics, history.keys, it, stop, wall, sps, config.num_seeds)
+                _check_health(rows, last_row, folder, config.num_seeds)
+                history.append(metrics, it, stop, wall, sps)
+                if folder is not None:
+                    folder.write_rows(rows)
+                it, last_row = stop, rows[-1]
+                saver.after_chunk(it, end_iter, wall)
+                if callback is not None:
+                    callback(rows)
+                reporter.update(it, rows, sps)
+            saver.at_end(it, wall)
+        finally:
+            reporter.close()
+    return _result(runner, config, folder, history.metrics(), iterations_done=it,
+                   resumed_from=start_iter if resumed else None,
+                   train_seconds=time.perf_counter() - t_train, interrupted=signals.received)
 
-    config_record = config.to_dict()
 
-    def save(iteration):
-        folder.save_checkpoint(iteration, runner.snapshot(), {
-            "env_steps": iteration * config.batch_size, "num_devices": runner.shards,
-            "hosts": runner.hosts, "num_seeds": seeds,
-            "wall_time": wall, "config": config_record, "env": config.env_name,
+def _chunk_stop(config: PPOConfig, it: int, end_iter: int) -> int:
+    """Where the chunk from `it` ends: a chunk's length on, never past a checkpoint iteration."""
+    stop = min(end_iter, it + chunk_length(config))
+    if config.checkpoint_every:
+        stop = min(stop, (it // config.checkpoint_every + 1) * config.checkpoint_every)
+    return stop
+
+
+def _chunk_rows(metrics: dict, keys, it: int, stop: int, wall: float, sps: float,
+                seeds: int) -> list[dict]:
+    """metrics.jsonl's rows of iterations it+1..stop: one per iteration (and seed)."""
+    rows = []
+    for j in range(stop - it):
+        for s in range(seeds):
+            row = {k: float(metrics[k][s, j] if seeds > 1 else metrics[k][j]) for k in keys}
+            row.update(iteration=it + j + 1, wall_time=wall, sps=sps)
+            if seeds > 1:
+                row["seed"] = s
+            rows.append(row)
+    return rows
+
+
+def _check_health(rows: list[dict], last_row: dict | None, folder, seeds: int) -> None:
+    """TrainingDivergedError at the first row with a non-finite health metric, after writing
+    the rows before it; `last_row`: the previous chunk's last row."""
+    for i, row in enumerate(rows):
+        bad = [k for k in HEALTH_KEYS if not math.isfinite(row[k])]
+        if not bad:
+            continue
+        if folder is not None:
+            folder.write_rows(rows[:i])
+        last_finite = rows[i - 1] if i else last_row
+        raise TrainingDivergedError(
+            f"training diverged at iteration {row['iteration']}"
+            + (f" (seed {row['seed']})" if seeds > 1 else "")
+            + f": {', '.join(bad)} became NaN/inf. Last finite metrics: "
+            f"{_short(last_finite)}. Metrics so far are kept"
+            + (f" in {folder.path / 'metrics.jsonl'}" if folder else "")
+            + ". Try a lower lr, a smaller max_grad_norm, or "
+            "normalize_observations=true / normalize_rewards=true.",
+            row["iteration"],
+            last_finite,
+        )
+
+
+class _History:
+    """The run's metric arrays: a resumed run's earlier rows, then every chunk's metrics."""
+
+    def __init__(self, config: PPOConfig, previous_rows: list[dict]):
+        self.keys = metric_keys(config)
+        self.seeds = config.num_seeds
+        self.parts = _history_from_rows(previous_rows, self.keys, self.seeds)
+
+    def append(self, metrics: dict, it: int, stop: int, wall: float, sps: float) -> None:
+        for k in self.keys:
+            self.parts[k].append(np.asarray(metrics[k]))
+        n = stop - it
+        for k, v in (("iteration", np.arange(it + 1, stop + 1)),
+                     ("wall_time", np.full(n, wall)), ("sps", np.full(n, sps))):
+            self.parts[k].append(np.broadcast_to(v, (self.seeds, n)) if self.seeds > 1 else v)
+
+    def metrics(self) -> dict[str, np.ndarray]:
+        return {k: np.concatenate(v, axis=-1) for k, v in self.parts.items() if v}
+
+
+class _Saver:
+    """The checkpoint cadence: every checkpoint_every iterations, after checkpoint_minutes,
+    and at the end of the call (unless the state is saved already)."""
+
+    def __init__(self, runner: Runner, config: PPOConfig, folder, saved_at: int | None):
+        self.runner, self.config, self.folder = runner, config, folder
+        self.saved_at, self.saved_time = saved_at, time.monotonic()
+        self.config_record = config.to_dict()
+
+    def after_chunk(self, it: int, end_iter: int, wall: float) -> None:
+        cfg = self.config
+        if self.folder is not None and (
+                (cfg.checkpoint_every and it % cfg.checkpoint_every == 0)
+                or (cfg.checkpoint_minutes and it < end_iter and time.monotonic()
+                    - self.saved_time >= 60 * cfg.checkpoint_minutes)):
+            self.save(it, wall)
+
+    def at_end(self, it: int, wall: float) -> None:
+        if self.folder is not None and self.saved_at != it:
+            self.save(it, wall)
+
+    def save(self, iteration: int, wall: float) -> None:
+        cfg, runner = self.config, self.runner
+        self.folder.save_checkpoint(iteration, runner.snapshot(), {
+            "env_steps": iteration * cfg.batch_size, "num_devices": runner.shards,
+            "hosts": runner.hosts, "num_seeds": cfg.num_seeds,
+            "wall_time": wall, "config": self.config_record, "env": cfg.env_name,
             "jaxppo_version": __version__,
         })
+        self.saved_at, self.saved_time = iteration, time.monotonic()
 
-    signals = StopSignals().__enter__()
-    try:
-        while it < end_iter and signals.received is None:
-            stop = min(end_iter, it + chunk_len)
-            if config.checkpoint_every:
-                stop = min(stop, (it // config.checkpoint_every + 1) * config.checkpoint_every)
-            t0 = time.perf_counter()
-            m = runner.run(it, stop)
-            dt = time.perf_counter() - t0
-            n = stop - it
-            wall = wall_offset + process_uptime()
-            sps = n * config.batch_size * seeds / max(dt, 1e-9)
-            rows = []
-            for j in range(n):
-                for s in range(seeds):
-                    row = {k: float(m[k][s, j] if seeds > 1 else m[k][j]) for k in keys}
-                    row.update(iteration=it + j + 1, wall_time=wall, sps=sps)
-                    if seeds > 1:
-                        row["seed"] = s
-                    bad = [k for k in HEALTH_KEYS if not math.isfinite(row[k])]
-                    if bad:
-                        if folder is not None:
-                            folder.write_rows(rows)
-                        raise TrainingDivergedError(
-                            f"training diverged at iteration {it + j + 1}"
-                            + (f" (seed {s})" if seeds > 1 else "")
-                            + f": {', '.join(bad)} became NaN/inf. Last finite metrics: "
-                            f"{_short(last_finite)}. Metrics so far are kept"
-                            + (f" in {folder.path / 'metrics.jsonl'}" if folder else "")
-                            + ". Try a lower lr, a smaller max_grad_norm, or "
-                            "normalize_observations=true / normalize_rewards=true.",
-                            it + j + 1,
-                            last_finite,
-                        )
-                    last_finite = row
-                    rows.append(row)
-            for k in keys:
-                history[k].append(np.asarray(m[k]))
-            for k, v in (("iteration", np.arange(it + 1, stop + 1)),
-                         ("wall_time", np.full(n, wall)), ("sps", np.full(n, sps))):
-                history[k].append(np.broadcast_to(v, (seeds, n)) if seeds > 1 else v)
-            if folder is not None:
-                folder.write_rows(rows)
-            it = stop
-            if folder is not None and (
-                    (config.checkpoint_every and it % config.checkpoint_every == 0)
-                    or (config.checkpoint_minutes and it < end_iter and time.monotonic()
-                        - saved_time >= 60 * config.checkpoint_minutes)):
-                save(it)
-                saved_at, saved_time = it, time.monotonic()
-            if callback is not None:
-                callback(rows)
-            reporter.update(it, rows, sps)
-        if folder is not None and saved_at != it:
-            save(it)
-    finally:
-        signals.__exit__()
-        reporter.close()
-    train_seconds = time.perf_counter() - t_train
 
-    metrics = {k: np.concatenate(v, axis=-1) for k, v in history.items() if v}
+def _result(runner: Runner, config: PPOConfig, folder, metrics: dict, *, iterations_done: int,
+            resumed_from: int | None, train_seconds: float,
+            interrupted: str | None) -> TrainResult:
     algo = runner.algorithm
     state = runner.final_state()
-    nd = runner.shards
-    replicated = nd > 1 and getattr(runner, "params_replicated", True)
-    params = jax.tree.map(lambda x: x[0], state.params) if replicated else state.params
+    params = jax.tree.map(lambda x: x[0], state.params) if runner.params_replicated else state.params
     return TrainResult(
-        config=config, params=params, state=state, num_devices=nd, hosts=runner.hosts,
+        config=config, params=params, state=state, num_devices=runner.shards, hosts=runner.hosts,
         metrics=metrics, run_dir=folder.path if folder else None,
         compile_seconds=runner.compile_seconds, train_seconds=train_seconds, _algorithm=algo,
         _policy_fn=jax.jit(algo.act, static_argnames=("deterministic",)),
-        _value_fn=jax.jit(algo.value), iterations_done=it, completed=it >= n_iter,
-        resumed_from=start_iter if resumed else None,
-        host_failures=list(getattr(runner, "host_failures", [])), interrupted=signals.received,
+        _value_fn=jax.jit(algo.value), iterations_done=iterations_done,
+        completed=iterations_done >= config.num_iterations, resumed_from=resumed_from,
+        host_failures=list(runner.host_failures), interrupted=interrupted,
     )
-
 
 def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
     """Metric arrays of earlier rows (a resumed run's past), as the first entry of each list."""
@@ -435,5 +482,8 @@ def finish_run(result: TrainResult, folder, resume_command: str, **finish) -> Tr
     return result
 
 
-def open_folder(run_dir: str | Path | None, config: PPOConfig, resume_iteration: int | None):
+def open_folder(run_dir: str | Path | None, config: PPOConfig,
+                resume_iteration: int | None) -> RunFolder | None:
+    """The run folder at `run_dir` opened for writing (None when there is none); a resumed
+    run's (`resume_iteration`) metrics.jsonl is cut back to its checkpoint."""
     return None if run_dir is None else RunFolder(run_dir, config, resume_iteration=resume_iteration)

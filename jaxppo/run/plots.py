@@ -1,23 +1,19 @@
-"""Learning-curve figures from run folders (matplotlib, headless).
-
-`plot_runs` draws return vs env steps and vs wall-clock time (since the first iteration),
-one curve per run: the mean over its seeds with a shaded 95% interval of that mean; a sweep
-(a folder with sweep.json, see jaxppo.search.sweep) gets one curve per setting, labelled by the
-hyperparameters that differ ("lr=0.0003"). Evaluation returns, where the run has them, are
-dashed lines with markers in the curve's colour. Legends name the env and the config fields
-whose values differ between the runs' config.yaml files. `jaxppo plot` and every run
-folder's curve.png use it.
+"""Learning-curve figures from run folders (matplotlib, headless), for `jaxppo plot` and
+every run folder's curve.png: return vs env steps and vs wall-clock time, one curve per run
+(or per setting of a sweep) with a 95% interval over seeds, evaluation returns dashed.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 from jaxppo.run.logs import read_metrics
+from jaxppo.search.results import SEARCH_FILE, lineage
 from jaxppo.search.sweep import SWEPT_CONFIG_FIELDS, fmt_value, read_record
 
 # Fields that do not change what a run learns (or, num_seeds, are shown as "(N seeds)"); left
@@ -244,10 +240,21 @@ def _time_unit(seconds: float) -> tuple[float, str]:
 
 
 def make_figure(run_dirs, labels=None, title: str | None = None):
-    """The figure of `plot_runs`, not saved: (fig, axes). Each line's gid is 'train:<k>',
-    'train-band:<k>' (the 95% interval, runs of several seeds) or 'eval:<k>', where k is the
-    run's index i, or 'i/j' for the setting of a sweep's member j (sweep.json). The legend is
-    the figure's, below the panels (constrained layout keeps it inside the figure)."""
+    """The figure of `plot_runs`, not saved.
+
+    Each line's gid is 'train:<k>', 'train-band:<k>' (the 95% interval, runs of several
+    seeds) or 'eval:<k>', where k is the run's index i, or 'i/j' for the setting of a sweep's
+    member j (sweep.json). The legend is the figure's, below the panels. A single PBT run
+    also gets its winning lineage's hyperparameters below the curves.
+
+    Args:
+      run_dirs: run folders.
+      labels: a legend label per run (default: `run_labels`).
+      title: the figure's title.
+
+    Returns:
+      (fig, axes): the matplotlib figure and its two panels (steps, wall-clock time).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -320,10 +327,6 @@ def _is_pbt(rows: list[dict]) -> bool:
 def pbt_lineage(run) -> dict | None:
     """The winning lineage of a PBT run folder (jaxppo.search.results.lineage), None for other runs.
     The winner is search.json's best member, else the member with the best final return."""
-    import json
-
-    from jaxppo.search.results import SEARCH_FILE, lineage
-
     rows = read_metrics(run)
     if not _is_pbt(rows):
         return None
@@ -363,8 +366,16 @@ def _draw_lineage(fig, lin: dict) -> None:
 
 
 def plot_search(rec: dict, out: str | Path) -> Path:
-    """search.png: each member's final return (or evaluation) against each searched
-    hyperparameter; a log axis for loguniform fields; the best setting ringed."""
+    """Draws search.png: each member's final return (or evaluation) against each searched
+    hyperparameter (a log axis for loguniform ones), the best setting ringed.
+
+    Args:
+      rec: search.json's content (`jaxppo.search.results.report`).
+      out: the PNG to write.
+
+    Returns:
+      The path of the PNG.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -397,8 +408,21 @@ def plot_search(rec: dict, out: str | Path) -> Path:
 
 
 def plot_runs(run_dirs, out: str | Path, labels=None, title: str | None = None) -> Path:
-    """Return vs env steps and vs wall time, one curve per run (mean and 95% interval over
-    its seeds) or per setting of a sweep; writes the PNG `out` and returns its path."""
+    """Draws learning curves of run folders into a PNG.
+
+    Return vs env steps and vs wall-clock time, one curve per run (the mean over its seeds
+    with a shaded 95% interval of that mean) or per setting of a sweep, labelled by the
+    config fields that differ; evaluation returns are dashed in the curve's colour.
+
+    Args:
+      run_dirs: run folders.
+      out: the PNG to write.
+      labels: a legend label per run (default: the env and the config fields that differ).
+      title: the figure's title.
+
+    Returns:
+      The path of the PNG.
+    """
     import matplotlib.pyplot as plt
 
     fig, _ = make_figure(run_dirs, labels=labels, title=title)

@@ -24,12 +24,12 @@ from jaxppo.core.algorithm import Algorithm
 from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir, load_params_dict,
                                load_run_config)
 from jaxppo.config import MAX_TIMESTEPS, check_seed
-from jaxppo.envs.make import check_recorded_env
+from jaxppo.envs.make import check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.core.evaluation import EpisodeStats, run_episodes, summarize
 from jaxppo.run.hostloop import evaluate_host
 from jaxppo.program import free_memory
-from jaxppo.resolve import resolve
+from jaxppo.resolve import Resolved, resolve
 from jaxppo.core.running_stats import RunningStats
 
 
@@ -75,8 +75,17 @@ class Policy:
     act = __call__
 
     def step(self, obs, carry, key: jax.Array | None = None):
-        """(actions, new carry) for observations [*obs_shape] or [B, *obs_shape] and the
-        carry before them. Deterministic (the distribution's mode) when key is None."""
+        """One step of the policy, carry included.
+
+        Args:
+          obs: [*obs_shape] or [B, *obs_shape] raw env observations.
+          carry: the carry before them (`initial_carry` at an episode's start; () when
+            feed-forward).
+          key: a PRNG key to sample with; None acts with the distribution's mode.
+
+        Returns:
+          (actions ready for env.step, the new carry).
+        """
         obs = check_obs(obs, self.algorithm)
         carry = self._check_carry(carry, obs)
         if key is not None:
@@ -111,7 +120,7 @@ class Policy:
 
     def evaluate(self, episodes: int = 10, seed: int = 0, deterministic: bool = True,
                  max_steps: int | None = None) -> dict:
-        """Mean/std return and length of one episode in each of `episodes` envs."""
+        """Evaluates the policy: one episode in each of `episodes` envs (`evaluate_policy`)."""
         return evaluate_policy(self.algorithm, self.params, self.obs_stats, episodes=episodes,
                                seed=seed, deterministic=deterministic, max_steps=max_steps)
 
@@ -122,9 +131,23 @@ class Policy:
 
 def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: int,
                     deterministic: bool, max_steps: int | None = None) -> dict:
-    """Host-side evaluation: one episode in each of `episodes` envs reset from
-    PRNGKey(seed), each carrying its policy's carry. Returns return/length mean and std
-    (floats) and the per-episode arrays."""
+    """Evaluates params: one episode in each of `episodes` envs, all at once.
+
+    Args:
+      algorithm: the run's Algorithm (env and network).
+      params: the network's params (one seed).
+      obs_stats: the observation-normalisation statistics.
+      episodes: how many envs, one episode each.
+      seed: the envs are reset from PRNGKey(seed).
+      deterministic: act with the distribution's mode (else sample).
+      max_steps: caps each episode (default: the env's time limit).
+
+    Returns:
+      The return and length mean and std (floats), and "returns" and "lengths" per episode.
+
+    Raises:
+      ValueError: an argument out of range, or more episodes than free memory holds.
+    """
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ValueError(f"episodes={episodes!r} must be an integer >= 1")
     if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)
@@ -179,8 +202,15 @@ def _check_eval_memory(compiled, episodes: int) -> None:
 
 
 def check_obs(obs, algorithm: Algorithm):
-    """`obs` as an array [..., *obs_shape] of numbers; TypeError / ValueError naming the shape
-    the env's observations have (instead of an error from inside the network)."""
+    """Checks observations before they reach the network.
+
+    Returns:
+      `obs` as a jax array [..., *obs_shape].
+
+    Raises:
+      TypeError: `obs` is not an array of numbers.
+      ValueError: its trailing shape is not the env's observation shape.
+    """
     spec = algorithm.spec
     want = tuple(spec.obs_shape)
     example = f"one observation of shape {want} or a batch [B, {', '.join(map(str, want))}]"
@@ -220,73 +250,45 @@ def _short(x) -> str:
 
 
 def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = None,
-                env: Any = None) -> Policy:
-    """The trained policy of RUN_DIR as a callable `act(obs, key=None)`.
+                env: Any = None, trust_config: bool = True) -> Policy:
+    """The trained policy of a run folder as a callable `act(obs, key=None)`.
 
-    seed_index: which seed of a multi-seed run. step: a checkpoint iteration (default: the
-    newest). env: the env (an object or "module:Class"), for runs of a custom env that
-    config.yaml can only name (one whose class is not importable; importable ones are
-    recorded as "module:Class" and rebuilt).
-    Raises CheckpointError for a missing or unreadable run folder or checkpoint, ConfigError
-    for an env that cannot be rebuilt.
+    Args:
+      run_dir: the run folder.
+      seed_index: which seed of a multi-seed run.
+      step: a checkpoint iteration (default: the newest; params.msgpack without checkpoints).
+      env: the env (an object or "module:Class"), for runs of a custom env that config.yaml
+        can only name (one whose class is not importable; importable ones are recorded as
+        "module:Class" and rebuilt).
+      trust_config: False refuses a config.yaml that names a module to import (its
+        "module:Class" env): for run folders you did not write. Registered gymnax names and
+        the suites' envs ("brax:...", ...) import nothing of the folder's; `env=` is yours.
+
+    Returns:
+      The `Policy`.
+
+    Raises:
+      CheckpointError: a missing or unreadable run folder or checkpoint, or params that do
+        not fit the config's network.
+      ConfigError: an env that cannot be rebuilt, or one whose module trust_config=False
+        refuses to import.
+      TypeError, ValueError: a run_dir, step or seed_index of the wrong kind or range.
     """
-    if not isinstance(run_dir, (str, os.PathLike)):
-        raise TypeError(f"run_dir={_short(run_dir)} must be the path of a run folder (a str or "
-                        "Path), e.g. 'runs/CartPole-v1-20250101-120000'")
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
-        raise TypeError(f"step={step!r} must be a checkpoint iteration (an int) or None for the "
-                        "newest")
-    run_dir = Path(run_dir)
-    if run_dir.is_file():
-        raise CheckpointError(f"{run_dir} is a file; give the run folder that holds it "
-                              f"({run_dir.parent})")
-    if not run_dir.is_dir():
-        raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
-    meta = None
-    state = None
-    if checkpoint_dir(run_dir).is_dir():
-        with CheckpointStore(run_dir, read_only=True) as store:
-            steps = store.steps()
-            if steps:
-                if step is None:
-                    step = steps[-1]
-                elif step not in steps:
-                    raise CheckpointError(
-                        f"no checkpoint for iteration {step} in {store.directory}; "
-                        f"available: {', '.join(map(str, steps))}")
-                state, meta = store.restore(step)
+    run_dir = _run_folder(run_dir, step)
+    state, meta, step = _restore_checkpoint(run_dir, step)
     config = load_run_config(run_dir, meta)
-    if env is not None:
-        config = config.replace(env=env)
-    else:
-        check_recorded_env(config, run_dir, (
-            f"Pass the env: jaxppo.load_policy({str(run_dir)!r}, env=YourEnv()) (or "
-            f"`jaxppo eval {run_dir} --env module:Class`)"))
-    try:
-        resolved = resolve(config)
-    except ConfigError as e:
-        if env is None and str(e).startswith(f"env={config.env!r}"):  # "module:Class" failed
-            raise ConfigError(f"{e}. (This is the env {run_dir}/config.yaml records; or pass "
-                              "it: load_policy(run_dir, env=YourEnv()))") from e
-        raise
-    algorithm = Algorithm(resolved)
+    algorithm = Algorithm.create(_resolve_recorded(config, run_dir, env, trust_config))
     if state is not None:
         params, obs_stats = state["params"], state["obs_stats"]
         seeds = int(meta.get("num_seeds", 1))
+        source = f"checkpoint {checkpoint_dir(run_dir) / str(step)}"
     else:
-        path = run_dir / "params.msgpack"
-        if not path.exists():
-            raise CheckpointError(
-                f"run folder {run_dir} has neither a checkpoint in {CHECKPOINT_DIR}/ nor "
-                "params.msgpack; it holds no trained policy (did the run finish?)")
-        saved = load_params_dict(path)
-        params, obs_stats = saved["params"], saved["obs_stats"]
-        seeds = config.num_seeds
+        params, obs_stats = _saved_params(run_dir)
+        seeds = algorithm.config.num_seeds
+        source = str(run_dir / "params.msgpack")
     if not isinstance(seed_index, int) or isinstance(seed_index, bool) or not 0 <= seed_index < seeds:
         raise ValueError(f"seed_index={seed_index!r}, but {run_dir} holds {seeds} seed(s): use "
                          f"a seed index from 0 to {seeds - 1}")
-    source = (f"checkpoint {checkpoint_dir(run_dir) / str(step)}" if state is not None
-              else str(run_dir / "params.msgpack"))
     if seeds > 1:
         short = [np.shape(x) for x in jax.tree.leaves((params, obs_stats))
                  if not np.shape(x) or np.shape(x)[0] != seeds]
@@ -302,6 +304,73 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
     params = jax.tree.map(jnp.asarray, params)
     return Policy(algorithm, params, obs_stats,
                   iteration=None if meta is None else int(meta["iteration"]))
+
+
+def _run_folder(run_dir, step) -> Path:
+    """`run_dir` as a Path to an existing folder; TypeError/CheckpointError naming the fix."""
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise TypeError(f"run_dir={_short(run_dir)} must be the path of a run folder (a str or "
+                        "Path), e.g. 'runs/CartPole-v1-20250101-120000'")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise TypeError(f"step={step!r} must be a checkpoint iteration (an int) or None for the "
+                        "newest")
+    run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise CheckpointError(f"{run_dir} is a file; give the run folder that holds it "
+                              f"({run_dir.parent})")
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
+    return run_dir
+
+
+def _restore_checkpoint(run_dir: Path, step: int | None):
+    """(state, meta, step) of checkpoint `step` (None: the newest), read-only; (None, None,
+    step) when the folder has no checkpoint."""
+    if not checkpoint_dir(run_dir).is_dir():
+        return None, None, step
+    with CheckpointStore(run_dir, read_only=True) as store:
+        steps = store.steps()
+        if not steps:
+            return None, None, step
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointError(f"no checkpoint for iteration {step} in {store.directory}; "
+                                  f"available: {', '.join(map(str, steps))}")
+        state, meta = store.restore(step)
+    return state, meta, step
+
+
+def _resolve_recorded(config, run_dir: Path, env, trust_config: bool) -> Resolved:
+    """The folder's config resolved, with `env` (when given) in place of the recorded env."""
+    if env is not None:
+        config = config.replace(env=env)
+    else:
+        if not trust_config:
+            refuse_imports(config.env, f"{run_dir}/config.yaml", (
+                f"Pass the env yourself (load_policy({str(run_dir)!r}, env=YourEnv()), "
+                "`--env module:Class`) or trust the folder (trust_config=True)"))
+        check_recorded_env(config, run_dir, (
+            f"Pass the env: jaxppo.load_policy({str(run_dir)!r}, env=YourEnv()) (or "
+            f"`jaxppo eval {run_dir} --env module:Class`)"))
+    try:
+        return resolve(config)
+    except ConfigError as e:
+        if env is None and str(e).startswith(f"env={config.env!r}"):  # "module:Class" failed
+            raise ConfigError(f"{e}. (This is the env {run_dir}/config.yaml records; or pass "
+                              "it: load_policy(run_dir, env=YourEnv()))") from e
+        raise
+
+
+def _saved_params(run_dir: Path):
+    """(params, obs_stats) of the folder's params.msgpack; CheckpointError when it has none."""
+    path = run_dir / "params.msgpack"
+    if not path.exists():
+        raise CheckpointError(
+            f"run folder {run_dir} has neither a checkpoint in {CHECKPOINT_DIR}/ nor "
+            "params.msgpack; it holds no trained policy (did the run finish?)")
+    saved = load_params_dict(path)
+    return saved["params"], saved["obs_stats"]
 
 
 def _check_params(params, obs_stats, algorithm: Algorithm, run_dir: Path, source: str,

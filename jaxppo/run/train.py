@@ -1,33 +1,82 @@
 """`jaxppo.train`: check the config, build the program for this host's devices, run the loop.
 
-Python's only jobs: build the program once (jaxppo.program), then hand it to the run loop
-(jaxppo.run.loop), which starts each chunk (jit(lax.scan) over `log_every` iterations, vmapped
-over seeds) and between chunks writes the run folder and reports progress.
+Every entry point (`train`, `jaxppo.distributed.train_distributed`) goes through
+`train_with`: the checks, the resume, the run folder and the run loop are the same; only the
+runner that runs the chunks (a `jaxppo.run.runner.Runner`) differs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
 
-from jaxppo.run import checkpoints as ckpt
 from jaxppo.search import sweep
-from jaxppo.core.algorithm import Algorithm
+from jaxppo.core.algorithm import Algorithm, TrainState
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.config import PPOConfig
 from jaxppo.errors import ConfigError
+from jaxppo.run import hostloop
 from jaxppo.run.hostloop import HostLoopRunner
-from jaxppo.program import ChunkRunner, build_program
-from jaxppo.run.loop import (TrainResult, chunk_length, finish_run, open_folder, restore_checkpoint,
-                         run_loop)
+from jaxppo.program import ChunkRunner, build_program, train_function
+from jaxppo.run.loop import TrainResult, chunk_length, finish_run, open_folder, train_loop
 from jaxppo.run.policy import check_key
 from jaxppo.resolve import Layout, Resolved, note_partial_batch, resolve
-from jaxppo.run.folder import check_run_dir
+from jaxppo.run.folder import ResumePoint, begin_resume, check_start
 from jaxppo.run.logs import check_wandb
+from jaxppo.run.runner import Runner
 from jaxppo.process import enable_compilation_cache
+
+
+@dataclass
+class Start:
+    """Where a run starts, once every check has passed: what a runner factory is given.
+
+    Attributes:
+        resolved: the run's resolved config and layout.
+        hp: the hyperparameters it trains with ([num_seeds] leaves for a sweep).
+        restored: a resumed run's unsharded state (numpy); None for a new run.
+        iteration: the iteration the state is at (0 for a new run).
+        wall_offset: a resumed run's wall time so far, in seconds.
+        sweep_record: sweep.json's record of a sweep's members, or None.
+    """
+
+    resolved: Resolved
+    hp: HyperParams
+    restored: TrainState | None = None
+    iteration: int = 0
+    wall_offset: float = 0.0
+    sweep_record: dict | None = None
+
+
+RunnerFactory = Callable[[Start], Runner]
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """What differs between the functions that start a run (`train`, `train_distributed`).
+
+    Attributes:
+        caller: the function's name, for the messages.
+        command: the command that continues a run (`<command> --resume RUN_DIR`).
+        layout: the layout the config resolves on (`jaxppo.resolve.resolve`).
+        check: more checks of the resolved run, before anything starts.
+        label: the run's name in the progress, `{env}` standing for the env's name
+            (default: the env's name).
+        plot_label: the run's name in curve.png, likewise.
+        summary: more entries for summary.json, from the result.
+    """
+
+    caller: str
+    command: str
+    layout: Layout | str | None = "local"
+    check: Callable[[Resolved], None] | None = None
+    label: str | None = None
+    plot_label: str | None = None
+    summary: Callable[[TrainResult], dict] | None = None
 
 
 def train(
@@ -41,91 +90,168 @@ def train(
     stop_after_iterations: int | None = None,
     plot: bool = True,
 ) -> TrainResult:
-    """Train PPO as configured on this host's devices; `num_seeds > 1` trains the seeds in one
-    vmapped program. (Several hosts: `jaxppo.distributed.train_distributed`, same loop.)
+    """Train PPO as configured on this host's devices.
 
-    hparams: the tunable scalars (default: from the config); a `HyperParams.stack` of
-    num_seeds settings is a sweep, member i training with the i-th: the run folder then gets
-    sweep.json (`jaxppo.search.sweep`), and progress, summary and plots name members by the
-    hyperparameters that differ. Resuming a sweep without hparams uses sweep.json's.
+    `num_seeds > 1` trains the seeds in one vmapped program. (Several hosts:
+    `jaxppo.distributed.train_distributed`, the same loop.) Nothing is created in the run
+    folder before every check has passed.
 
-    run_dir: if given, the run folder (jaxppo.run.folder): config.yaml, metrics.jsonl (appended as
-    training goes), checkpoints/ (every `checkpoint_minutes`, every `checkpoint_every`
-    iterations and at the end), params.msgpack, summary.json, curve.png (unless plot=False)
-    and, with `tensorboard`, tensorboard/. Nothing is created before every check has passed.
-    resume: a run folder to continue from its newest checkpoint; metrics.jsonl is cut back to
-    the checkpoint and appended to. `config` may be None (the folder's config.yaml is used);
-    a given config may change fields like total_timesteps, but not shapes (ConfigError). The
-    number of devices may differ from the saved run's if it divides num_envs.
-    stop_after_iterations: run at most this many iterations in this call, then checkpoint and
-    return (`TrainResult.completed` is False); resume later with `resume=run_dir`.
-    progress: show a progress bar (default: when stderr is a terminal, else a line per chunk).
-    callback: called with the metric rows of each finished chunk.
-    Raises ConfigError for a bad config, CheckpointError for a run folder that cannot be
-    resumed (nothing in it is changed then) and TrainingDivergedError on NaN/inf. SIGINT
-    (Ctrl-C) or SIGTERM stops after the running chunk: checkpoint, params and summary are
-    written, then TrainingInterrupted is raised (its `result` holds the TrainResult).
+    Args:
+        config: the run's config; None with `resume` (the folder's config.yaml is used).
+        hparams: the tunable scalars (default: from the config); a `HyperParams.stack` of
+            num_seeds settings is a sweep, member i training with the i-th: the run folder
+            then gets sweep.json (`jaxppo.search.sweep`), and progress, summary and plots name
+            members by the hyperparameters that differ. Resuming a sweep without hparams
+            uses sweep.json's.
+        run_dir: the run folder (jaxppo.run.folder), if any: config.yaml, metrics.jsonl
+            (appended as training goes), checkpoints/ (every `checkpoint_minutes`, every
+            `checkpoint_every` iterations and at the end), params.msgpack, summary.json,
+            curve.png (unless plot=False) and, with `tensorboard`, tensorboard/.
+        progress: show a progress bar (default: when stderr is a terminal, else a line per
+            chunk); False shows nothing.
+        callback: called with the metric rows of each finished chunk.
+        resume: a run folder to continue from its newest checkpoint; metrics.jsonl is cut
+            back to the checkpoint and appended to. A given config may change fields like
+            total_timesteps, but not shapes (ConfigError). The number of devices may differ
+            from the saved run's if it divides num_envs.
+        stop_after_iterations: run at most this many iterations in this call, then
+            checkpoint and return (`TrainResult.completed` is False); resume later with
+            `resume=run_dir`.
+        plot: write curve.png.
+
+    Returns:
+        The TrainResult: params, final state, metrics and the run's summary.
+
+    Raises:
+        ConfigError: a bad config or argument.
+        CheckpointError: a run folder that cannot be resumed (nothing in it is changed).
+        TrainingDivergedError: a health metric became NaN/inf.
+        TrainingInterrupted: SIGINT (Ctrl-C) or SIGTERM stopped training after the running
+            chunk; checkpoint, params and summary are written first, and its `result` holds
+            the TrainResult.
+    """
+    return train_with(_local_runner, EntryPoint("train", "jaxppo train"), config,
+                      hparams=hparams, run_dir=run_dir, progress=progress, callback=callback,
+                      resume=resume, stop_after_iterations=stop_after_iterations, plot=plot)
+
+
+def _local_runner(start: Start) -> Runner:
+    """The chunk on this host's devices, or a gymnasium env's host loop."""
+    resolved, hp = start.resolved, start.hp
+    if resolved.host_loop:
+        return HostLoopRunner(resolved, hp, start.restored)
+    program = build_program(resolved, hp, chunk_length(resolved.config))
+    return ChunkRunner(program, hp, jax.random.PRNGKey(resolved.config.seed), start.restored)
+
+
+def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig | None, *,
+               hparams: HyperParams | None, run_dir: str | Path | None, progress: bool | None,
+               callback: Callable[[list[dict]], None] | None, resume: str | Path | None,
+               stop_after_iterations: int | None, plot: bool) -> TrainResult:
+    """Check, resume, build the runner, open the run folder, run the loop and finish the folder.
+
+    Args:
+        make_runner: builds (and compiles) the runner from the checked start.
+        entry: what the calling entry point names and checks differently.
+        config, hparams, run_dir, progress, callback, resume, stop_after_iterations, plot:
+            as `train` takes them.
+
+    Returns:
+        The TrainResult.
+
+    Raises:
+        What `train` raises, and what `make_runner` raises.
     """
     if callback is not None and not callable(callback):
         raise ConfigError(f"callback={callback!r} must be a function of the metric rows of each "
                           "chunk (callback(rows)), or None")
-    config, run_dir, resume_store, resume_step, resume_meta = ckpt.begin_resume(
-        "train", config, run_dir, resume)
+    config, run_dir, point = begin_resume(entry.caller, config, run_dir, resume)
     try:
-        run = prepare(config, run_dir, resume_meta, stop_after_iterations, "jaxppo train",
-                      layout="local")
-        config = run.config
-        if hparams is not None:
-            check_hparams(hparams, config.num_seeds)
-        hp, record = sweep.run_hparams(config, hparams, run_dir, resume is not None)
-        restored, start_iter, wall_offset = None, 0, 0.0
-        if resume_store is not None:  # read and check the checkpoint before compiling
-            restored, start_iter, wall_offset = restore_checkpoint(
-                resume_store, resume_step, run, run_dir, hp)
-        runner = (HostLoopRunner(run, hp, restored) if run.host_loop else ChunkRunner(  # gymnasium
-            build_program(run, hp, chunk_length(config)), hp, jax.random.PRNGKey(config.seed), restored))
+        start = _checked_start(entry, config, run_dir, point, hparams, stop_after_iterations)
     finally:
-        if resume_store is not None:
-            resume_store.close()
-
-    # Every check has passed: from here on the run folder may be written to.
-    folder = open_folder(run_dir, config, start_iter if resume is not None else None)
+        if point is not None:
+            point.close()
+    config = start.resolved.config
+    env = {"env": config.env_name}
+    runner = make_runner(start)
     try:
-        if folder is not None:
-            folder.record_sweep(record)
-        result = run_loop(runner, config, folder=folder, start_iter=start_iter,
-                          resumed=resume is not None, wall_offset=wall_offset,
-                          stop_after_iterations=stop_after_iterations, progress=progress,
-                          callback=callback,
-                          member_labels=None if record is None else record["labels"])
-        return finish_run(result, folder, "jaxppo train", plot=plot)
+        # Every check has passed: from here on the run folder may be written to.
+        folder = open_folder(run_dir, config, start.iteration if point is not None else None)
+        try:
+            if folder is not None:
+                folder.record_sweep(start.sweep_record)
+            record = start.sweep_record
+            result = train_loop(
+                runner, config, folder=folder, start_iter=start.iteration,
+                resumed=point is not None, wall_offset=start.wall_offset,
+                stop_after_iterations=stop_after_iterations, progress=progress,
+                callback=callback, label=entry.label and entry.label.format(**env),
+                member_labels=None if record is None else record["labels"])
+            return finish_run(result, folder, entry.command, plot=plot,
+                              label=entry.plot_label and entry.plot_label.format(**env),
+                              extra_summary=entry.summary(result) if entry.summary else None)
+        finally:
+            if folder is not None:
+                folder.close()
     finally:
-        runner.close()  # a gymnasium run's envs
-        if folder is not None:
-            folder.close()
+        runner.close()
 
 
-def prepare(config: PPOConfig, run_dir, resume_meta: dict | None, stop_after_iterations,
+def _checked_start(entry: EntryPoint, config: PPOConfig, run_dir, point: ResumePoint | None,
+                   hparams: HyperParams | None, stop_after_iterations: int | None) -> Start:
+    """Every check, then the hyperparameters and (resuming) the checkpoint's state."""
+    resolved = prepare(config, run_dir, point, stop_after_iterations, entry.command, entry.layout)
+    if entry.check is not None:
+        entry.check(resolved)
+    if hparams is not None:
+        check_hparams(hparams, resolved.config.num_seeds)
+    hp, record = sweep.run_hparams(resolved.config, hparams, run_dir, point is not None)
+    start = Start(resolved, hp, sweep_record=record)
+    if point is not None:  # read and check the checkpoint before compiling
+        start.restored, start.iteration, start.wall_offset = point.restore(
+            _abstract_state(resolved, hp), resolved.config)
+    return start
+
+
+def _abstract_state(resolved: Resolved, hp: HyperParams) -> Any:
+    """The shapes and dtypes of the run's unsharded TrainState, whatever layout saved it."""
+    if resolved.host_loop:  # a gymnasium env: the learner state (jaxppo.run.hostloop)
+        return hostloop.abstract_state(resolved, hp)
+    program = build_program(resolved.with_layout(None), hp, 1)
+    return jax.eval_shape(program.init, jax.random.PRNGKey(resolved.config.seed), hp)
+
+
+def prepare(config: PPOConfig, run_dir, point: ResumePoint | None, stop_after_iterations,
             resume_command: str, layout: Layout | str | None = None) -> Resolved:
-    """The checks every entry point makes before building anything: the config resolved
-    (`jaxppo.resolve`, on `layout`), a resumable (or fresh) run folder, a valid
-    stop_after_iterations. Turns on the persistent compilation cache."""
-    run = resolve(config, layout)
-    note_partial_batch(run.config)
-    check_wandb(run.config)  # the wandb package, when the config logs to W&B
+    """The checks every entry point makes before building anything.
+
+    Turns on the persistent compilation cache once they pass.
+
+    Args:
+        config: the run's config.
+        run_dir: its run folder, or None.
+        point: the checkpoint a resumed run continues from; None for a new run.
+        stop_after_iterations: the iterations this call may run (None: to the end).
+        resume_command: the command that continues a run, for the messages.
+        layout: the layout to resolve the config on (`jaxppo.resolve.resolve`).
+
+    Returns:
+        The resolved run.
+
+    Raises:
+        ConfigError: a bad config, stop_after_iterations, or run folder.
+        CheckpointError: a resumed run whose metrics.jsonl lacks rows.
+    """
+    resolved = resolve(config, layout)
+    note_partial_batch(resolved.config)
+    check_wandb(resolved.config)  # the wandb package, when the config logs to W&B
     if stop_after_iterations is not None and (
             not isinstance(stop_after_iterations, int) or stop_after_iterations < 1):
         raise ConfigError(f"stop_after_iterations={stop_after_iterations!r} must be an "
                           "integer >= 1 (or None to run to the end)")
-    if resume_meta is not None:
-        ckpt.check_resumable(resume_meta.get("config") or {}, run.config, run_dir)
-        ckpt.check_metrics_file(run_dir, int(resume_meta["iteration"]), run.config.num_seeds)
-    else:
-        if run_dir is not None:
-            check_run_dir(run_dir)
-        ckpt.refuse_checkpointed_run_dir(run_dir, resume_command)
-    enable_compilation_cache(run.config.compilation_cache_dir)
-    return run
+    check_start(run_dir, point, resolved.config, resume_command)
+    enable_compilation_cache(resolved.config.compilation_cache_dir)
+    return resolved
 
 
 def make_train(config: PPOConfig, hparams: HyperParams | None = None):
@@ -134,7 +260,7 @@ def make_train(config: PPOConfig, hparams: HyperParams | None = None):
     Nothing in it touches Python state, so a user can `jax.jit` it and `jax.vmap` it over
     keys (seeds) and over a batched `HyperParams` (a sweep of lr, clip_param, ...).
     """
-    algo = Algorithm(resolve(config))
+    algo = Algorithm.create(resolve(config))
     note_partial_batch(algo.config)
     if algo.config.pbt is not None or algo.config.search is not None:
         raise ConfigError(
@@ -145,7 +271,7 @@ def make_train(config: PPOConfig, hparams: HyperParams | None = None):
     if hparams is not None:
         check_hparams(hparams, 1, "make_train(config, hparams)")
     hp = hparams if hparams is not None else HyperParams.from_config(algo.config)
-    train_hp = algo.make_train()
+    train_hp = train_function(algo)
 
     def train_fn(key, hparams: HyperParams | None = None):
         _check_train_key(key)
@@ -163,8 +289,8 @@ def check_hparams(hp, num_seeds: int, where: str = "train(config, hparams)") -> 
         raise ConfigError(
             f"{where}: hparams is {type(hp).__name__} {repr(hp)[:60]}, not a jaxppo.HyperParams; "
             "pass HyperParams.from_config(config) (or HyperParams.stack([...]) for a sweep)")
-    scalar_dims = {np.ndim(getattr(hp, f)) for f in _SCALAR_HPARAMS}
-    point_dims = {np.ndim(hp.lr_points), np.ndim(hp.entropy_points)}
+    scalar_dims = {np.ndim(getattr(hp, f)) for f in HyperParams.scalar_leaves}
+    point_dims = {np.ndim(getattr(hp, f)) for f in HyperParams.point_leaves}
     if scalar_dims == {0} and point_dims == {2}:
         return
     if scalar_dims != {1} or point_dims != {3}:
@@ -182,10 +308,6 @@ def check_hparams(hp, num_seeds: int, where: str = "train(config, hparams)") -> 
         raise ConfigError(
             f"hparams has a leading axis of ({n},), but num_seeds={num_seeds}; a batched "
             "HyperParams needs exactly one entry per seed")
-
-
-_SCALAR_HPARAMS = ("clip_param", "vf_clip_param", "vf_coeff", "kl_coeff", "kl_target",
-                   "max_grad_norm", "gamma", "gae_lambda")
 
 
 def _check_train_key(key) -> None:

@@ -1,14 +1,7 @@
-"""Videos of a trained policy's episodes: `jaxppo eval RUN_DIR --video out.gif`.
-
-The episodes are played on the host, one env step at a time with the jitted policy
-(`Policy.step`), and drawn from their observations with matplotlib: gymnax's classic-control
-envs as the familiar cart, pendulum, two links or hill, MinAtar as its [10, 10, C] channels in
-colour. A .gif needs nothing more (matplotlib's PillowWriter); an .mp4 needs ffmpeg, found on
-the PATH or from imageio-ffmpeg (`pip install 'jaxppo[video]'`).
-
-The drawing is written here rather than taken from `gymnax.visualize`, whose classic-control
-frames come from gymnasium's pygame renderer (pygame, not a jaxppo dependency, and a new
-gymnasium env for every frame).
+"""Videos of a trained policy's episodes (`jaxppo eval RUN_DIR --video out.gif`): played on
+the host with the jitted policy and drawn from the observations with matplotlib, for gymnax's
+classic-control envs and MinAtar. A .gif needs nothing more; an .mp4 needs ffmpeg (on the
+PATH or from imageio-ffmpeg, `pip install 'jaxppo[video]'`).
 """
 
 from __future__ import annotations
@@ -45,12 +38,24 @@ class Episode(NamedTuple):
 def write_video(policy: Policy, path: str | Path, *, episodes: int = 1, seed: int = 0,
                 deterministic: bool = True, max_steps: int | None = None,
                 fps: int | None = None) -> dict:
-    """Play `episodes` episodes of `policy` and write them, one after the other, to `path`
-    (.gif or .mp4), one frame per observation. max_steps caps each episode (default: the
-    env's time limit). Returns the path, frame count and each episode's return and length.
+    """Plays episodes of a policy and writes them, one after the other, to a video.
 
-    Raises VideoError, before playing anything, for an env it cannot draw or a format it
-    cannot write.
+    Args:
+      policy: the trained policy.
+      path: the video, .gif or .mp4; one frame per observation.
+      episodes: how many episodes.
+      seed: the key of the first reset and of sampled actions.
+      deterministic: act with the distribution's mode (else sample).
+      max_steps: caps each episode (default: the env's time limit).
+      fps: frames per second (default 20 for classic control, 10 for MinAtar).
+
+    Returns:
+      {"path", "frames", "episodes", "returns", "lengths"}: each episode's return and length.
+
+    Raises:
+      VideoError: before playing anything, for an env it cannot draw or a format it
+        cannot write.
+      ValueError: episodes or max_steps is not an integer >= 1.
     """
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ValueError(f"episodes={episodes!r} must be an integer >= 1")
@@ -67,8 +72,21 @@ def write_video(policy: Policy, path: str | Path, *, episodes: int = 1, seed: in
 
 def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
                     deterministic: bool = True, max_steps: int | None = None) -> list[Episode]:
-    """Play `episodes` episodes one after the other on the host (keys from PRNGKey(seed)),
-    each until it terminates or truncates or after `max_steps` steps."""
+    """Plays episodes one after the other on the host, one env step at a time.
+
+    Args:
+      policy: the trained policy.
+      episodes: how many episodes.
+      seed: keys come from PRNGKey(seed).
+      deterministic: act with the distribution's mode (else sample).
+      max_steps: caps each episode (default: the env's time limit).
+
+    Returns:
+      One `Episode` each, until it terminated or truncated or reached max_steps.
+
+    Raises:
+      ValueError: max_steps is not an integer >= 1.
+    """
     if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)
                                   or max_steps < 1):
         raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1 (or None for the "
@@ -97,8 +115,16 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
 
 
 # ---------------------------------------------------------------- drawing
+# Drawn here, not with gymnax.visualize: that needs pygame and a gymnasium env per frame.
 def renderer(policy: Policy) -> tuple[str, Callable]:
-    """(env name, setup(ax) -> update(obs)) for the policy's env, or VideoError."""
+    """How to draw the policy's env.
+
+    Returns:
+      (env name, setup(ax) -> update(obs)).
+
+    Raises:
+      VideoError: an env jaxppo does not draw (only classic control and MinAtar).
+    """
     if getattr(policy.env, "host_loop", False):
         raise VideoError(
             f"no video for {policy.config.env}: it steps in Python (gymnasium), and jaxppo's "

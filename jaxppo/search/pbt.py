@@ -1,27 +1,9 @@
 """Population-based training inside the compiled chunk.
 
-The members of a PBT run are the vmapped seeds of one program. After every iteration each
-member adds the episodes that ended to its fitness record; every `pbt.interval` iterations
-(never after the last) an exploit/explore step runs on the whole population at once, inside
-the same compiled chunk, with no Python in between:
-
-1. fitness: the mean return of the episodes that ended since the last step ("return"; a
-   member that finished none keeps its previous fitness), or the last evaluation ("eval");
-2. rank: members sorted by fitness (ties by member index). The worst `n = max(1,
-   floor(fraction * members))` are replaced: each copies the learner state of one of the best
-   n, drawn uniformly -- params, optimiser state, KL coefficient, observation and return
-   normalisation statistics and hyperparameters (`LEARNER_FIELDS`). Its envs, their episode
-   bookkeeping, the network carry and its random stream stay its own;
-3. explore: each searched field of a copied member is redrawn from its search distribution
-   with probability `resample_probability`, else multiplied by one of the `perturb` factors
-   (a choice moves to a neighbouring choice) and clipped to the distribution's bounds.
-
-Schedules (lr, entropy_coeff) keep their form: the searched value is the schedule's first
-value and the whole schedule scales with it. Randomness comes from member 0's key folded
-with the iteration, so the step is deterministic given the seed and identical on every device.
-Each step is in the metrics (per member): `pbt_parent` (the member copied, its own index if
-kept; NaN between steps), `pbt_fitness`, and `hp_<field>`, the live value of each searched
-field at every iteration.
+Every `pbt.interval` iterations the worst `fraction` of members copy the learner state of one
+of the best and explore the searched hyperparameters, on the whole population at once, with
+no Python in between. The step, its fitness and its metrics are described in docs/design.md
+("Population-based training inside the program").
 """
 
 from __future__ import annotations
@@ -33,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.core.algorithm import Algorithm, PopulationRecord, TrainState
+from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.search.space import pbt_settings, search_space
 
@@ -41,7 +24,7 @@ PBT_TAG = 0x9B7  # folds the exploit/explore key out of member 0's training key
 # TrainState fields a replaced member copies from its parent (the learner, not the envs).
 LEARNER_FIELDS = ("params", "opt_state", "kl_coeff", "obs_stats", "return_stats", "hparams")
 
-_POINTS = {"lr": "lr_points", "entropy_coeff": "entropy_points"}
+_POINTS = {name: leaf for leaf, name in HYPERPARAM_LEAVES.items() if name in SCHEDULES}
 
 
 def metric_keys(config) -> tuple[str, ...]:
@@ -63,9 +46,8 @@ class Explorer:
         self.replaced = max(1, int(math.floor(self.settings["fraction"] * self.members)))
         # A schedule's form with first value 1 (a constant: [[0, 1]]; linear: [[0, 1], [T, 0]]).
         unit = HyperParams.from_config(config.replace(search=None, pbt=None, num_seeds=1,
-                                                      lr=1.0, entropy_coeff=1.0))
-        self.unit_points = {"lr": np.asarray(unit.lr_points), "entropy_coeff": np.asarray(
-            unit.entropy_points)}
+                                                      **{name: 1.0 for name in _POINTS}))
+        self.unit_points = {name: np.asarray(getattr(unit, leaf)) for name, leaf in _POINTS.items()}
 
     # ------------------------------------------------------------------ hyperparameters
     def get(self, hp: HyperParams, name: str) -> jax.Array:

@@ -1,17 +1,7 @@
-"""What a search (or PBT) run leaves in its folder, besides what every run has:
-
-    RUN_DIR/search.json   every member's searched hyperparameters and final return (and
-                          evaluation), the settings ranked (seeds of a setting averaged), the
-                          best one, and for PBT the winning member's lineage
-    RUN_DIR/search.csv    the member table, one row per member
-    RUN_DIR/best.yaml     the best setting as a ready config (search and pbt removed, one seed):
-                          `jaxppo train --config RUN_DIR/best.yaml`
-    RUN_DIR/search.png    final return against each searched hyperparameter (jaxppo.run.plots)
-
-The hyperparameters of a member are those it was drawn with (a search), or for PBT those it
-ended with (its `hp_<field>` metrics; its lineage shows how they changed). Settings are ranked
-by the final evaluation when the run evaluates, else by the final training return (the mean
-of each member's last 10 iterations, as summary.json). Nothing here imports JAX.
+"""What a search (or PBT) run leaves in its folder besides what every run has: search.json
+(every member's hyperparameters and final return, the settings ranked, the best, PBT's
+winning lineage), search.csv (the member table), best.yaml (the best setting as a ready
+config) and search.png (`jaxppo.run.plots.plot_search`). Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -37,9 +27,16 @@ def _finite(x) -> float | None:
 
 
 def lineage(metrics: dict, member: int) -> dict:
-    """The ancestry of `member` at the end of a PBT run: per iteration, which member's state it
-    descends from and the live value of each searched field along that line. `metrics`:
-    arrays [members, iterations] with 'iteration', 'pbt_parent' and 'hp_<field>'."""
+    """The ancestry of a member at the end of a PBT run.
+
+    Args:
+      metrics: arrays [members, iterations] of 'iteration', 'pbt_parent' and 'hp_<field>'.
+      member: the member whose line to follow back.
+
+    Returns:
+      {"member", "iteration", "owner": per iteration, the member whose state it descends
+      from, "hparams": {field: its live value along that line}, "exploits": the copies}.
+    """
     parent = np.asarray(metrics["pbt_parent"])
     fields = [k[3:] for k in metrics if k.startswith("hp_")]
     n = parent.shape[1]
@@ -66,8 +63,21 @@ def lineage(metrics: dict, member: int) -> dict:
 
 
 def report(config, info: dict, sweep: dict | None, metrics: dict) -> dict:
-    """search.json's content from a finished run's summary (`info`, summary.json), its sweep
-    record (each member's drawn values) and its metrics ([members, iterations] arrays)."""
+    """search.json's content for a finished search or PBT run.
+
+    A member's hyperparameters are those it was drawn with (a search), or for PBT those it
+    ended with (its `hp_<field>` metrics). Settings (a setting's seeds averaged) are ranked
+    by the final evaluation when the run evaluates, else by the final training return.
+
+    Args:
+      config: the run's PPOConfig.
+      info: its summary (summary.json).
+      sweep: its sweep record (each member's drawn values), or None.
+      metrics: [members, iterations] arrays of its metrics.
+
+    Returns:
+      {"metric", "searched", "members", "settings" (ranked), "best", and "pbt" for PBT}.
+    """
     _, dists = parse_search(config.search)
     names = list(dists)
     members = config.num_seeds

@@ -1,41 +1,22 @@
-"""Hyperparameter search and population-based training: what a config's `search` and `pbt`
-mean, checked, and the population's first hyperparameters drawn from them.
+"""What a config's `search` and `pbt` mean, checked, and the population's first
+hyperparameters drawn from them.
 
-A search is a vmapped sweep whose settings are drawn, not listed:
-
-    search:
-      population: 8                          # settings; num_seeds = population x seeds each
-      lr: {loguniform: [1.0e-4, 1.0e-2]}
-      clip_param: {uniform: [0.1, 0.3]}
-      gamma: {choice: [0.99, 0.995]}
-
-Every key but `population` is a tunable field (a `HyperParams` leaf: `TUNABLE`) with one
-distribution. The members (seed indices) are `num_seeds`; with `population` P they are P
-settings of num_seeds / P seeds each (member m trains setting m // (num_seeds / P)), and
-without it every member gets its own setting. Settings are drawn with numpy from the
-config's seed, so a search is reproducible, and are recorded in sweep.json like any sweep.
-
-`pbt: {interval: K, ...}` makes the search population-based (jaxppo.search.pbt): every K
-iterations, inside the compiled program, the worst `fraction` of members copy the learner
-state of one of the best and perturb (or redraw) the searched hyperparameters. See
-`PBT_KEYS` for the settings and their defaults.
-
-Nothing here imports JAX: config validation calls `check_search` and `check_pbt`.
+A search is a vmapped sweep whose settings are drawn, not listed, e.g. `search: {population:
+8, lr: {loguniform: [1.0e-4, 1.0e-2]}, gamma: {choice: [0.99, 0.995]}}`: P settings of
+num_seeds / P seeds each, drawn with numpy from the config's seed. Nothing here imports JAX
+or the config (config validation passes the tunable fields and their checks in).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
-from typing import Any
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from jaxppo.errors import ConfigError
 
-# Config fields a search may vary: the HyperParams leaves (everything else shapes the
-# program, so members cannot differ in it inside one vmapped program).
-TUNABLE = ("lr", "entropy_coeff", "clip_param", "vf_clip_param", "vf_coeff", "kl_coeff",
-           "kl_target", "max_grad_norm", "gamma", "gae_lambda")
 DISTRIBUTIONS = ("uniform", "loguniform", "choice")
 SEARCH_EXAMPLE = ("e.g. search: {population: 8, lr: {loguniform: [1.0e-4, 1.0e-2]}, "
                   "clip_param: {uniform: [0.1, 0.3]}, gamma: {choice: [0.99, 0.995]}}")
@@ -82,8 +63,14 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def parse_search(search: Any) -> tuple[int | None, dict[str, Dist]]:
-    """(population or None, {field: Dist}) of a config's `search`; ConfigError naming the fix."""
+def parse_search(search: Any, tunable: Iterable[str] | None = None
+                 ) -> tuple[int | None, dict[str, Dist]]:
+    """(population or None, {field: Dist}) of a config's `search`; ConfigError naming the fix.
+
+    tunable: the fields a search may vary (the config's tunable fields: everything else shapes
+    the program, so members cannot differ in it inside one vmapped program); None for a
+    search already checked.
+    """
     if not isinstance(search, dict) or not search:
         raise ConfigError(f"search={search!r} must be a mapping of tunable fields to "
                           f"distributions, {SEARCH_EXAMPLE}")
@@ -96,16 +83,8 @@ def parse_search(search: Any) -> tuple[int | None, dict[str, Dist]]:
     for name, spec in search.items():
         if name == "population":
             continue
-        if name not in TUNABLE:
-            import difflib
-
-            close = difflib.get_close_matches(str(name), TUNABLE + ("population",), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            shaped = (" it shapes the compiled program (every member of a search runs in one "
-                      "vmapped program), so search over it with separate runs;"
-                      if not close and isinstance(name, str) else "")
-            raise ConfigError(f"search.{name} is not a tunable field{hint};{shaped} tunable "
-                              f"fields: {', '.join(TUNABLE)} (and search.population)")
+        if tunable is not None and name not in tunable:
+            _not_tunable(name, tuple(tunable))
         if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
             raise ConfigError(
                 f"search.{name}={spec!r} must be one distribution: {{uniform: [low, high]}}, "
@@ -129,23 +108,35 @@ def parse_search(search: Any) -> tuple[int | None, dict[str, Dist]]:
     return population, dists
 
 
-def check_search(config) -> None:
+def _not_tunable(name, tunable: tuple[str, ...]) -> None:
+    close = difflib.get_close_matches(str(name), tunable + ("population",), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    shaped = (" it shapes the compiled program (every member of a search runs in one "
+              "vmapped program), so search over it with separate runs;"
+              if not close and isinstance(name, str) else "")
+    raise ConfigError(f"search.{name} is not a tunable field{hint};{shaped} tunable "
+                      f"fields: {', '.join(tunable)} (and search.population)")
+
+
+def check_search(config, tunable: Mapping[str, Callable[[str, Any], None]]) -> None:
     """A config's `search` against the rest of it: known fields, sensible distributions, a
-    population that divides num_seeds, and every bound a valid value of its field."""
+    population that divides num_seeds, and every bound a valid value of its field.
+
+    tunable: each tunable field's check (name, value) -> None, from its declaration.
+    """
     if config.search is None:
         return
-    population, dists = parse_search(config.search)
-    for name in ("lr", "entropy_coeff"):
+    population, dists = parse_search(config.search, tunable)
+    for name in dists:
         value = getattr(config, name)
-        if name in dists and isinstance(value, list):
+        if isinstance(value, list):  # a schedule's points
             raise ConfigError(
                 f"search.{name} needs {name} to be a number (a constant or linear schedule "
                 f"from it), not the points {value}: a searched value replaces that number")
-    base = config.replace(search=None, pbt=None)
     for name, d in dists.items():
         for v in (d.args if d.kind == "choice" else (d.low, d.high)):
             try:
-                base.replace(**{name: v}).validate()
+                tunable[name](name, v)
             except ConfigError as e:
                 raise ConfigError(f"search.{name}: {v:g} is not a valid {name}: {e}") from None
     members = config.num_seeds

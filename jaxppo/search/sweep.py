@@ -14,7 +14,6 @@ Values use the config's field names: `lr`/`entropy_coeff` are a number for a con
 schedule, else its [[env_step, value], ...] points; `vf_clip_param` is null when off.
 Members with equal hyperparameters share a label: they are seeds of one setting.
 No file is written when every member has the same hyperparameters (a multi-seed run).
-Nothing here imports JAX's algorithm code at module level: plotting reads these files too.
 """
 
 from __future__ import annotations
@@ -22,21 +21,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 
+from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES, SWEPT_FIELDS
+from jaxppo.core.hyperparams import HyperParams
 from jaxppo.errors import CheckpointError
+from jaxppo.search.space import draw_settings
 
 SWEEP_FILE = "sweep.json"
 
-# HyperParams field -> the config field it comes from.
-_CONFIG_NAME = {"lr_points": "lr", "entropy_points": "entropy_coeff"}
-_POINTS = {"lr", "entropy_coeff"}
+_CONFIG_NAME = HYPERPARAM_LEAVES  # HyperParams field -> the config field it comes from
+_POINTS = set(SCHEDULES)
 
 # Config fields a sweep's hyperparameters override: a sweep folder's config.yaml values of
 # these are not what its members trained with.
-SWEPT_CONFIG_FIELDS = frozenset({
-    "lr", "lr_schedule", "entropy_coeff", "entropy_schedule", "clip_param", "vf_clip_param",
-    "vf_coeff", "kl_coeff", "kl_target", "max_grad_norm", "gamma", "gae_lambda"})
+SWEPT_CONFIG_FIELDS = SWEPT_FIELDS
 
 
 def short_float(x) -> float:
@@ -123,10 +123,6 @@ def read_record(run_dir: str | Path) -> dict | None:
 
 def hparams_from_record(record: dict):
     """The batched HyperParams a sweep.json describes (what a resumed sweep trains with)."""
-    import jax.numpy as jnp
-
-    from jaxppo.core.hyperparams import HyperParams
-
     def leaf(config_name, value):
         if config_name in _POINTS:
             pts = [[0.0, value]] if not isinstance(value, list) else value
@@ -145,8 +141,6 @@ def run_hparams(config, hparams, run_dir, resumed: bool):
     """(HyperParams, sweep record or None) a run trains with: `hparams` if given, else on a
     resume the folder's recorded sweep (the checkpoint holds the state, not the
     hyperparameters), else a search's draw (`config.search`), else the config's. The same for one host and for several."""
-    from jaxppo.core.hyperparams import HyperParams
-
     if hparams is None and resumed:
         record = read_record(run_dir)
         hparams = hparams_from_record(record) if record is not None else None
@@ -159,9 +153,6 @@ def run_hparams(config, hparams, run_dir, resumed: bool):
 def sample_hparams(config):
     """The batched HyperParams of a search's first population: each member's values drawn
     from `config.search` (jaxppo.search.space.draw_settings) on top of the config."""
-    from jaxppo.core.hyperparams import HyperParams
-    from jaxppo.search.space import draw_settings
-
     base = config.replace(search=None, pbt=None, num_seeds=1)
     return HyperParams.stack([HyperParams.from_config(base.replace(**values))
                               for values in draw_settings(config)])

@@ -1,28 +1,13 @@
-"""Ray Tune drives jaxppo: `jaxppo.tune.trainable(base)` is a Tune function trainable.
-
-    from ray import tune
-    import jaxppo.tune
+"""Ray Tune drives jaxppo: `jaxppo.tune.trainable(base)` is a Tune function trainable, each
+trial a jaxppo run in its trial directory, reporting after every chunk and checkpointing the
+run folder, so a restored trial (a PBT exploit) resumes bit-exactly. Needs
+`pip install 'jaxppo[tune]'`; `import jaxppo` does not import Ray.
 
     tuner = tune.Tuner(
         jaxppo.tune.trainable(jaxppo.PPOConfig.tuned("CartPole-v1", total_timesteps=100_000)),
         param_space={"lr": tune.loguniform(1e-4, 1e-2), "clip_param": tune.uniform(0.1, 0.3)},
         tune_config=tune.TuneConfig(metric="episode_return_mean", mode="max", num_samples=8,
-                                    scheduler=tune.schedulers.ASHAScheduler(),
                                     reuse_actors=True))
-    best = tuner.fit().get_best_result()
-
-Each trial trains `base` with the trial's values on top (config field names; "network.x" for
-network fields; a trial's config may also hold "num_seeds" to train several seeds, or a
-vmapped slice of a population, per trial) in a run folder inside the trial's directory, and
-reports to Tune after every chunk (`log_every` iterations): `episode_return_mean` (the mean
-over the chunk's iterations and the trial's seeds), `eval_return_mean` when the chunk
-evaluated, `iteration`, `env_steps` and `sps`. Every `checkpoint_every` iterations (default a
-tenth of the run) the report carries a Tune checkpoint: the run folder, with a complete
-jaxppo checkpoint. A trial that Tune restores (a PBT/PB2 exploit, a restarted trial) resumes
-that folder bit-exactly with the trial's current values (jaxppo's resume accepts new values
-of the tunable fields, not of fields that shape the program). `reuse_actors=True` lets a new or
-restored trial train in a worker process that already has JAX imported. Needs `pip install
-'jaxppo[tune]'`; `import jaxppo` does not import Ray.
 """
 
 from __future__ import annotations
@@ -36,6 +21,7 @@ import numpy as np
 
 from jaxppo.config import PPOConfig
 from jaxppo.errors import ConfigError
+from jaxppo.run.train import train
 
 INSTALL = "pip install 'jaxppo[tune]'"
 RUN_FOLDER = "jaxppo-run"  # the trial's run folder, inside its Tune trial directory
@@ -61,8 +47,20 @@ def _base_config(base) -> PPOConfig:
 
 
 def trial_config(base: PPOConfig, params: dict) -> PPOConfig:
-    """`base` with a trial's values on top: config field names, "network.<field>" for the
-    network's, nested dicts as they are; an unknown name is a ConfigError naming the fields."""
+    """`base` with a trial's values on top.
+
+    Args:
+      base: the validated base config.
+      params: config field names, "network.<field>" for the network's, nested dicts as
+        they are.
+
+    Returns:
+      The trial's PPOConfig; its values are validated once, where the trial's run resolves
+      it (`jaxppo.resolve`).
+
+    Raises:
+      ConfigError: an unknown name.
+    """
     values: dict[str, Any] = {}
     for key, value in params.items():
         if not isinstance(key, str):
@@ -71,7 +69,7 @@ def trial_config(base: PPOConfig, params: dict) -> PPOConfig:
             values.setdefault("network", {})[key[len("network."):]] = value
         else:
             values[key] = value.item() if hasattr(value, "item") else value
-    return PPOConfig.from_dict(values, base).validate()
+    return PPOConfig.from_dict(values, base)
 
 
 def _report(rows: list[dict]) -> dict:
@@ -88,9 +86,30 @@ def _report(rows: list[dict]) -> dict:
 
 
 def trainable(base, *, checkpoint_every: int | None = None) -> Callable[[dict], None]:
-    """A Tune function trainable that trains `base` (a PPOConfig, a dict of fields or a config
-    file) with each trial's values on top; see the module docstring. checkpoint_every:
-    iterations between Tune checkpoints (default: a tenth of the run, at least one chunk)."""
+    """A Tune function trainable that trains `base` with each trial's values on top.
+
+    A trial's values are config field names ("network.x" for network fields; "num_seeds"
+    trains several seeds, or a vmapped slice of a population, per trial). Each trial trains in
+    a run folder inside its trial directory and reports to Tune after every chunk
+    (`log_every` iterations): `episode_return_mean` (over the chunk's iterations and the
+    trial's seeds), `eval_return_mean` when the chunk evaluated, `iteration`, `env_steps` and
+    `sps`. Every `checkpoint_every` iterations the report carries a Tune checkpoint, the run
+    folder with a complete jaxppo checkpoint; a trial Tune restores (a PBT/PB2 exploit, a
+    restart) resumes it bit-exactly with the trial's current values (tunable fields only, not
+    those that shape the program). `reuse_actors=True` lets a trial train in a worker process
+    that already has JAX imported.
+
+    Args:
+      base: a PPOConfig, a dict of config fields, or the path of a config file.
+      checkpoint_every: iterations between Tune checkpoints (default: a tenth of the run, at
+        least one chunk).
+
+    Returns:
+      The trainable, `run(params: dict) -> None`.
+
+    Raises:
+      ConfigError: base or checkpoint_every is not valid.
+    """
     base = _base_config(base)
     if checkpoint_every is not None and (not isinstance(checkpoint_every, int)
                                          or checkpoint_every < 1):
@@ -99,8 +118,6 @@ def trainable(base, *, checkpoint_every: int | None = None) -> Callable[[dict], 
 
     def run(params: dict) -> None:
         tune = _import_tune()
-        from jaxppo.run.train import train
-
         config = trial_config(base, params or {})
         run_dir = Path(tune.get_context().get_trial_dir()) / RUN_FOLDER
         every = checkpoint_every or max(1, config.num_iterations // 10)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import jaxppo
+from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.core.losses import Batch
@@ -28,15 +29,15 @@ def test_cnn_torso_is_chosen_for_image_observations_and_runs():
     cfg = jaxppo.PPOConfig(env="Breakout-MinAtar", num_envs=4, num_steps=8, num_minibatches=2,
                            num_epochs=1, total_timesteps=32, compilation_cache_dir=None,
                            network=jaxppo.NetworkConfig((16,), activation="relu"))
-    algo = Algorithm(cfg)
+    algo = Algorithm.create(cfg)
     assert algo.network.torso == "cnn"
     hp = HyperParams.from_config(cfg)
-    state = jax.jit(algo.init)(jax.random.PRNGKey(0), hp)
+    state = jax.jit(ppo.init, static_argnums=0)(algo, jax.random.PRNGKey(0), hp)
     conv = state.params["params"]["actor_torso"]["Dense_0"]["kernel"]
     assert conv.shape == (3 * 3 * 4, 16)  # a 3x3 conv over 4 channels, 16 out
-    state, m = jax.jit(algo.iteration)(state, hp)
+    state, m = jax.jit(ppo.iteration, static_argnums=0)(algo, state, hp)
     assert np.isfinite(float(m["policy_loss"]))
-    assert Algorithm(cfg.replace(env="CartPole-v1")).network.torso == "mlp"
+    assert Algorithm.create(cfg.replace(env="CartPole-v1")).network.torso == "mlp"
 
 
 def test_pooled_cnn_torso_equals_conv_then_average_pool_then_dense():
@@ -65,7 +66,7 @@ def test_pooled_cnn_torso_equals_conv_then_average_pool_then_dense():
 def test_cnn_torso_on_flat_observations_is_a_config_error():
     cfg = jaxppo.PPOConfig(env="CartPole-v1", network=jaxppo.NetworkConfig(torso="cnn"))
     try:
-        Algorithm(cfg)
+        Algorithm.create(cfg)
     except jaxppo.ConfigError as e:
         assert "network.torso='cnn' needs image observations" in str(e)
     else:
@@ -107,13 +108,14 @@ def _batch_with_log_std(log_std):
 
 
 def test_minibatches_keep_a_per_sample_log_std_with_its_sample_and_share_a_vector_one():
-    algo = Algorithm(PENDULUM)
+    algo = Algorithm.create(PENDULUM)
     idx = jnp.array([[2, 0, 3], [1, 3, 0]])  # [T/M, E]: each env's own time indices
-    per = algo.gather_minibatch(_batch_with_log_std(lambda t: jnp.stack([t / 100, -t / 100], -1)), idx)
+    per = ppo.gather_minibatch(
+        algo, _batch_with_log_std(lambda t: jnp.stack([t / 100, -t / 100], -1)), idx)
     tag = np.asarray(per.old_log_probs)
     np.testing.assert_array_equal(tag, [6, 1, 11, 3, 10, 2])
     np.testing.assert_allclose(np.asarray(per.old_dist.log_std), np.stack([tag / 100, -tag / 100], -1))
-    shared = algo.gather_minibatch(_batch_with_log_std(lambda t: jnp.array([0.1, 0.2])), idx)
+    shared = ppo.gather_minibatch(algo, _batch_with_log_std(lambda t: jnp.array([0.1, 0.2])), idx)
     np.testing.assert_array_equal(np.asarray(shared.old_dist.log_std), np.float32([0.1, 0.2]))
 
 
@@ -124,22 +126,22 @@ def test_state_dependent_std_batch_replays_the_rollout_and_trains(recurrent):
     net = jaxppo.NetworkConfig((16,), state_dependent_std=True, log_std_init=-0.5,
                                recurrent_size=8 if recurrent else 0)
     cfg = PENDULUM.replace(network=net)
-    algo = Algorithm(cfg)
+    algo = Algorithm.create(cfg)
     hp = HyperParams.from_config(cfg)
-    state = jax.jit(algo.init)(jax.random.PRNGKey(0), hp)
-    rolled, traj = jax.jit(algo.rollout)(state, hp)
-    values, _ = algo.rollout_values(rolled.params, rolled.obs_stats, traj)
-    batch = algo.make_batch(rolled.obs_stats, traj, values, values, values)
+    state = jax.jit(ppo.init, static_argnums=0)(algo, jax.random.PRNGKey(0), hp)
+    rolled, traj = jax.jit(ppo.rollout, static_argnums=0)(algo, state, hp)
+    values, _ = ppo.rollout_values(algo, rolled.params, rolled.obs_stats, traj)
+    batch = ppo.make_batch(algo, rolled.obs_stats, traj, values, values, values)
     mb = batch
     assert mb.old_dist.log_std.shape == (16, 4, 1)
     if recurrent:
-        dist, _, _ = algo.unroll(rolled.params, batch.carry0, mb.obs, batch.reset)
+        dist, _, _ = ppo.unroll(algo, rolled.params, batch.carry0, mb.obs, batch.reset)
     else:
         dist = algo.network.apply(rolled.params, mb.obs)[0]
     np.testing.assert_allclose(np.asarray(dist.log_std), np.asarray(mb.old_dist.log_std), atol=1e-6)
     np.testing.assert_allclose(np.asarray(log_prob(False, dist, mb.actions)),
                                np.asarray(mb.old_log_probs), atol=1e-5)
-    new_state, m = jax.jit(algo.iteration)(state, hp)
+    new_state, m = jax.jit(ppo.iteration, static_argnums=0)(algo, state, hp)
     assert all(np.isfinite(float(m[k])) for k in ("policy_loss", "kl", "entropy"))
     head = "log_std_head"
     assert not np.allclose(np.asarray(new_state.params["params"][head]["kernel"]),

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import jaxppo
+from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm
+from jaxppo.core.collectives import minibatch_indices
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.core.losses import ppo_loss_terms
 from jaxppo.core.networks import ActorCritic, RecurrentActorCritic, log_prob
@@ -23,8 +25,12 @@ MEMORY = jaxppo.PPOConfig(
 
 
 def _algo(cfg=MEMORY):
-    algo = Algorithm(cfg)
+    algo = Algorithm.create(cfg)
     return algo, HyperParams.from_config(algo.config)
+
+
+def _minibatches(key, env_ids):
+    return minibatch_indices(key, env_ids, MEMORY.num_steps, MEMORY.num_minibatches, True)
 
 
 def test_network_output_shapes():
@@ -62,8 +68,8 @@ def test_reset_zeroes_the_hidden_state():
 
 def test_rollout_stores_initial_carry_and_resets_and_carries_it_across_rollouts():
     algo, hp = _algo()
-    state = algo.init(jax.random.PRNGKey(0), hp)
-    state1, traj = jax.jit(algo.rollout)(state, hp)
+    state = ppo.init(algo, jax.random.PRNGKey(0), hp)
+    state1, traj = jax.jit(ppo.rollout, static_argnums=0)(algo, state, hp)
     done = np.asarray(traj.terminated | traj.truncated)
     assert done.any()  # episodes are 4 steps long
     np.testing.assert_array_equal(np.asarray(traj.reset)[0], np.asarray(state.carry.reset))
@@ -71,33 +77,36 @@ def test_rollout_stores_initial_carry_and_resets_and_carries_it_across_rollouts(
     np.testing.assert_array_equal(np.asarray(state1.carry.reset), done[-1])
     np.testing.assert_array_equal(np.asarray(traj.carry0), np.asarray(state.carry.state))
     # The next rollout starts from the carry the first one ended with.
-    _, traj2 = jax.jit(algo.rollout)(state1, hp)
+    _, traj2 = jax.jit(ppo.rollout, static_argnums=0)(algo, state1, hp)
     np.testing.assert_array_equal(np.asarray(traj2.carry0), np.asarray(state1.carry.state))
     assert np.abs(np.asarray(state1.carry.state)).sum() > 0
 
 
 def test_replaying_the_gru_reproduces_the_rollout_exactly():
     algo, hp = _algo()
-    state = algo.init(jax.random.PRNGKey(3), hp)
-    state = jax.jit(algo.iteration)(state, hp)[0]  # a non-zero carry at the rollout's start
+    state = ppo.init(algo, jax.random.PRNGKey(3), hp)
+    # a non-zero carry at the rollout's start
+    state = jax.jit(ppo.iteration, static_argnums=0)(algo, state, hp)[0]
     obs_stats = state.obs_stats
-    state, traj = jax.jit(algo.rollout)(state, hp)
-    values, next_values = jax.jit(algo.rollout_values)(state.params, obs_stats, traj)
+    state, traj = jax.jit(ppo.rollout, static_argnums=0)(algo, state, hp)
+    values, next_values = jax.jit(ppo.rollout_values, static_argnums=0)(
+        algo, state.params, obs_stats, traj)
 
     # V(s'_t) from the carry after step t equals V(s_{t+1}) wherever no episode ended.
     done = np.asarray(traj.terminated | traj.truncated)
     np.testing.assert_allclose(np.asarray(next_values)[:-1][~done[:-1]],
                                np.asarray(values)[1:][~done[:-1]], rtol=1e-6, atol=1e-6)
 
-    batch = algo.make_batch(obs_stats, traj, values, jnp.ones_like(values), values)
-    idx = algo.minibatch_indices(jax.random.PRNGKey(9), state.env_ids)
+    batch = ppo.make_batch(algo, obs_stats, traj, values, jnp.ones_like(values), values)
+    idx = _minibatches(jax.random.PRNGKey(9), state.env_ids)
     cols = np.sort(np.asarray(idx).ravel())
     np.testing.assert_array_equal(cols, np.arange(MEMORY.num_envs))  # a partition of the envs
     for j in range(MEMORY.num_minibatches):
-        rb = algo.gather_minibatch(batch, idx[j])
+        rb = ppo.gather_minibatch(algo, batch, idx[j])
         assert rb.obs.shape[:2] == (MEMORY.num_steps, MEMORY.num_envs // 2)
         assert rb.carry0.shape == (MEMORY.num_envs // 2, 8)
-        dist, v, _ = jax.jit(algo.unroll)(state.params, rb.carry0, rb.obs, rb.reset)
+        dist, v, _ = jax.jit(ppo.unroll, static_argnums=0)(
+            algo, state.params, rb.carry0, rb.obs, rb.reset)
         logp = log_prob(True, dist, rb.actions)
         np.testing.assert_allclose(np.asarray(logp), np.asarray(rb.old_log_probs),
                                    rtol=0, atol=1e-6)
@@ -113,12 +122,11 @@ def test_replaying_the_gru_reproduces_the_rollout_exactly():
 
 
 def test_minibatches_do_not_depend_on_how_envs_are_split_over_devices():
-    algo, _ = _algo()
     key = jax.random.PRNGKey(4)
-    whole = algo.minibatch_indices(key, jnp.arange(8))
+    whole = _minibatches(key, jnp.arange(8))
     # Two devices of 4 envs each (global ids 0-3 and 4-7), num_minibatches=2 per device.
-    algo2 = Algorithm(jaxppo.resolve(MEMORY, Layout(2)))
-    parts = [algo2.minibatch_indices(key, jnp.arange(4) + 4 * d) + 4 * d for d in range(2)]
+    assert Algorithm.create(jaxppo.resolve(MEMORY, Layout(2))).local_envs == 4
+    parts = [_minibatches(key, jnp.arange(4) + 4 * d) + 4 * d for d in range(2)]
     for j in range(2):
         assert set(np.asarray(whole[j]).tolist()) == set(
             np.concatenate([np.asarray(p[j]) for p in parts]).tolist())

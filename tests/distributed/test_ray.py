@@ -803,13 +803,13 @@ def test_jaxppo_search_hosts_runs_the_multi_host_driver_on_a_search(tmp_path, ca
                                                                     monkeypatch):
     """`jaxppo search --hosts H` is the multi-host driver with its options (and --population),
     on a config that must have a `search` (checked before any cluster is contacted)."""
-    import jaxppo.distributed.__main__ as driver
+    import jaxppo.distributed.launch as driver
     from jaxppo.cli import main
 
     seen = {}
     monkeypatch.setattr(driver, "train_distributed",
                         lambda config, hosts, **kw: seen.update(config=config, hosts=hosts, **kw))
-    monkeypatch.setattr(driver.runargs, "report", lambda result, resume_command: 0)
+    monkeypatch.setattr(driver.command, "report", lambda result, resume_command: 0)
     code = main(["search", "--hosts", "2", "--env", "CartPole-v1", "--population", "4",
                  "--runs-dir", str(tmp_path), "--stop-after", "3", "--no-progress",
                  "--set", "search={lr: {loguniform: [1.0e-4, 1.0e-2]}}", "pbt={interval: 5}"])

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import jaxppo
-from jaxppo.envs.make import check_env, make_env
+from jaxppo.envs.check import check_env
+from jaxppo.envs.make import make_env
 from jaxppo.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ path so that load_policy, eval and --resume need no env= keyword."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from gymnax.environments import environment, spaces
 
 import jaxppo
 from jaxppo import cli
-from jaxppo.config import env_record
+from jaxppo.envs.record import env_record
 from jaxppo.envs.make import make_env
 
 import custom_env_module  # tests/ is on sys.path (pytest's rootdir-relative import)
@@ -235,9 +236,25 @@ def test_module_colon_class_builds_the_env():
     spec = make_env(TINY.replace(env="custom_env_module:ScaledCorridor",
                                  env_kwargs={"scale": 2.0, "max_steps_in_episode": 7}))
     assert spec.env.scale == 2.0 and spec.env_params.max_steps_in_episode == 7  # arg and param
-    assert isinstance(make_env(TINY.replace(env="custom_env_module:make_corridor")).env,
-                      custom_env_module.Corridor)
     assert TINY.env_name == "Corridor"  # run folder names and labels stay short
+
+
+def test_a_config_calls_nothing_but_an_env_class(tmp_path):
+    """'module:X' must be a class with the gymnax API (or an env object): a function, a
+    factory included, or another class is refused before anything is called with the
+    config's env_kwargs."""
+    pwned = tmp_path / "pwned"
+    for env, kwargs, pattern in [
+        ("os:system", {"command": f"touch {pwned}"}, r"'os:system' is a function, not an env class"),
+        ("custom_env_module:make_corridor", {},
+         r"is a function, not an env class.*wrap it in a class.*PPOConfig\(env=make_corridor\(\)\)"),
+        ("subprocess:Popen", {"args": ["touch", str(pwned)]},
+         r"'subprocess:Popen' is a class without the gymnax env API \(no reset, step"),
+        ("os:sep", {}, r"'os:sep' is a str, not an env class"),
+    ]:
+        with pytest.raises(jaxppo.ConfigError, match=pattern):
+            make_env(TINY.replace(env=env, env_kwargs=kwargs))
+    assert not pwned.exists()
 
 
 @pytest.mark.parametrize("env, kwargs, pattern", [
@@ -303,3 +320,70 @@ def test_cli_trains_module_colon_class(tmp_path, compile_cache_dir):
     assert run.name.startswith("Corridor-")
     assert yaml.safe_load((run / "config.yaml").read_text())["env"] == CORRIDOR
     assert jaxppo.load_policy(run).spec.obs_shape == (2,)
+
+
+# ---------------------------------------------------------------------- others' run folders
+@pytest.fixture(scope="module")
+def corridor_run(tmp_path_factory):
+    """A finished run of custom_env_module:Corridor (config.yaml names it as module:Class)."""
+    run = tmp_path_factory.mktemp("corridor") / "run"
+    jaxppo.train(TINY, run_dir=run, progress=False, plot=False)
+    return run
+
+
+def test_a_run_folder_config_runs_no_code(corridor_run, tmp_path, capsys):
+    """A shared run folder whose config.yaml names `os:system` with env_kwargs {command: ...}:
+    eval, export, load_policy, --resume and --config refuse it and run nothing."""
+    pwned = tmp_path / "pwned"
+    run = tmp_path / "shared"
+    shutil.copytree(corridor_run, run)
+    hostile = {**yaml.safe_load((run / "config.yaml").read_text()), "env": "os:system",
+               "env_kwargs": {"command": f"touch {pwned}"}}
+    (run / "config.yaml").write_text(yaml.safe_dump(hostile))
+    with pytest.raises(jaxppo.ConfigError, match=r"'os:system' is a function, not an env class"):
+        jaxppo.load_policy(run)
+    for argv in (["eval", str(run)], ["export", str(run), "--format", "jax", "-o",
+                                      str(tmp_path / "p.jaxexport")],
+                 ["train", "--resume", str(run), "--no-progress", "--no-plot"]):
+        assert cli.main(argv) == 2, argv
+        assert "'os:system'" in capsys.readouterr().err, argv
+    (tmp_path / "hostile.yaml").write_text(yaml.safe_dump(hostile))
+    assert cli.main(["train", "--config", str(tmp_path / "hostile.yaml"), "--runs-dir",
+                     str(tmp_path / "runs"), "--no-progress", "--no-plot"]) == 2
+    assert "'os:system' is a function, not an env class" in capsys.readouterr().err
+    assert not pwned.exists()
+    assert not (tmp_path / "p.jaxexport").exists() and not list((tmp_path / "runs").glob("*/*"))
+
+
+def test_what_a_config_imports():
+    """Only a user's module counts as an import: gymnax names and the suites' envs do not."""
+    from jaxppo.envs.make import imported_module
+
+    assert imported_module(CORRIDOR) == "custom_env_module"
+    assert imported_module("gymnasium:my_envs:Maze-v0") == "my_envs"
+    for env in ("CartPole-v1", "brax:ant", "jumanji:Snake-v1", "craftax:Craftax-Classic-Symbolic-v1",
+                "xminigrid:MiniGrid-Empty-5x5", "gymnasium:CartPole-v1", custom_env_module.Corridor()):
+        assert imported_module(env) is None, env
+
+
+def test_no_imports_refuses_a_folder_that_names_a_module(corridor_run, tmp_path, capsys):
+    """trust_config=False / --no-imports: a config naming module:Class is refused, naming the
+    module and how to go on; an env given by the caller is theirs and stays allowed."""
+    with pytest.raises(jaxppo.ConfigError, match=r"would import the module 'custom_env_module'.*"
+                                                 r"env=YourEnv\(\).*trust_config=True"):
+        jaxppo.load_policy(corridor_run, trust_config=False)
+    policy = jaxppo.load_policy(corridor_run, env=custom_env_module.Corridor(), trust_config=False)
+    assert policy.spec.obs_shape == (2,)
+    for argv, fix in ((["eval", str(corridor_run)], "env=YourEnv()"),
+                      (["export", str(corridor_run), "--format", "jax", "-o",
+                        str(tmp_path / "p.jaxexport")], "env=YourEnv()"),
+                      (["train", "--resume", str(corridor_run)], "Resume from Python")):
+        assert cli.main([*argv, "--no-imports"]) == 2, argv
+        err = capsys.readouterr().err
+        assert "would import the module 'custom_env_module'" in err and fix in err, argv
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(TINY.to_dict()))
+    assert cli.main(["train", "--config", str(tmp_path / "c.yaml"), "--runs-dir",
+                     str(tmp_path / "runs"), "--no-imports"]) == 2
+    err = capsys.readouterr().err
+    assert "c.yaml names env='custom_env_module:Corridor'" in err and "--env" in err
+    assert not (tmp_path / "p.jaxexport").exists()

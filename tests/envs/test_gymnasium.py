@@ -14,6 +14,7 @@ import pytest
 
 import jaxppo
 from jaxppo import cli
+from jaxppo.core import ppo
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.errors import ConfigError
 from jaxppo.core.gae import compute_gae
@@ -118,7 +119,7 @@ def test_transitions_follow_the_gymnasium_contract(walk_runner):
 
     # Value targets: jaxppo's pieces against GAE by hand with V of the recorded observations.
     algo = runner.algorithm
-    values, next_values = algo.rollout_values(params, stats, traj)
+    values, next_values = ppo.rollout_values(algo, params, stats, traj)
     _, targets = compute_gae(traj.reward, values, next_values, traj.terminated, traj.truncated,
                              WALK.gamma, WALK.gae_lambda)
     value = jax.jit(algo.value)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import jaxppo
-from jaxppo.envs.make import check_env, make_env
+from jaxppo.envs.check import check_env
+from jaxppo.envs.make import make_env
 from jaxppo.errors import ConfigError
 from readme_commands import readme_train_config
 

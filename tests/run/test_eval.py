@@ -118,7 +118,7 @@ def test_algorithm_evaluate_with_a_hand_made_policy(bias, deterministic, expecte
     cfg = PPOConfig(env=ENV, env_kwargs={"min_len": 5, "max_len": 5}, num_envs=4, num_steps=16,
                     network=NetworkConfig((8,)), eval_episodes=6,
                     eval_deterministic=deterministic, compilation_cache_dir=None).validate()
-    algo = Algorithm(cfg)
+    algo = Algorithm.create(cfg)
     params = algo.network.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)))
     head = params["params"]["policy_head"]
     params["params"]["policy_head"] = {"kernel": jnp.zeros_like(head["kernel"]),
@@ -241,6 +241,24 @@ def test_cli_eval_prints_mean_and_std(trained, capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["episodes"] == 3 and got["deterministic"] is False
     assert cli.main(["eval", str(trained["base"] / "nope")]) == 2
+
+
+def test_a_shared_folder_naming_a_function_runs_nothing(trained, tmp_path, capsys):
+    """config.yaml naming `os:system` with env_kwargs {command: ...}: a ConfigError (exit 2)
+    before anything is called; a gymnax env's folder loads with --no-imports."""
+    pwned = tmp_path / "pwned"
+    run = tmp_path / "shared"
+    shutil.copytree(trained["run"], run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config.update(env="os:system", env_kwargs={"command": f"touch {pwned}"})
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(jaxppo.ConfigError, match=r"'os:system' is a function, not an env class"):
+        jaxppo.load_policy(run)
+    assert cli.main(["eval", str(run)]) == 2
+    assert "'os:system' is a function, not an env class" in capsys.readouterr().err
+    assert not pwned.exists()
+    assert jaxppo.load_policy(trained["run"], trust_config=False).config.env == "CartPole-v1"
+    assert cli.main(["eval", str(trained["run"]), "--episodes", "2", "--no-imports"]) == 0
 
 
 # ---------------------------------------------------------------------- TensorBoard

@@ -47,7 +47,7 @@ def _random_obs(n, dim, scale=2.0, seed=0):
 def _handmade(config, seed=1):
     """A policy with random params (not PPO's tiny policy-head init, so actions differ from
     state to state) and observation statistics far from the identity."""
-    algo = Algorithm(config)
+    algo = Algorithm.create(config)
     params = algo.network.init(jax.random.PRNGKey(seed), jnp.zeros((1, algo.spec.obs_dim)))
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
@@ -226,7 +226,7 @@ def _jax_sample(policy, obs, noise):
     from jaxppo.envs.make import env_action
 
     algo = policy.algorithm
-    obs_in = algo._obs_in(policy.obs_stats, jnp.asarray(obs))
+    obs_in = algo.obs_in(policy.obs_stats, jnp.asarray(obs))
     dist, _, _ = algo.network.apply(policy.params, obs_in, ())
     return env_action(algo.spec, networks.sample_with_noise(False, dist, jnp.asarray(noise)))
 
@@ -258,6 +258,35 @@ def test_missing_onnx_extra_names_the_install(runs, tmp_path, monkeypatch):
     with pytest.raises(jaxppo.ExportError, match=r"pip install 'jaxppo\[export\]'"):
         jaxppo.export_policy(runs["cartpole"], "onnx", tmp_path / "p.onnx")
     assert not (tmp_path / "p.onnx").exists()
+
+
+def test_export_never_overwrites_the_run_folders_files(runs, tmp_path, capsys):
+    """An output that is (after links and "..") one of the run folder's own files, or whose
+    .json description would be, is refused before anything is written; a new name next to
+    them is fine."""
+    run = runs["cartpole"]
+    own = {name: (run / name).read_bytes() for name in ("params.msgpack", "summary.json",
+                                                        "config.yaml")}
+    for output, named in ((run / "params.msgpack", "own params.msgpack"),
+                          (run / "summary", "summary.json (written with"),  # + ".json"
+                          (run / "checkpoints" / ".." / "config.yaml", "own config.yaml"),
+                          (run / "checkpoints" / "p.jaxexport", "own checkpoints")):
+        assert cli.main(["export", str(run), "--format", "jax", "-o", str(output)]) == 2, output
+        err = capsys.readouterr().err
+        assert "would overwrite" in err and named in err and "outside the run folder" in err, err
+    link = tmp_path / "link.jaxexport"
+    link.symlink_to(run / "params.msgpack")
+    with pytest.raises(jaxppo.ExportError, match="own params.msgpack"):
+        jaxppo.export_policy(run, "jax", link)
+    assert {name: (run / name).read_bytes() for name in own} == own
+    assert not (run / "checkpoints" / "p.jaxexport").exists() and not (run / "summary").exists()
+    out = run / "policy.jaxexport"  # a new name in the folder; a gymnax env imports nothing
+    try:
+        assert cli.main(["export", str(run), "--format", "jax", "-o", str(out), "--no-imports"]) == 0
+        assert out.exists()
+    finally:
+        out.unlink(missing_ok=True)
+        out.with_name(out.name + ".json").unlink(missing_ok=True)
 
 
 def test_bad_inputs_are_clear_errors(runs, tmp_path, capsys):

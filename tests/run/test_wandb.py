@@ -18,6 +18,7 @@ import jaxppo
 from jaxppo.run import checkpoints as ckpt
 from jaxppo.config import PPOConfig
 from jaxppo.errors import ConfigError
+from jaxppo.run.folder import check_resumable
 from jaxppo.run.plots import _NOT_IN_LEGEND
 from jaxppo.run.logs import WANDB_ID_FILE, read_metrics
 
@@ -65,8 +66,8 @@ def test_wandb_is_logging_only():
     the same with it or without."""
     with_wandb = TINY.replace(wandb={"project": "p", "mode": "offline"})
     assert "wandb" not in ckpt.LOCKED_FIELDS and "wandb" in _NOT_IN_LEGEND
-    ckpt.check_resumable(TINY.to_dict(), with_wandb, "run")  # no error
-    ckpt.check_resumable(with_wandb.to_dict(), TINY, "run")
+    check_resumable(TINY.to_dict(), with_wandb, "run")  # no error
+    check_resumable(with_wandb.to_dict(), TINY, "run")
     key = jax.random.PRNGKey(0)
     texts = [jax.jit(jaxppo.make_train(c)).lower(key).as_text() for c in (TINY, with_wandb)]
     assert texts[0] == texts[1]

@@ -127,7 +127,7 @@ def test_explore_perturbs_by_the_factors_or_redraws_and_stays_in_bounds(populati
 
 def test_explore_without_resampling_only_multiplies():
     cfg = PBT.replace(pbt={"interval": 4, "resample_probability": 0.0, "perturb": [0.5, 2.0]})
-    explorer = Explorer(jaxppo.core.algorithm.Algorithm(resolve(cfg)))
+    explorer = Explorer(jaxppo.core.algorithm.Algorithm.create(resolve(cfg)))
     hp = sample_hparams(cfg)
     hp = explorer.set(hp, "lr", jnp.full((4,), 1e-3, jnp.float32))
     for i in range(10):

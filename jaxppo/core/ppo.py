@@ -1,0 +1,405 @@
+"""One PPO iteration as pure, jit-able functions: rollout -> GAE -> epochs x minibatches.
+
+Each function takes the frozen `Algorithm` (what `resolve` derived) first. What a recurrent
+network changes is small and local: the rollout records each env's carry at its start and
+the resets; values and the loss replay the network over whole sequences; and a minibatch is
+whole env sequences [T, E/M] instead of num_steps/M steps of every env. Whatever crosses
+shards (devices or hosts) is in jaxppo.core.collectives: the same global batch gives the
+same update on 1 device, N devices or H hosts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from jaxppo.core import collectives, networks
+from jaxppo.core.algorithm import Algorithm, PolicyCarry, PopulationRecord, TrainState, Transition
+from jaxppo.core.gae import compute_gae
+from jaxppo.core.hyperparams import HyperParams, schedule_value
+from jaxppo.core.losses import (Batch, map_dist, map_samples, ppo_loss_terms,
+                                unstack_shared_log_std, update_kl_coeff)
+from jaxppo.core.networks import DistParams
+from jaxppo.core.running_stats import RunningStats
+from jaxppo.envs import transforms
+from jaxppo.envs.make import env_action, flatten_obs
+
+
+# ---------------------------------------------------------------------- init
+def optimizer(algo: Algorithm, hp: HyperParams) -> optax.GradientTransformation:
+    """Clip by global norm, then Adam; the learning rate is applied by hand so it can follow
+    env steps (not optimiser steps) and be vmapped."""
+    return optax.chain(
+        optax.clip_by_global_norm(hp.max_grad_norm),
+        optax.scale_by_adam(eps=algo.config.adam_eps),
+    )
+
+
+def init(algo: Algorithm, key: jax.Array, hp: HyperParams,
+         env_index_offset: int | jax.Array = 0) -> TrainState:
+    """Fresh state. Env e (global index `env_index_offset + e`) is seeded from `key` and e
+    alone, so splitting envs across devices or hosts leaves each env's stream unchanged."""
+    spec = algo.spec
+    algo.require_compiled_env("init")
+    key, k_params, k_env = jax.random.split(key, 3)
+    env_ids = env_index_offset + jnp.arange(algo.local_envs)
+    env_keys = jax.vmap(lambda i: jax.random.fold_in(k_env, i))(env_ids)
+    obs, env_state = jax.vmap(spec.env.reset, in_axes=(0, None))(env_keys, spec.env_params)
+    return init_state(algo, key, k_params, hp, obs, env_state, env_ids)
+
+
+def init_state(algo: Algorithm, key: jax.Array, k_params: jax.Array, hp: HyperParams,
+               obs: jax.Array, env_state: Any, env_ids: jax.Array) -> TrainState:
+    """A fresh TrainState around envs just reset to `obs` [E, *obs_shape] (`env_state`;
+    () for envs stepped outside the program, jaxppo.run.hostloop): params from `k_params`,
+    `key` the training stream."""
+    spec, cfg, E = algo.spec, algo.config, algo.local_envs
+    params = algo.network.init(k_params, jnp.zeros((1, spec.obs_dim), jnp.float32))
+    opt_state = optimizer(algo, hp).init(ravel_pytree(params)[0])
+    obs_stats = RunningStats.create((spec.obs_dim,))
+    if cfg.normalize_observations:
+        obs_stats = collectives.merge_stats(obs_stats, flatten_obs(obs, spec.obs_shape),
+                                            algo.axis_name, algo.shards)
+    carry = PolicyCarry(algo.initial_carry((E,)), jnp.ones((E,), bool) if algo.recurrent else None)
+    return TrainState(
+        params=params,
+        opt_state=opt_state,
+        kl_coeff=hp.kl_coeff,
+        obs_stats=obs_stats,
+        return_stats=RunningStats.create(()),
+        env_state=env_state,
+        last_obs=obs,
+        discounted_return=jnp.zeros((E,), jnp.float32),
+        episode_return=jnp.zeros((E,), jnp.float32),
+        episode_length=jnp.zeros((E,), jnp.int32),
+        env_ids=env_ids.astype(jnp.int32),
+        rng=key,
+        env_steps=jnp.asarray(0, jnp.int32),
+        iteration=jnp.asarray(0, jnp.int32),
+        carry=carry,
+        hook_state=transforms.init_reward_hooks(cfg, spec),
+        hparams=hp if cfg.pbt is not None else None,
+        population=PopulationRecord.create() if cfg.pbt is not None else None,
+    )
+
+
+# ---------------------------------------------------------------------- rollout
+def rollout_noise(algo: Algorithm, key: jax.Array, env_ids: jax.Array):
+    """Every random number a rollout needs, drawn before it in one go: for each env and
+    step, the noise that samples its action ([T, E, A] Gumbel for logits, [T, E, D]
+    normal for a Gaussian) and the key of its env step ([T, E] keys). Env e's draws come
+    from its global index alone, so it sees the same randomness whether it lives on 1
+    device, N devices or H hosts."""
+    T, A = algo.config.num_steps, algo.spec.action_dim
+
+    def one_env(i):
+        k_act, k_env = jax.random.split(jax.random.fold_in(key, i))
+        return networks.sampling_noise(algo.discrete, k_act, (T, A)), jax.random.split(k_env, T)
+
+    noise, env_keys = jax.vmap(one_env)(env_ids)
+    return jnp.swapaxes(noise, 0, 1), jnp.swapaxes(env_keys, 0, 1)
+
+
+def step_envs(algo: Algorithm, st: TrainState, dist: DistParams, action, logp, env_keys,
+              hp: HyperParams):
+    """Step every env once with `action` [E, ...]; returns (state with env/episode trackers
+    advanced, the Transition of this step, done flags [E])."""
+    spec = algo.spec
+    obs, env_state, reward, term, trunc, info = jax.vmap(
+        spec.env.step, in_axes=(0, 0, 0, None)
+    )(env_keys, st.env_state, env_action(spec, action), spec.env_params)
+    reward = reward.astype(jnp.float32)
+    term = term.astype(bool)
+    trunc = jnp.logical_and(trunc.astype(bool), ~term)
+    done = jnp.logical_or(term, trunc)
+    ep_ret = st.episode_return + reward
+    ep_len = st.episode_length + 1
+    disc_ret = st.discounted_return * hp.gamma + reward
+    tr = Transition(
+        obs=st.last_obs, final_obs=info["final_observation"], action=action,
+        log_prob=logp, dist=dist, reward=reward, discounted_return=disc_ret,
+        terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
+    )
+    st = st.replace(
+        env_state=env_state,
+        last_obs=obs,
+        discounted_return=jnp.where(done, 0.0, disc_ret),
+        episode_return=jnp.where(done, 0.0, ep_ret),
+        episode_length=jnp.where(done, 0, ep_len),
+    )
+    return st, tr, done
+
+
+def rollout(algo: Algorithm, state: TrainState, hp: HyperParams):
+    """num_steps steps of every local env. Returns (state after them, Transition [T, E])."""
+
+    def step(st, xs):
+        noise, env_keys = xs
+        obs_in = algo.obs_in(st.obs_stats, st.last_obs)
+        dist, _, carry = algo.network.apply(st.params, obs_in, st.carry.state, st.carry.reset)
+        action, logp = algo.sample_actions(dist, noise)
+        reset = st.carry.reset
+        st, tr, done = step_envs(algo, st, dist, action, logp, env_keys, hp)
+        st = st.replace(carry=PolicyCarry(carry, done if algo.recurrent else None))
+        return st, tr._replace(reset=reset)
+
+    carry0 = state.carry.state
+    rng, k_roll = jax.random.split(state.rng)
+    state, traj = jax.lax.scan(step, state, rollout_noise(algo, k_roll, state.env_ids))
+    return state.replace(rng=rng), traj._replace(carry0=carry0)
+
+
+# ---------------------------------------------------------------------- values and GAE
+def unroll(algo: Algorithm, params, carry0, obs_in, reset):
+    """Replay the network over sequences: obs_in [T, B, obs_dim] (normalised), reset
+    [T, B], carry0 [B, ...]. Returns (dist [T, B, ...] with a shared log_std kept as one
+    vector, values [T, B], the carries after each step [T, B, ...])."""
+
+    def step(carry, xs):
+        obs, r = xs
+        dist, value, carry = algo.network.apply(params, obs, carry, r)
+        return carry, (dist, value, carry)
+
+    _, (dist, values, carries) = jax.lax.scan(step, carry0, (obs_in, reset))
+    return unstack_shared_log_std(dist), values, carries
+
+
+def rollout_values(algo: Algorithm, params, obs_stats: RunningStats, traj: Transition):
+    """V(s_t) and V(s'_t) of the pre-reset successor, [T, E]. Feed-forward: one batched
+    pass over both. Recurrent: V(s_t) by replaying the network over the rollout, and
+    V(s'_t) from the carry after step t (before any reset), in one batched pass."""
+    obs_in = algo.obs_in(obs_stats, traj.obs)
+    final_in = algo.obs_in(obs_stats, traj.final_obs)
+    if algo.recurrent:
+        _, values, carries = unroll(algo, params, traj.carry0, obs_in, traj.reset)
+        return values, algo.network.apply(params, final_in, carries)[1]
+    T = traj.reward.shape[0]
+    both = algo.network.apply(params, jnp.concatenate([obs_in, final_in], axis=0))[1]
+    return both[:T], both[T:]
+
+
+def gather_rollout_stats(algo: Algorithm, traj: Transition) -> dict:
+    """Every shard's statistics of its rollout [T, E], in one collective: episodes
+    ([S, 5]) and, when normalised, the moments of observations and discounted returns."""
+    cfg, spec = algo.config, algo.spec
+    local = {"episodes": collectives.local_episode_stats(traj)}
+    if cfg.normalize_observations:
+        flat_obs = flatten_obs(traj.obs, spec.obs_shape).reshape((-1, spec.obs_dim))
+        local["obs"] = collectives.local_moments(flat_obs, axis=0)
+    if cfg.normalize_rewards:
+        local["returns"] = collectives.local_moments(traj.discounted_return)
+    return collectives.all_gather(local, algo.axis_name)
+
+
+def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_values,
+        rollout_stats: dict, hp: HyperParams):
+    """Reward hooks, reward scaling, GAE and advantage normalisation over the rollout [T, E].
+
+    Returns (state with the hooks' and the return statistics' new values, advantages [T, E],
+    value targets [T, E], the global moments of targets, residuals and advantages).
+    """
+    cfg = algo.config
+    rewards, hook_state = transforms.apply_reward_hooks(
+        cfg, state.hook_state, traj, traj.reward, algo.axis_name)
+    return_stats = state.return_stats
+    if cfg.normalize_rewards:
+        return_stats = collectives.merge_gathered(return_stats, rollout_stats["returns"],
+                                                  traj.discounted_return.size, algo.shards)
+        rewards = rewards / jnp.sqrt(return_stats.var + 1e-8)
+    advantages, targets = compute_gae(
+        rewards, values, next_values, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda
+    )
+    # The GAE statistics of every shard in one collective.
+    local = {"targets": collectives.local_moments(targets),
+             "residuals": collectives.local_moments(targets - values)}
+    if cfg.normalize_advantages:
+        local["advantages"] = collectives.local_moments(advantages)
+    gae_stats = jax.tree.map(lambda x: collectives.combine_moments(*x),
+                             collectives.all_gather(local, algo.axis_name),
+                             is_leaf=lambda x: isinstance(x, tuple))
+    if cfg.normalize_advantages:
+        adv_mean, adv_var = gae_stats["advantages"]
+        advantages = (advantages - adv_mean) / (jnp.sqrt(adv_var) + 1e-8)
+    state = state.replace(hook_state=hook_state, return_stats=return_stats)
+    return state, advantages, targets, gae_stats
+
+
+def make_batch(algo: Algorithm, obs_stats, traj: Transition, values, advantages, targets) -> Batch:
+    """The iteration's batch, time-major [T, E, ...]; a state-independent old log_std
+    is kept as one vector [D]."""
+    return Batch(
+        obs=algo.obs_in(obs_stats, traj.obs), actions=traj.action,
+        old_log_probs=traj.log_prob, old_dist=unstack_shared_log_std(traj.dist),
+        old_values=values, advantages=advantages, value_targets=targets,
+        reset=traj.reset, carry0=traj.carry0,
+    )
+
+
+# ---------------------------------------------------------------------- epochs x minibatches
+class LearnStats(NamedTuple):
+    """What each minibatch step reports ([epochs, minibatches] after the scans)."""
+
+    policy_loss: jax.Array
+    value_loss: jax.Array
+    entropy: jax.Array
+    kl: jax.Array
+    approx_kl: jax.Array
+    clip_fraction: jax.Array
+    grad_norm: jax.Array
+
+
+def gather_minibatch(algo: Algorithm, batch: Batch, idx: jax.Array) -> Batch:
+    """One minibatch from the time-major batch: [T/M * E, ...] samples for time indices
+    idx [T/M, E], or the whole sequences [T, E/M, ...] of env columns idx [E/M]."""
+    if algo.recurrent:
+        sub = map_samples(lambda x: x[:, idx], batch)
+        return sub._replace(carry0=jax.tree.map(lambda c: c[idx], batch.carry0))
+    cols = jnp.arange(idx.shape[1])[None, :]
+    return map_samples(lambda x: x[idx, cols].reshape((-1,) + x.shape[2:]), batch)
+
+
+def forward(algo: Algorithm, params, mb: Batch):
+    """(dist, values [B], samples [B]) of the network on a minibatch; whole sequences are
+    replayed from their carries and resets, then flattened to samples."""
+    if not algo.recurrent:
+        dist, values, _ = algo.network.apply(params, mb.obs)
+        return dist, values, mb
+    dist, values, _ = unroll(algo, params, mb.carry0, mb.obs, mb.reset)
+    merge = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
+    return map_dist(merge, dist), values.reshape(-1), map_samples(merge, mb)
+
+
+def loss_and_grads(algo: Algorithm, params, mb: Batch, hp: HyperParams, ent_coeff, kl_coeff):
+    """(grads, LossTerms) of the PPO loss on one (local) minibatch."""
+    cfg = algo.config
+
+    def loss_fn(p):
+        dist, values, samples = forward(algo, p, mb)
+        terms = ppo_loss_terms(
+            algo.discrete, dist, values, samples,
+            clip_param=hp.clip_param, vf_clip_param=hp.vf_clip_param, vf_coeff=hp.vf_coeff,
+            entropy_coeff=ent_coeff, kl_coeff=kl_coeff, use_kl_loss=cfg.use_kl_loss,
+            use_vf_clip=cfg.vf_clip_param is not None,
+        )
+        return terms.total, terms
+
+    return jax.grad(loss_fn, has_aux=True)(params)
+
+
+def apply_grads(algo: Algorithm, params, opt_state, flat_grads, hp: HyperParams, lr):
+    """Clip by global norm, Adam, step by -lr. Returns (params, opt_state, grad_norm).
+
+    The optimiser works on one flat vector (its state too): one fused update instead of
+    one per parameter array.
+    """
+    flat_params, unravel = ravel_pytree(params)
+    grad_norm = optax.tree.norm(flat_grads)
+    updates, opt_state = optimizer(algo, hp).update(flat_grads, opt_state, flat_params)
+    return unravel(flat_params - lr * updates), opt_state, grad_norm
+
+
+def learn(algo: Algorithm, params, opt_state, batch: Batch, env_ids, key, hp, lr, ent_coeff,
+          kl_coeff):
+    """num_epochs x num_minibatches gradient steps on the batch [T, E, ...]; grads averaged
+    over shards. Returns ((params, opt_state), LearnStats [epochs, minibatches])."""
+
+    def minibatch_step(carry, mb):
+        params, opt_state = carry
+        grads, terms = loss_and_grads(algo, params, mb, hp, ent_coeff, kl_coeff)
+        # One all-reduce per minibatch: the flat gradient and the loss terms together.
+        flat_grads = ravel_pytree(grads)[0]
+        n = flat_grads.shape[0]
+        fused = jnp.concatenate([flat_grads, jnp.stack(terms).astype(flat_grads.dtype)])
+        fused = collectives.pmean(fused, algo.axis_name)
+        terms = type(terms)(*fused[n:])
+        params, opt_state, grad_norm = apply_grads(algo, params, opt_state, fused[:n], hp, lr)
+        return (params, opt_state), LearnStats(
+            policy_loss=terms.policy_loss, value_loss=terms.value_loss, entropy=terms.entropy,
+            kl=terms.kl, approx_kl=terms.approx_kl, clip_fraction=terms.clip_fraction,
+            grad_norm=grad_norm,
+        )
+
+    def epoch(carry, k):
+        # Every minibatch of the epoch in one gather (the minibatches stacked [M, ...]),
+        # rather than one gather per field in every minibatch step.
+        idx = collectives.minibatch_indices(k, env_ids, algo.config.num_steps,
+                                            algo.config.num_minibatches, algo.recurrent)
+        minibatches = jax.vmap(lambda i: gather_minibatch(algo, batch, i))(idx)
+        return jax.lax.scan(minibatch_step, carry, minibatches)
+
+    keys = jax.random.split(key, algo.config.num_epochs)
+    return jax.lax.scan(epoch, (params, opt_state), keys)
+
+
+# ---------------------------------------------------------------------- one iteration
+def iteration(algo: Algorithm, state: TrainState, hp: HyperParams):
+    """Rollout, GAE, learn, adapt. Returns (new_state, metrics dict of scalars).
+
+    Split over shards (devices or hosts), `config.sync` says how they combine: with
+    "gradients" each shard keeps its part of the batch and every minibatch's gradient is
+    all-reduced; with "batch" the rollouts are all-gathered once and every shard runs the
+    whole update on the whole batch (`algo.whole_batch`; params stay identical).
+    """
+    start_steps = state.env_steps
+    obs_stats_acting = state.obs_stats
+    state, traj = rollout(algo, state, hp)
+    env_ids = state.env_ids
+    if algo.whole_batch is not None:
+        traj, env_ids = collectives.gather_envs(traj, env_ids, algo.axis_name)
+        algo = algo.whole_batch
+    return update(algo, state, traj, env_ids, hp, start_steps, obs_stats_acting)
+
+
+def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Array,
+           hp: HyperParams, start_steps: jax.Array, obs_stats_acting: RunningStats):
+    """GAE, learn and adapt on a rollout [T, E] (this shard's envs, `env_ids` [E]), acted
+    with `obs_stats_acting`. Returns (new_state, metrics)."""
+    cfg = algo.config
+    lr = schedule_value(hp.lr_points, start_steps)
+    ent_coeff = schedule_value(hp.entropy_points, start_steps)
+    values, next_values = rollout_values(algo, state.params, obs_stats_acting, traj)
+    rollout_stats = gather_rollout_stats(algo, traj)
+    state, advantages, targets, gae_stats = gae(algo, state, traj, values, next_values,
+                                                rollout_stats, hp)
+    batch = make_batch(algo, obs_stats_acting, traj, values, advantages, targets)
+
+    rng, k_epochs = jax.random.split(state.rng)
+    (params, opt_state), learned = learn(
+        algo, state.params, state.opt_state, batch, env_ids, k_epochs, hp, lr, ent_coeff,
+        state.kl_coeff,
+    )
+    mean_kl = jnp.mean(learned.kl)
+    kl_coeff = state.kl_coeff
+    if cfg.use_kl_loss:
+        kl_coeff = update_kl_coeff(kl_coeff, mean_kl, hp.kl_target)
+    obs_stats = state.obs_stats
+    if cfg.normalize_observations:
+        obs_stats = collectives.merge_gathered(obs_stats, rollout_stats["obs"], traj.reward.size,
+                                               algo.shards)
+    env_steps = start_steps + cfg.num_steps * cfg.num_envs
+    _, target_var = gae_stats["targets"]
+    _, resid_var = gae_stats["residuals"]
+    metrics = {
+        **collectives.episode_metrics(rollout_stats["episodes"]),
+        "policy_loss": jnp.mean(learned.policy_loss),
+        "value_loss": jnp.mean(learned.value_loss),
+        "entropy": jnp.mean(learned.entropy),
+        "kl": mean_kl,
+        "approx_kl": jnp.mean(learned.approx_kl),
+        "clip_fraction": jnp.mean(learned.clip_fraction),
+        "explained_variance": 1.0 - resid_var / jnp.maximum(target_var, 1e-8),
+        "kl_coeff": kl_coeff,
+        "lr": lr,
+        "entropy_coeff": ent_coeff,
+        "grad_norm": jnp.mean(learned.grad_norm),
+        "env_steps": env_steps,
+    }
+    state = state.replace(
+        params=params, opt_state=opt_state, rng=rng, kl_coeff=kl_coeff, obs_stats=obs_stats,
+        env_steps=env_steps, iteration=state.iteration + 1,
+    )
+    return state, metrics
