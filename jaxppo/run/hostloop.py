@@ -20,6 +20,7 @@ key, counters); a gymnasium env's state cannot be saved, so a resumed run restar
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -285,13 +286,15 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
     return returns, lengths
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _act(algorithm: Algorithm, deterministic: bool, params, obs_stats, obs, key):
+    return algorithm.policy_step(params, obs_stats, obs, (), key, deterministic)[0]
+
+
 def _policy(algorithm: Algorithm, deterministic: bool):
-    """A jitted env-ready policy of the algorithm (kept on it, one per mode)."""
-    cache = algorithm.__dict__.setdefault("_host_policies", {})
-    if deterministic not in cache:
-        cache[deterministic] = jax.jit(
-            lambda p, s, o, k: algorithm.policy_step(p, s, o, (), k, deterministic)[0])
-    return cache[deterministic]
+    """The jitted env-ready policy `(params, obs_stats, obs, key) -> actions` of the algorithm
+    (compiled once per algorithm and mode: jit keys on the frozen Algorithm)."""
+    return functools.partial(_act, algorithm, deterministic)
 
 
 def evaluate_host(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: int,
