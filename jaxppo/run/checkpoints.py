@@ -29,16 +29,12 @@ import jax
 import numpy as np
 from flax import serialization
 
-from jaxppo.config import LOCKED_FIELDS, PPOConfig  # noqa: F401 (LOCKED_FIELDS re-exported)
+from jaxppo.config import PPOConfig
 from jaxppo.errors import CheckpointError, ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
 FORMAT_VERSION = 1
 _ITEMS = ("state", "meta")
-
-# LOCKED_FIELDS (re-exported from jaxppo.config, where they are the fields declared as
-# shapes) fix the shapes or the meaning of the saved state: a resumed run must keep them.
-# Everything else (total_timesteps, lr, eval/checkpoint cadence, ...) may change.
 
 
 # ---------------------------------------------------------------------- orbax store

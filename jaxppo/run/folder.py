@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxppo.run.checkpoints import (CHECKPOINT_DIR, LOCKED_FIELDS, CheckpointStore, checkpoint_dir,
+from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir,
                                     find_latest, load_run_config, save_params, write_text_atomic)
-from jaxppo.config import PPOConfig
+from jaxppo.config import LOCKED_FIELDS, PPOConfig
 from jaxppo.errors import CheckpointError, ConfigError, RunFolderError
 from jaxppo.search import results
 from jaxppo.run.plots import plot_runs, plot_search

@@ -15,8 +15,7 @@ import pytest
 import yaml
 
 import jaxppo
-from jaxppo.run import checkpoints as ckpt
-from jaxppo.config import PPOConfig
+from jaxppo.config import LOCKED_FIELDS, PPOConfig
 from jaxppo.errors import ConfigError
 from jaxppo.run.folder import check_resumable
 from jaxppo.run.plots import _NOT_IN_LEGEND
@@ -65,7 +64,7 @@ def test_wandb_is_logging_only():
     """Not a locked field on resume, not a legend difference, and the compiled program is
     the same with it or without."""
     with_wandb = TINY.replace(wandb={"project": "p", "mode": "offline"})
-    assert "wandb" not in ckpt.LOCKED_FIELDS and "wandb" in _NOT_IN_LEGEND
+    assert "wandb" not in LOCKED_FIELDS and "wandb" in _NOT_IN_LEGEND
     check_resumable(TINY.to_dict(), with_wandb, "run")  # no error
     check_resumable(with_wandb.to_dict(), TINY, "run")
     key = jax.random.PRNGKey(0)
