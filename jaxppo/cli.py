@@ -18,6 +18,7 @@ from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderE
 from jaxppo.run.plots import plot_runs, unplottable
 from jaxppo.run.policy import load_policy
 from jaxppo.run.logs import read_metrics
+from jaxppo.run.loop import StopSignals
 from jaxppo.run.train import train
 
 
@@ -132,6 +133,14 @@ def _add_run_folder_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C outside a run (which answers signals itself)
+        print("\nstopped (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     args = _build_parser().parse_args(argv)
     # Library warnings (e.g. a total_timesteps that is not a whole number of batches) as
     # one-line notes, not Python's file:line form.
@@ -354,17 +363,19 @@ def _train(args) -> int:
     print(f"config: {source}; run folder: {run_dir}", file=sys.stderr)
     print("compiling the training program (a few seconds; cached for the next run) ...",
           file=sys.stderr, flush=True)
-    try:
-        result = train(config, run_dir=None if args.resume else run_dir,
-                       resume=run_dir if args.resume else None,
-                       progress=False if args.no_progress else None,
-                       stop_after_iterations=args.stop_after, plot=not args.no_plot)
-    except TrainingInterrupted as e:
-        return command.interrupted(e)
-    except (TrainingDivergedError, RunFolderError) as e:
-        return command.fail(e, 1)
-    except (ConfigError, CheckpointError) as e:
-        return command.fail(e)
+    # SIGINT/SIGTERM: the first stops after the running chunk, a second at once (exit 130/143).
+    with StopSignals(exit_at_once=True, command=f"jaxppo {args.command}"):
+        try:
+            result = train(config, run_dir=None if args.resume else run_dir,
+                           resume=run_dir if args.resume else None,
+                           progress=False if args.no_progress else None,
+                           stop_after_iterations=args.stop_after, plot=not args.no_plot)
+        except TrainingInterrupted as e:
+            return command.interrupted(e)
+        except (TrainingDivergedError, RunFolderError) as e:
+            return command.fail(e, 1)
+        except (ConfigError, CheckpointError) as e:
+            return command.fail(e)
     code = command.report(result, resume_command=f"jaxppo {args.command} --resume {run_dir}")
     if result.completed and result.config.search is not None:
         rec = json.loads((run_dir / "search.json").read_text())

@@ -22,10 +22,12 @@ class RunFolderError(RuntimeError):
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """SIGINT (Ctrl-C) or SIGTERM stopped training once the running chunk had finished; the
-    run folder then holds a checkpoint of that iteration, the params and summary.json.
-    `result` is the TrainResult so far; `signal_name` says which signal it was. (A
-    KeyboardInterrupt, so `except Exception` does not swallow it.)"""
+    """SIGINT (Ctrl-C) or SIGTERM stopped training once the running chunk had finished (one
+    that comes during the last chunk stops nothing: the run completes); the run folder then
+    holds a checkpoint of that iteration, the params and summary.json. `result` is the
+    TrainResult so far; `signal_name` says which signal it was. (A KeyboardInterrupt, so
+    `except Exception` does not swallow it.) A second signal does not wait for the chunk:
+    `jaxppo train` ends at once, a library call raises a plain KeyboardInterrupt."""
 
     def __init__(self, message: str, signal_name: str, result=None):
         super().__init__(message)

@@ -642,3 +642,51 @@ def test_conv_options_of_a_cnn_torso_pass():
     resolve(PPOConfig(env="Breakout-MinAtar", network=NetworkConfig(conv_channels=(8, 8), conv_kernel=10)))
     resolve(PPOConfig(env="Breakout-MinAtar", network=NetworkConfig(conv_channels=(8, 8), conv_pool=3)))
     resolve(PPOConfig(env="Breakout-MinAtar", network=NetworkConfig(torso="mlp")))
+
+
+# ---------------------------------------------------------------------- memory
+FREE = 8 * 2**30  # the free memory the memory tests pretend to have
+
+
+@pytest.mark.parametrize("setting,first,advice", [
+    ("num_seeds=500000", r"Its largest parts, for all 500,000 seeds: the rollout buffer and live envs",
+     r"Lower num_seeds \(at most about ([\d,]+) would fit\)"),
+    ("eval_episodes=1e9", (r"Its largest parts: the evaluation envs [\d.,]+ GiB \(eval_episodes="
+                           r"1,000,000,000 envs run at once\)"), r"Lower eval_episodes \(at most about ([\d,]+) would fit\)\.$"),
+    ("network.hidden_sizes=[100000,100000]",
+     # per seed: two torsos of 4*1e5 + 1e5 + 1e10 + 1e5, a 2-action policy head and a value head
+     (r"Its largest parts: network parameters, gradients and optimizer state 298\.0 GiB \("
+      r"network\.hidden_sizes=\[100000, 100000\]: 20,001,500,003 parameters per seed\)"),
+     r"Use fewer or narrower layers in network\.hidden_sizes\.$()"),
+], ids=["num_seeds", "eval_episodes", "hidden_sizes"])
+def test_memory_errors_name_the_field_that_needs_the_memory(tmp_path, capsys, monkeypatch, setting,
+                                                            first, advice):
+    """A config whose buffers cannot fit is refused before anything is allocated or compiled,
+    from the command line: one paragraph that lists the largest parts with their sizes and
+    the fields behind them and advises lowering the one that dominates (never num_envs
+    here), exit 2, no traceback, no run folder."""
+    from jaxppo import cli, program
+
+    def compiling(*args, **kw):
+        raise AssertionError("compiled before the memory check")
+
+    monkeypatch.setattr(program, "free_memory", lambda: FREE)
+    monkeypatch.setattr(program, "initialise_and_compile", compiling)
+    settings = [setting] + (["eval_every=10"] if setting.startswith("eval") else [])
+    assert cli.main(["train", "--env", "CartPole-v1", "--set", *settings, "--runs-dir",
+                     str(tmp_path / "runs"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("error: "))
+    assert line.startswith("error: the training program needs at least "), err
+    assert "8.0 GiB is free on " in line
+    assert re.search(first, line), line
+    fits = re.search(advice, line)
+    assert fits, line
+    assert "num_envs (" not in line and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+    if fits.group(1):  # the count that would fit is below the one asked and fits the free memory
+        n = int(fits.group(1).replace(",", ""))
+        asked = 500_000 if "seeds" in setting else 10**9
+        assert 1 <= n < asked
+        if "eval" in setting:  # each eval env holds at least its observation and a layer of 64
+            assert n <= FREE / (4 * 4 + 64 * 4)

@@ -5,11 +5,15 @@ Only jaxppo.distributed imports Ray.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
 import socket
+import sys
+import threading
 import warnings
+from pathlib import Path
 
 import ray
 
@@ -45,6 +49,95 @@ def quiet_library_logs(level: int = logging.WARNING) -> None:
         logger = logging.getLogger(name)
         if logger.getEffectiveLevel() < level:
             logger.setLevel(level)
+
+
+HOSTS_LOG = "hosts.log"
+
+
+class HostsOutput:
+    """What Ray forwards to the driver from the cluster (the learners' stdout and stderr,
+    Ray's own processes' error lines) goes to `path` (RUN_DIR/hosts.log), not the terminal.
+
+    After a host loss that is ~100 lines of C++ abort traces, Ray's complaints about the lost
+    node and its raylet's state dump, which would bury the driver's own lines ("lost host 1
+    ...; continuing on 1 host"). `install` takes over Ray's printers of forwarded output and
+    of the cluster's error messages (`ray.init(log_to_driver=True)`); lines are kept in memory until `attach` (the run folder is created only once
+    the group has started), and written to stderr as before when the run never got a folder.
+    `close` gives Ray its printer back (call it before `ray.shutdown`).
+    """
+
+    HANDLER = "ray_print_logs"  # the name of Ray's handler in its dispatcher
+
+    def __init__(self, path: str | Path, max_buffered: int = 10_000):
+        self.path = Path(path)
+        self.buffer: collections.deque[str] = collections.deque(maxlen=max_buffered)
+        self.file = None
+        self.lines = 0
+        self._lock = threading.Lock()
+        self._ray_handler = self._ray_printer = None
+
+    def install(self) -> HostsOutput:
+        dispatcher = _log_dispatcher()
+        self._ray_handler = dict(dispatcher.handlers).get(self.HANDLER)
+        if self._ray_handler is not None:  # log_to_driver: Ray prints the cluster's output
+            dispatcher.remove_handler(self.HANDLER)
+            dispatcher.add_handler(self.HANDLER, self.emit)
+            # The cluster's error messages (a dead raylet's state dump, ...) take another way.
+            from ray._private import worker
+
+            self._ray_printer = worker.print_to_stdstream
+            worker.print_to_stdstream = self._print_to_stdstream
+        return self
+
+    def _print_to_stdstream(self, data: dict, ignore_prefix: bool = False) -> None:
+        self.emit(data)
+
+    def emit(self, data: dict) -> None:
+        """One batch of forwarded lines (Ray's dict: pid, ip, actor_name, lines, ...)."""
+        name = data.get("actor_name") or data.get("task_name") or ""
+        prefix = f"({name + ' ' if name else ''}pid={data.get('pid')}, ip={data.get('ip')}) "
+        lines = [prefix + line for line in data.get("lines", [])]
+        with self._lock:
+            self.lines += len(lines)
+            if self.file is not None:
+                self.file.write("".join(line + "\n" for line in lines))
+                self.file.flush()
+            else:
+                self.buffer.extend(lines)
+
+    def attach(self) -> None:
+        """Start writing to `path` (its folder must exist), the lines so far first."""
+        with self._lock:
+            if self.file is None:
+                self.file = open(self.path, "a")  # noqa: SIM115 (open until close)
+                self.file.write("".join(line + "\n" for line in self.buffer))
+                self.file.flush()
+                self.buffer.clear()
+
+    def close(self) -> None:
+        """Give Ray its printer back; lines never written to a file go to stderr."""
+        dispatcher = _log_dispatcher()
+        if self._ray_handler is not None:
+            from ray._private import worker
+
+            worker.print_to_stdstream = self._ray_printer
+            if dict(dispatcher.handlers).get(self.HANDLER) == self.emit:
+                dispatcher.remove_handler(self.HANDLER)
+                if ray.is_initialized():
+                    dispatcher.add_handler(self.HANDLER, self._ray_handler)
+        with self._lock:
+            if self.file is not None:
+                self.file.close()
+            elif self.buffer:
+                sys.stderr.write("".join(line + "\n" for line in self.buffer))
+            self.buffer.clear()
+
+
+def _log_dispatcher():
+    """Ray's dispatcher of the output it forwards to the driver (handlers by name)."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher
+
+    return global_worker_stdstream_dispatcher
 
 
 def _split_address(address: str) -> tuple[str, int] | None:
@@ -120,7 +213,12 @@ def connect(address: str | None = None, timeout_s: float = 5.0) -> bool:
         hp = _split_address(address)
         with keep_loopback(hp[0] if hp else None), _quiet_fork_warning():
             ray.init(address=address, **quiet)
-    except (ConnectionError, RuntimeError, TimeoutError) as e:
+    except (ConnectionError, RuntimeError, TimeoutError, ray.exceptions.RayError) as e:
+        if "Authentication" in f"{type(e).__name__} {e}" and "RAY_AUTH_MODE" not in os.environ:
+            raise ClusterUnreachableError(
+                f"the Ray cluster at {address!r} requires token authentication; run with "
+                "RAY_AUTH_MODE=token (the token is read from ~/.ray/auth_token, "
+                "RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)") from None
         raise ClusterUnreachableError(
             f"could not connect to a Ray cluster at {address!r}: {e}. Start one with "
             "`make ray-cluster` (or `ray start --head`), or unset RAY_ADDRESS"

@@ -32,8 +32,8 @@ from jaxppo.core.algorithm import Algorithm
 from jaxppo.errors import ConfigError
 from jaxppo.program import join_parts, shard_state
 from jaxppo.resolve import Layout, Resolved
-from jaxppo.distributed.cluster import (DistributedError, HostsConfigError, NotEnoughNodesError,
-                                        _node_summary)
+from jaxppo.distributed.cluster import (DistributedError, HostsConfigError, HostsOutput,
+                                        NotEnoughNodesError, _node_summary)
 from jaxppo.distributed.learner import HostLearner, versions
 
 logger = logging.getLogger("jaxppo.distributed")
@@ -106,7 +106,7 @@ class HostGroup:
                  coordinator_port: int = 0, max_restarts: int = 8,
                  pin_cpus: list[list[int]] | None = None,
                  learner_env: dict[str, str] | None = None, snapshot_every_s: float = 0.0,
-                 owns_ray: bool = False):
+                 owns_ray: bool = False, output: HostsOutput | None = None):
         if strategy not in STRATEGIES:
             raise HostsConfigError(f"strategy={strategy!r} must be one of {', '.join(STRATEGIES)} "
                                    "(STRICT_SPREAD, the default, puts one host on each node)")
@@ -139,6 +139,7 @@ class HostGroup:
         self.shards = 0
         self.compile_seconds = 0.0
         self.owns_ray = owns_ray
+        self.output = output
 
     # -------------------------------------------------------------- the Runner protocol
     def train_chunk(self, start: int, stop: int) -> dict:
@@ -146,6 +147,8 @@ class HostGroup:
         what the loop already has); host 0's metrics [seeds?, stop - start]."""
         if start != self.iteration:
             raise RuntimeError(f"chunk from {start}, but the group is at iteration {self.iteration}")
+        if self.output is not None:
+            self.output.attach()  # the run folder exists once the loop runs chunks
         while True:
             try:
                 if self.learners_at < start:  # restarted: redo what the loop already logged
@@ -211,6 +214,8 @@ class HostGroup:
         except Exception:  # a learner already gone: nothing to leave in order
             pass
         self._teardown()
+        if self.output is not None:
+            self.output.close()
         if self.owns_ray:
             ray.shutdown()
 
@@ -346,8 +351,10 @@ class HostGroup:
         self._count_failure(error)
         redo = (f"redoing iterations {self.snapshot_iter + 1}-{self.iteration}"
                 if self.iteration > self.snapshot_iter else "nothing to redo")
-        logger.warning("lost %s; restarting the group from the state after iteration %d (%s)",
-                       lost, self.snapshot_iter, redo)
+        where = (f"; the cluster's output (abort traces, Ray's errors) goes to {self.output.path}"
+                 if self.output is not None else "")
+        logger.warning("lost %s; restarting the group from the state after iteration %d (%s)%s",
+                       lost, self.snapshot_iter, redo, where)
         # A lost node stays "alive" in Ray's view until its health checks time out (~15-30 s):
         # placing on it times out, and the next count no longer has it.
         wait_s = max(self.placement_timeout_s, 60.0)

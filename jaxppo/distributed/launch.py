@@ -22,7 +22,8 @@ from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, Trainin
 from jaxppo.run import command
 from jaxppo.run.loop import TrainResult, chunk_length
 from jaxppo.run.train import EntryPoint, Start, train_with
-from jaxppo.distributed.cluster import DistributedError, connect, quiet_library_logs
+from jaxppo.distributed.cluster import (HOSTS_LOG, DistributedError, HostsOutput, connect,
+                                        quiet_library_logs)
 from jaxppo.distributed.group import HostGroup, check_hosts
 
 
@@ -97,33 +98,44 @@ def train_distributed(
                    coordinator_port=coordinator_port, max_restarts=max_restarts,
                    pin_cpus=pin_cpus, learner_env=learner_env, snapshot_every_s=snapshot_every_s)
 
-    def start_group(start: Start) -> HostGroup:
-        return _start_group(start, hosts, address, connect_timeout_s, progress, options)
+    folder = run_dir if run_dir is not None else resume
+    hosts_log = Path(folder) / HOSTS_LOG if folder is not None else None
 
-    return train_with(start_group, _entry_point(hosts, min_hosts), config, hparams=hparams,
+    def start_group(start: Start) -> HostGroup:
+        return _start_group(start, hosts, address, connect_timeout_s, progress, options,
+                            hosts_log)
+
+    return train_with(start_group, _entry_point(hosts, min_hosts, hosts_log), config, hparams=hparams,
                       run_dir=run_dir, progress=progress, callback=callback, resume=resume,
                       stop_after_iterations=stop_after_iterations, plot=plot)
 
 
-def _entry_point(hosts: int, min_hosts: int | None) -> EntryPoint:
-    """What a run on hosts checks (the split over hosts), and how it names itself."""
+def _entry_point(hosts: int, min_hosts: int | None, hosts_log: Path | None) -> EntryPoint:
+    """What a run on hosts checks (the split over hosts), and how it names itself; its
+    summary names the hosts' log (what Ray forwarded from the cluster), when it has one."""
     return EntryPoint(
         "train_distributed", f"python -m jaxppo.distributed --hosts {hosts}", layout=None,
         check=lambda resolved: check_hosts(resolved, hosts, min_hosts),
         label=f"{{env}} x{hosts} hosts", plot_label=f"{{env}} ({hosts} hosts)",
         summary=lambda result: {"envs_per_host": result.config.num_envs // result.hosts,
-                                "host_failures": result.host_failures})
+                                "host_failures": result.host_failures,
+                                **({"hosts_log": HOSTS_LOG} if hosts_log else {})})
 
 
 def _start_group(start: Start, hosts: int, address: str | None, connect_timeout_s: float,
-                 progress: bool | None, options: dict) -> HostGroup:
-    """Connect to Ray, then place, start and compile the learners; says who joined."""
+                 progress: bool | None, options: dict, hosts_log: Path | None) -> HostGroup:
+    """Connect to Ray, then place, start and compile the learners; says who joined. With
+    `hosts_log`, what Ray forwards from the cluster goes there (`HostsOutput`)."""
     started = connect(address, timeout_s=connect_timeout_s)
+    output = HostsOutput(hosts_log).install() if hosts_log is not None else None
     try:
         group = HostGroup(start.resolved, start.hp, hosts,
                           chunk_len=chunk_length(start.resolved.config), restored=start.restored,
-                          start_iter=start.iteration, owns_ray=started, **options).start()
+                          start_iter=start.iteration, owns_ray=started, output=output,
+                          **options).start()
     except BaseException:
+        if output is not None:
+            output.close()
         if started:
             ray.shutdown()
         raise
@@ -196,5 +208,8 @@ def train_from_command(args, options: HostOptions, *, search: bool = False) -> i
         return command.interrupted(e)
     except (TrainingDivergedError, RunFolderError) as e:
         return command.fail(e, 1)
+    if result.host_failures and result.run_dir is not None:
+        print(f"hosts lost: {len(result.host_failures)}; the cluster's output (the learners', "
+              f"Ray's) is in {Path(result.run_dir) / HOSTS_LOG}", file=sys.stderr, flush=True)
     return command.report(result, resume_command=f"python -m jaxppo.distributed --resume {run_dir} "
                                                  f"--hosts {options.hosts}")

@@ -9,6 +9,7 @@ except `info` and `coordinator_address`, which ask Ray for the node's address.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -42,6 +43,24 @@ def _checked_by_driver():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         yield
+
+
+def _bind_gloo_to(ip: str) -> None:
+    """Let gloo (the CPU collectives) listen on the node's address `ip`, as Ray and the
+    coordinator do. JAX creates gloo's TCP device from the machine's hostname, whatever
+    address that resolves to; no JAX option names it, so the CPU backend is registered here
+    with collectives made for `ip`. Call after jax.distributed.initialize and before the
+    backend starts; a no-op when collectives are not gloo's."""
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    client = distributed.global_state.client
+    if client is None or jax.config.jax_cpu_collectives_implementation != "gloo":
+        return
+    collectives = _jax.make_gloo_tcp_collectives(distributed_client=client, hostname=ip)
+    xla_bridge.register_backend_factory(
+        "cpu", functools.partial(xla_bridge.make_cpu_client, collectives=collectives),
+        priority=0)
 
 
 class HostLearner:
@@ -90,9 +109,14 @@ class HostLearner:
             jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         try:
+            # Host 0 serves the group's coordinator (gRPC, no authentication): on its node's
+            # address only, the one the others were given, not on every interface (JAX's
+            # default, [::]:port).
             jax.distributed.initialize(coordinator, num_processes=self.num_hosts,
                                        process_id=self.host_index,
-                                       initialization_timeout=timeout_s)
+                                       initialization_timeout=timeout_s,
+                                       coordinator_bind_address=coordinator)
+            _bind_gloo_to(ray.util.get_node_ip_address())
             jax.devices()  # start the backend here, where a failure can be named
         except Exception as e:  # JAX's own errors here can be a bare AssertionError
             platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "default"

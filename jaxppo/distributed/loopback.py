@@ -164,6 +164,47 @@ def pin_to_cpus(cpus: list[int]) -> None:
     os.sched_setaffinity(0, cpus)
 
 
+# ---------------------------------------------------------------------- what a process listens on
+def _hex_address(text: str) -> str:
+    """An address of /proc/net/tcp{,6} ('0100007F' or 32 hex digits) as text."""
+    import ipaddress
+
+    raw = bytes.fromhex(text)
+    # The kernel prints each 32-bit word in host order (little-endian here).
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def listening_sockets(pid: int | str = "self") -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state that process `pid` holds open,
+    IPv4 and IPv6 ('0.0.0.0' or '::' for all interfaces). Linux (/proc); the caller must be
+    allowed to read the process's fds (same user)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                address, port = fields[1].rsplit(":", 1)
+                out.append((_hex_address(address), int(port, 16)))
+    return sorted(set(out))
+
+
 # ---------------------------------------------------------------------- stopping one cluster
 def _stat(pid: int) -> tuple[int, int] | None:
     """(parent pid, start time in clock ticks) of a process, None when it is gone."""
@@ -350,6 +391,27 @@ def _stop_main(argv: list[str]) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------- token authentication
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
+
+def cluster_auth_env() -> dict[str, str]:
+    """RAY_AUTH_MODE for every process of a cluster this wrapper starts or talks to, so that
+    they all agree: as given when set, else "token" when a token is at hand (~/.ray/auth_token,
+    RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN), else "disabled".
+
+    Without it Ray 2.60 decides per command: `ray start --head` turns token authentication on
+    when ~/.ray/auth_token exists (any local `ray.init()` writes one), `ray start --address`
+    and `ray job submit` do not, and the worker nodes are refused by their own head
+    (AuthenticationError)."""
+    if os.environ.get(AUTH_MODE_ENV):
+        return {}
+    from ray._raylet import AuthenticationTokenLoader
+
+    has_token = AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
+    return {AUTH_MODE_ENV: "token" if has_token else "disabled"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["stop-cluster"]:
@@ -364,6 +426,12 @@ def main(argv: list[str] | None = None) -> int:
 
     services.resolve_ip_for_localhost = keep_loopback
     os.environ.update(LOOPBACK_ENV)  # inherited by the GCS, raylets, agents, workers, jobs
+    auth = cluster_auth_env()
+    if auth:
+        from ray._raylet import Config
+
+        os.environ.update(auth)
+        Config.initialize("")  # Ray's own way to make this process see a new RAY_AUTH_MODE
     from ray.scripts.scripts import main as ray_main
 
     sys.argv = ["ray", *args]

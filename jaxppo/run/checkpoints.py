@@ -20,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import sys
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -31,6 +31,7 @@ from flax import serialization
 
 from jaxppo.config import PPOConfig
 from jaxppo.errors import CheckpointError, ConfigError
+from jaxppo.run.files import write_atomic
 
 CHECKPOINT_DIR = "checkpoints"
 FORMAT_VERSION = 1
@@ -110,6 +111,9 @@ class CheckpointStore:
             meta = out.meta
             if not isinstance(meta, dict) or "iteration" not in meta:
                 raise ValueError(f"its record is {str(meta)[:80]!r}, not a jaxppo checkpoint record")
+            if meta["iteration"] != step or not isinstance(meta.get("wall_time", 0.0), (int, float)):
+                raise ValueError(f"its record says iteration {meta['iteration']!r} and wall time "
+                                 f"{meta.get('wall_time')!r}, not iteration {step} and seconds")
         except Exception as e:  # orbax/tensorstore raise many types for unreadable files
             raise self._unreadable(step, e) from None
         if meta.get("state_layout") != "unsharded":
@@ -282,40 +286,124 @@ def find_latest(run_dir: str | Path) -> tuple[CheckpointStore, int]:
     return store, step
 
 
-def load_run_config(run_dir: str | Path, meta: dict | None = None):
-    """The PPOConfig of a run folder: RUN_DIR/config.yaml, else the checkpoint's record."""
+def newest_record(run_dir: str | Path) -> dict:
+    """The record of RUN_DIR's newest checkpoint (read-only); CheckpointError without one."""
+    store, step = find_latest(run_dir)
+    try:
+        return store.read_meta(step)
+    finally:
+        store.close()
+
+
+def load_run_config(run_dir: str | Path, meta: dict | None = None, *,
+                    given: Iterable[str] = (), fields: Iterable[str] | None = None):
+    """The PPOConfig of a run folder, checked against its newest checkpoint's record.
+
+    The checkpoint's record of the config (`meta["config"]`) is the reference: it is what the
+    saved state was trained with. config.yaml is read and must agree with it field by field
+    (a truncated or edited file would otherwise train with defaults without a word); without
+    config.yaml the record is used.
+
+    Args:
+        run_dir: the run folder.
+        meta: the newest checkpoint's record (`CheckpointStore.read_meta`), if there is one.
+        given: fields the caller sets itself (`--set NAME=...`), which may disagree.
+        fields: the fields that must agree (default: all; a policy needs only the fields
+            that fix the saved state's shape and meaning).
+
+    Raises:
+        ConfigError: no config, an unreadable config.yaml, or a disagreement (both values named).
+    """
     run_dir = Path(run_dir)
     path = run_dir / "config.yaml"
-    if path.exists():
-        import yaml
+    record = None if meta is None else meta.get("config")
+    if record is not None and not isinstance(record, dict):
+        raise CheckpointError(f"the newest checkpoint of {run_dir} records its config as "
+                              f"{str(record)[:60]!r}, not a mapping; it was not written by jaxppo")
+    if not path.exists():
+        if record is None:
+            raise ConfigError(f"run folder {run_dir} has no config.yaml and no checkpoint that "
+                              "records its config; it is not a jaxppo run folder")
+        return _config_from(dict(record), f"the config recorded by the newest checkpoint of {run_dir}")
+    config = _config_from(_read_yaml(path), str(path))
+    if record is not None:
+        saved = _config_from(dict(record), f"the config recorded by the newest checkpoint of {run_dir}")
+        _check_agree(config, saved, path, given, fields)
+    return config
 
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path} is not valid YAML ({e}); fix or restore it") from None
-    elif meta is not None and isinstance(meta.get("config"), dict):
-        data = dict(meta["config"])
-    else:
-        raise ConfigError(f"run folder {run_dir} has no config.yaml; it is not a jaxppo run folder")
-    if not data and path.exists():
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not valid YAML ({_first_line(e)}); restore it, or delete "
+                          "it to use the config the newest checkpoint recorded") from None
+    if not data:
         raise ConfigError(
             f"{path} is empty, so the run's config is unknown (resuming would train with the "
             "library defaults); restore the file, or delete it to resume with the config the "
             "newest checkpoint recorded")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of config fields")
+    return data
+
+
+def _config_from(data: dict, source: str) -> PPOConfig:
     if data.get("env_params") is not None:
         raise ConfigError(
-            f"{path} records env_params={data['env_params']!r}, which cannot be rebuilt from the "
+            f"{source} records env_params={data['env_params']!r}, which cannot be rebuilt from the "
             "file; pass a PPOConfig with the same env_params (train(config, resume=...))"
         )
     return PPOConfig.from_dict(data)
 
 
+_ABSENT = "(absent)"
+
+
+def _differences(new, old, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(dotted field, new value, old value) wherever two config dicts differ, down to the
+    leaves of nested mappings (network.hidden_sizes); tuples and lists compare equal."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        out = []
+        for k in dict.fromkeys([*old, *new]):
+            out += _differences(new.get(k, _ABSENT), old.get(k, _ABSENT), f"{prefix}{k}.")
+        return out
+    norm = (lambda v: list(v) if isinstance(v, tuple) else v)
+    return [] if norm(new) == norm(old) else [(prefix[:-1], new, old)]
+
+
+def _check_agree(config: PPOConfig, saved: PPOConfig, path: Path, given: Iterable[str],
+                 fields: Iterable[str] | None) -> None:
+    """ConfigError naming each field where config.yaml (`config`) and the checkpoint's record
+    (`saved`) differ, outside `given` and inside `fields`."""
+    given, fields = tuple(given), None if fields is None else tuple(fields)
+
+    def checked(name: str) -> bool:
+        top = name.split(".")[0]
+        return ((fields is None or top in fields)
+                and not any(name == g or name.startswith(g + ".") or g.startswith(name + ".")
+                            for g in given))
+
+    differ = [d for d in _differences(config.to_dict(), saved.to_dict()) if checked(d[0])]
+    if not differ:
+        return
+    shown = "; ".join(f"{n} is {a!r} in config.yaml but {b!r} in the checkpoint"
+                      for n, a, b in differ[:4]) + ("; ..." if len(differ) > 4 else "")
+    first, value = differ[0][0], differ[0][1]
+    raise ConfigError(
+        f"{path} disagrees with the config the run's newest checkpoint recorded: {shown}. The "
+        "checkpoint's record is what the saved state was trained with. Restore config.yaml (or "
+        "delete it to use the record); to continue with another value on purpose, give it: "
+        f"--set {first}={value!r} (from Python, pass the config: train(config, "
+        "resume=...)). Nothing was changed.")
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Replace `path` by `text` through PATH.tmp, never writing through a link
+    (`jaxppo.run.files.write_atomic`)."""
+    write_atomic(path, text)
 
 
 # ---------------------------------------------------------------------- params only
@@ -329,13 +417,8 @@ def save_params(path: str | Path, result) -> Path:
         "params": jax.device_get(result.params),
         "obs_stats": jax.device_get(obs_stats),
     }
-    data = serialization.msgpack_serialize(serialization.to_state_dict(payload))
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, serialization.msgpack_serialize(serialization.to_state_dict(payload)),
+                 sync=True)
     return path
 
 

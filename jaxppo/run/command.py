@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from jaxppo.run.checkpoints import load_run_config
+from jaxppo.run.checkpoints import load_run_config, newest_record
 from jaxppo.config import PPOConfig, tuned_config_path
 from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
@@ -54,7 +54,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
 def config_keys_help() -> str:
     """Every config key with its default and what it means, for `train --help`: from each
     field's declaration in jaxppo/config.py."""
-    out = ["config keys (--set KEY=VALUE, or a --config YAML/JSON file; README, Configuration, "
+    out = ["config keys (--set KEY=VALUE, or a --config YAML/JSON file; docs/configuration.md "
            "has more):"]
     for section, key, default, meaning in config_keys(PPOConfig):
         if section:
@@ -116,7 +116,9 @@ def resumed_config(args) -> tuple[PPOConfig, Path]:
     run_dir = Path(args.resume)
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
-    config = load_run_config(run_dir)
+    overrides = _overrides(args)
+    config = load_run_config(run_dir, newest_record(run_dir),
+                             given=[o.split("=", 1)[0].strip() for o in overrides])
     if args.no_imports:
         refuse_imports(config.env, str(run_dir / "config.yaml"), (
             "Resume from Python with the env: jaxppo.train(jaxppo.PPOConfig.from_file("
@@ -126,7 +128,6 @@ def resumed_config(args) -> tuple[PPOConfig, Path]:
         "The command line cannot resume it; resume from Python with the env: jaxppo.train("
         f"jaxppo.PPOConfig.from_file({str(run_dir / 'config.yaml')!r}).replace(env=YourEnv()), "
         f"resume={str(run_dir)!r})"))
-    overrides = _overrides(args)
     if overrides:
         config = config.with_overrides(overrides)
     return config, run_dir
@@ -169,7 +170,7 @@ def fail(err: Exception, code: int = 2) -> int:
 def interrupted(err) -> int:
     """A run stopped by a signal: what was saved and how to continue; the shell's exit code
     for that signal (130 for SIGINT, 143 for SIGTERM)."""
-    print(f"stopped: {err}", file=sys.stderr)
+    print(str(err), file=sys.stderr)
     return 128 + int(getattr(signal, err.signal_name, signal.SIGINT))
 
 

@@ -36,8 +36,10 @@ import numpy as np
 from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir,
                                     find_latest, load_run_config, save_params, write_text_atomic)
 from jaxppo.config import LOCKED_FIELDS, PPOConfig
+from jaxppo.envs.make import refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError, RunFolderError
 from jaxppo.search import results
+from jaxppo.run.files import refuse_links
 from jaxppo.run.plots import plot_runs, plot_search
 from jaxppo.run.logs import METRICS_FILE, RunLog, read_metrics
 from jaxppo.process import process_uptime
@@ -57,9 +59,10 @@ class RunFolder:
         self.config = config
         self.sweep: dict | None = None
         self.log = self.store = None
+        new = resume_iteration is None
         with self._writing("the run folder"):
-            self.path.mkdir(parents=True, exist_ok=True)
-            self._lock = _lock_folder(self.path)
+            made = _make_folder(self.path) if new else False
+            self._lock = _lock_folder(self.path, new)
         try:
             with self._writing("config.yaml and metrics.jsonl"):
                 self._open(config, resume_iteration)
@@ -67,6 +70,8 @@ class RunFolder:
             if self.log is not None:
                 self.log.close(failed=True)
             self._lock.close()
+            if new:  # a new run refused here (a W&B login) leaves no folder behind
+                _remove_new(self.path, made)
             raise
 
     def _open(self, config: PPOConfig, resume_iteration: int | None) -> None:
@@ -204,10 +209,57 @@ def _reason(err: BaseException) -> str:
     return (text.strip().splitlines() or [repr(err)])[0][:200]
 
 
-def _lock_folder(path: Path):
+def _make_folder(path: Path) -> bool:
+    """Make a new run's folder (True) or take an empty one that stands there (False).
+
+    Raises:
+        ConfigError: the folder is not empty: another run took the name after this run's
+            checks (two runs started at once with one --run-name), or it holds other files.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir()
+        return True
+    except FileExistsError:
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            return False
+        raise ConfigError(
+            f"run folder {path} was taken by another run after this run's checks (it is no "
+            "longer empty: two runs started with the same --run-name?); a run never writes into "
+            "a folder it did not create. Choose another --run-name (or run_dir=). Nothing was "
+            "written in it.") from None
+
+
+def _remove_new(path: Path, made: bool) -> None:
+    """Undo a new run folder whose opening failed: the files it had made, then the folder."""
+    for name in (METRICS_FILE, "config.yaml", LOCK_FILE):
+        with contextlib.suppress(OSError):
+            (path / name).unlink()
+    if made:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def _lock_folder(path: Path, new: bool):
     """An exclusive, non-blocking lock on RUN_DIR/.lock (released when the returned file is
-    closed, or when the process ends however it ends); ConfigError if another process has it."""
-    f = open(path / LOCK_FILE, "a+")
+    closed, or when the process ends however it ends). A new run creates the lock file
+    itself (O_EXCL): of two runs that start at once in one folder, only one gets it. The
+    file is never opened through a link.
+
+    Raises:
+        ConfigError: another process holds the lock, or (new) made the lock file first.
+    """
+    lock = path / LOCK_FILE
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | (os.O_EXCL if new else 0)
+    try:
+        fd = os.open(lock, flags, 0o644)
+    except FileExistsError:
+        raise ConfigError(
+            f"run folder {path} was taken by another run after this run's checks (it made "
+            f"{LOCK_FILE} first: two runs started with the same --run-name?); a run never writes "
+            "into a folder it did not create. Choose another --run-name (or run_dir=). Nothing "
+            "was written in it.") from None
+    f = os.fdopen(fd, "r+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -252,9 +304,7 @@ def fresh_run_dir(runs_dir: str | Path, name: str) -> Path:
     """runs_dir/name for a new run; a non-empty existing folder is a ConfigError."""
     run_dir = Path(runs_dir) / name
     check_run_dir(run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"run folder {run_dir} already exists and is not empty; "
-                          "choose another --run-name (or continue it with --resume)")
+    refuse_used_run_dir(run_dir)
     return run_dir
 
 
@@ -282,6 +332,7 @@ class ResumePoint:
             ConfigError: `config` changes a field that fixes the saved state's shape or meaning.
             CheckpointError: metrics.jsonl lacks rows up to the checkpoint.
         """
+        refuse_links(self.run_dir)
         check_resumable(self.meta.get("config") or {}, config, self.run_dir)
         check_metrics_file(self.run_dir, int(self.meta["iteration"]), config.num_seeds)
 
@@ -314,7 +365,7 @@ class ResumePoint:
         self.store.close()
 
 
-def begin_resume(caller: str, config: PPOConfig | None, run_dir, resume
+def begin_resume(caller: str, config: PPOConfig | None, run_dir, resume, trust_config: bool = True
                  ) -> tuple[PPOConfig, Path | None, ResumePoint | None]:
     """The config, run folder and resume point of `caller(config, run_dir=, resume=)`.
 
@@ -323,6 +374,8 @@ def begin_resume(caller: str, config: PPOConfig | None, run_dir, resume
         config: the run's config; None to take a resumed run's own.
         run_dir: the folder of a new run (or None), or the resumed one's.
         resume: the run folder to continue from its newest checkpoint, or None.
+        trust_config: False refuses a resumed folder's config that names a module to import
+            (when `config` is None and the folder's config is used).
 
     Returns:
         (config, run_dir, the resume point or None): without resume, the config and run_dir
@@ -350,6 +403,10 @@ def begin_resume(caller: str, config: PPOConfig | None, run_dir, resume
         meta = store.read_meta(step)
         if config is None:
             config = load_run_config(run_dir, meta)
+            if not trust_config:
+                refuse_imports(config.env, f"{run_dir}/config.yaml", (
+                    f"Pass the config yourself ({caller}(config, resume=...)), or, if you trust "
+                    f"{run_dir}, leave out trust_config=False"))
     except BaseException:
         store.close()
         raise
@@ -376,6 +433,7 @@ def check_start(run_dir, point: ResumePoint | None, config: PPOConfig, resume_co
     if run_dir is not None:
         check_run_dir(run_dir)
     refuse_checkpointed_run_dir(run_dir, resume_command)
+    refuse_used_run_dir(run_dir)
 
 
 def check_resumable(saved: dict, config: PPOConfig, run_dir: str | Path) -> None:
@@ -437,6 +495,19 @@ def refuse_checkpointed_run_dir(run_dir, resume_command: str) -> None:
             f"run folder {run_dir} already holds checkpoints; continue it with "
             f"resume={str(run_dir)!r} (`{resume_command} --resume {run_dir}`) or choose a new "
             "folder")
+
+
+def refuse_used_run_dir(run_dir) -> None:
+    """ConfigError when a new run's folder exists and holds anything: a run writes only into
+    a folder it creates (or an empty one), never appends to another's."""
+    path = None if run_dir is None else Path(run_dir)
+    if path is not None and path.is_dir() and any(path.iterdir()):
+        names = sorted(p.name for p in path.iterdir())
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ConfigError(
+            f"run folder {path} already exists and is not empty (it holds {shown}); a new run "
+            "needs a new or empty folder: choose another --run-name (or run_dir=), or continue "
+            "a run with --resume (resume=)")
 
 
 def _norm(v):

@@ -12,6 +12,7 @@ import secrets
 from pathlib import Path
 
 from jaxppo.errors import ConfigError
+from jaxppo.run.files import open_append, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -83,14 +84,10 @@ class RunLog:
                       if wandb_enabled(wandb) else None)
         if resume_iteration is not None:
             self.previous_rows = rows_through(self.path, resume_iteration)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            with open(tmp, "w") as f:
-                for row in self.previous_rows:
-                    f.write(_json_row(row) + "\n")
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(_json_row(row) + "\n" for row in self.previous_rows))
             if self.wandb is not None and self.wandb.fresh:  # wandb added on resume: the past too
                 self.wandb.write(self.previous_rows)
-        self.file = open(self.path, "a")
+        self.file = open_append(self.path)
         self.writers = []
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -253,10 +250,7 @@ class WandbWriter:
 
 
 def _write_ids(run_dir: Path, ids: list[str]) -> None:
-    path = run_dir / WANDB_ID_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(ids) + "\n")
-    os.replace(tmp, path)
+    write_atomic(run_dir / WANDB_ID_FILE, "\n".join(ids) + "\n")
 
 
 def _one_line(err: BaseException) -> str:

@@ -8,8 +8,12 @@ one jaxppo.run.folder.RunFolder.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -142,31 +146,179 @@ def chunk_length(config: PPOConfig) -> int:
 
 
 class StopSignals:
-    """While active (a context manager, in the main thread), SIGINT and SIGTERM do not kill
-    the process: they are recorded, and the run loop stops after the chunk that is running,
-    with everything saved. A second SIGINT stops at once (KeyboardInterrupt), as usual."""
+    """SIGINT and SIGTERM during a run: stop after the running chunk, with everything saved.
 
-    def __init__(self):
+    While active (a context manager, in the main thread) the signals do not kill the process.
+    A watcher thread reads them through `signal.set_wakeup_fd`, so they are answered at once
+    even while a chunk runs inside XLA. The first is acknowledged on stderr and recorded: the
+    run loop stops after the running chunk and checkpoints. A second one stops at once: on
+    the command line (exit_at_once) the process ends with the shell's code for that signal
+    (130 for SIGINT) as soon as no file of the run folder is being written, the folder
+    holding the last chunk's metrics and its last complete checkpoint; in a library call,
+    KeyboardInterrupt is raised when Python next runs in the main thread.
+
+    The command line enters one around the whole run (`exit_at_once=True`): a signal before
+    training starts (while compiling) ends the process at once, and the loop's own
+    `StopSignals.during_loop` joins it instead of installing another.
+    """
+
+    _active: StopSignals | None = None
+
+    def __init__(self, exit_at_once: bool = False, command: str = "jaxppo train"):
+        self.exit_at_once, self.command = exit_at_once, command
         self.received: str | None = None
+        self.phase = "before"  # "before" the loop, in the "loop", "after" it (finishing)
+        self.writing = threading.Lock()  # held while the loop writes to the run folder
+        self.folder: RunFolder | None = None
+        self.saver: _Saver | None = None
+        self.rows_done: int | None = None
+        self.final_chunk = False  # the running chunk is the loop's last
+        self.num_iterations = 0
+        self._raise = False
+        self._lock = threading.RLock()
         self._previous: dict = {}
+        self._socks = self._watcher = None
+        self._previous_fd = -1
 
-    def _handle(self, signum, frame):
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-        print(f"\n{self.received}: stopping after the running chunk, then saving a checkpoint "
-              "(Ctrl-C again to stop at once, without saving)", file=sys.stderr, flush=True)
+    @classmethod
+    @contextlib.contextmanager
+    def during_loop(cls, folder: RunFolder | None, saver: _Saver, num_iterations: int):
+        """The run loop's signals: the command line's StopSignals when one is active, else
+        a library call's own (installed for the loop only)."""
+        outer = cls._active
+        signals = outer if outer is not None else cls()
+        with contextlib.nullcontext(signals) if outer is not None else signals:
+            with signals._lock:
+                signals.folder, signals.saver = folder, saver
+                signals.num_iterations, signals.phase = num_iterations, "loop"
+            try:
+                yield signals
+            finally:
+                signals.phase = "after"
+
+    def stopping(self) -> bool:
+        """Whether a signal asked the loop to stop (signals not yet seen by the watcher are
+        read first, so one sent a moment ago counts)."""
+        self._drain()
+        return self.received is not None
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self._socks = socket.socketpair()
+        for s in self._socks:
+            s.setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(self._socks[1].fileno(),
+                                                 warn_on_full_buffer=False)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        self._watcher = threading.Thread(target=self._watch, name="jaxppo-signals", daemon=True)
+        self._watcher.start()
+        if self.exit_at_once:
+            StopSignals._active = self
         return self
 
     def __exit__(self, *exc):
+        if self._socks is None:
+            return False
+        if StopSignals._active is self:
+            StopSignals._active = None
+        self._drain()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._previous_fd)
+        self._socks[1].close()  # the watcher reads the end of the stream and returns
+        self._watcher.join(timeout=5)
+        self._socks[0].close()
         return False
+
+    def _handle(self, signum, frame):
+        """The main thread's handler. A library call's second signal raises here; on the
+        command line the watcher thread (or `stopping`) acts, never code interrupted midway
+        through a write."""
+        if not self.exit_at_once:
+            self._drain()
+            if self._raise:
+                self._raise = False
+                raise KeyboardInterrupt
+
+    def _watch(self) -> None:
+        sock = self._socks[0]
+        while True:
+            try:
+                select.select([sock], [], [])
+            except (OSError, ValueError):
+                return
+            if not self._drain():
+                return
+
+    def _drain(self) -> bool:
+        """Act on every signal number waiting in the wakeup socket; False once it is closed."""
+        with self._lock:
+            if self._socks is None:
+                return False
+            while True:
+                try:
+                    data = self._socks[0].recv(64)
+                except BlockingIOError:
+                    return True
+                except OSError:
+                    return False
+                if not data:
+                    return False
+                for signum in data:
+                    self._on_signal(signal.Signals(signum).name)
+
+    def _on_signal(self, name: str) -> None:
+        if self.exit_at_once and self.phase == "before":
+            _exit(name, f"{name} stopped jaxppo before training started; nothing was saved")
+        if self.received is not None:  # the second: stop at once
+            if self.exit_at_once:
+                self._exit_now(name)
+            self._raise = True
+            return
+        self.received = name
+        if self.phase == "loop":
+            then = ("Ctrl-C again to stop at once (the run folder keeps its last checkpoint)"
+                    if self.exit_at_once else "Ctrl-C again to stop without saving")
+            what = ("the running chunk is the last one: training ends with it and saves as usual"
+                    if self.final_chunk else
+                    "training stops after the running chunk and saves a checkpoint")
+            print(f"\n{name}: {what}; {then}", file=sys.stderr, flush=True)
+        else:
+            print(f"\n{name}: the last chunk is done; writing the run folder's final files (a "
+                  "moment); Ctrl-C again to stop at once", file=sys.stderr, flush=True)
+
+    def _exit_now(self, name: str) -> None:
+        """End the process once no file of the run folder is being written and the last
+        checkpoint is complete, saying what the folder holds."""
+        self.writing.acquire()  # waits for a write in progress; never released
+        folder, saver = self.folder, self.saver
+        if folder is None:
+            _exit(name, f"{name} stopped training at once; no run folder was given, so nothing "
+                        "was saved")
+        # A checkpoint being written completes; if it fails, the ones before it stand.
+        with contextlib.suppress(Exception):
+            if folder.store is not None:
+                folder.store.wait()
+        saved = saver.saved_at if saver is not None else None
+        rows = (f"; metrics.jsonl has iterations 1 to {self.rows_done} (a resume cuts it back to "
+                f"{saved})" if self.rows_done and saved is not None and self.rows_done > saved
+                else "")
+        if saved:
+            _exit(name, f"Second {name}: stopped at once. {folder.path} keeps the checkpoint of "
+                        f"iteration {saved} of {self.num_iterations}{rows}; continue with: "
+                        f"{self.command} --resume {folder.path}")
+        _exit(name, f"Second {name}: stopped at once, before the first checkpoint was saved, so "
+                    f"{folder.path} holds nothing to resume from (only the metrics of the "
+                    "iterations so far); start the run again")
+
+
+def _exit(name: str, message: str) -> None:
+    """Print `message` and end the process now with the shell's code for signal `name`."""
+    print(f"\n{message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(128 + int(getattr(signal, name)))
 
 
 def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = None,
@@ -193,7 +345,8 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     Returns:
         The TrainResult. On SIGINT/SIGTERM the loop stops after the running chunk and
         checkpoints; the result's `interrupted` names the signal (the caller finishes the run
-        folder and raises).
+        folder and raises). A signal during the last chunk stops nothing (`interrupted` stays
+        None). A second signal stops at once (`StopSignals`).
 
     Raises:
         TrainingDivergedError: a health metric became NaN/inf (the rows before it are kept).
@@ -206,31 +359,36 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     t_train = time.perf_counter()
     saver = _Saver(runner, config, folder, saved_at=start_iter if resumed else None)
     it, wall, last_row = start_iter, wall_offset, None
-    with StopSignals() as signals:
+    with StopSignals.during_loop(folder, saver, config.num_iterations) as signals:
         try:
-            while it < end_iter and signals.received is None:
+            while it < end_iter and not signals.stopping():
                 stop = _chunk_stop(config, it, end_iter)
+                signals.final_chunk = stop >= end_iter
                 t0 = time.perf_counter()
                 metrics = runner.train_chunk(it, stop)
                 dt = time.perf_counter() - t0
                 wall = wall_offset + process_uptime()
                 sps = (stop - it) * config.batch_size * config.num_seeds / max(dt, 1e-9)
                 rows = _chunk_rows(metrics, history.keys, it, stop, wall, sps, config.num_seeds)
-                _check_health(rows, last_row, folder, config.num_seeds)
-                history.append(metrics, it, stop, wall, sps)
-                if folder is not None:
-                    folder.write_rows(rows)
-                it, last_row = stop, rows[-1]
-                saver.after_chunk(it, end_iter, wall)
+                with signals.writing:  # a second signal waits for these writes
+                    _check_health(rows, last_row, folder, config.num_seeds)
+                    history.append(metrics, it, stop, wall, sps)
+                    if folder is not None:
+                        folder.write_rows(rows)
+                    it, last_row, signals.rows_done = stop, rows[-1], stop
+                    saver.after_chunk(it, end_iter, wall)
                 if callback is not None:
                     callback(rows)
                 reporter.update(it, rows, sps)
-            saver.at_end(it, wall)
+            with signals.writing:
+                saver.at_end(it, wall)
         finally:
             reporter.close()
+    # A signal during the last chunk stops nothing: the run (or this call's share) is done.
+    interrupted = signals.received if it < end_iter else None
     return _result(runner, config, folder, history.metrics(), iterations_done=it,
                    resumed_from=start_iter if resumed else None,
-                   train_seconds=time.perf_counter() - t_train, interrupted=signals.received)
+                   train_seconds=time.perf_counter() - t_train, interrupted=interrupted)
 
 
 def _chunk_stop(config: PPOConfig, it: int, end_iter: int) -> int:
@@ -471,7 +629,9 @@ def finish_run(result: TrainResult, folder, resume_command: str, **finish) -> Tr
     """Write the run folder's final files (params, summary, plot) and return the result, or
     raise TrainingInterrupted when a signal stopped the run (the files are written first)."""
     if folder is not None:
-        result.summary = folder.finish(result, **finish)
+        outer = StopSignals._active  # the command line's: a second signal waits for these files
+        with outer.writing if outer is not None else contextlib.nullcontext():
+            result.summary = folder.finish(result, **finish)
     if result.interrupted:
         saved = (f"checkpoint, params and summary of iteration {result.iterations_done} are in "
                  f"{folder.path}; continue with: {resume_command} --resume {folder.path}"

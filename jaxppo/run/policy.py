@@ -23,7 +23,7 @@ import numpy as np
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir, load_params_dict,
                                load_run_config)
-from jaxppo.config import MAX_TIMESTEPS, check_seed
+from jaxppo.config import LOCKED_FIELDS, MAX_TIMESTEPS, check_seed
 from jaxppo.envs.make import check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.core.evaluation import EpisodeStats, run_episodes, summarize
@@ -276,7 +276,9 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
     """
     run_dir = _run_folder(run_dir, step)
     state, meta, step = _restore_checkpoint(run_dir, step)
-    config = load_run_config(run_dir, meta)
+    # The fields that fix the policy must agree with the checkpoint's record (the rest, such as
+    # a total_timesteps changed by a resume that stopped before its next checkpoint, need not).
+    config = load_run_config(run_dir, meta, fields=LOCKED_FIELDS)
     algorithm = Algorithm.create(_resolve_recorded(config, run_dir, env, trust_config))
     if state is not None:
         params, obs_stats = state["params"], state["obs_stats"]

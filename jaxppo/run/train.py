@@ -89,6 +89,7 @@ def train(
     resume: str | Path | None = None,
     stop_after_iterations: int | None = None,
     plot: bool = True,
+    trust_config: bool = True,
 ) -> TrainResult:
     """Train PPO as configured on this host's devices.
 
@@ -118,6 +119,9 @@ def train(
             checkpoint and return (`TrainResult.completed` is False); resume later with
             `resume=run_dir`.
         plot: write curve.png.
+        trust_config: False refuses, with `resume` and no config, a folder's config.yaml that
+            names a module to import (its "module:Class" env; importing runs the module's
+            code): for run folders you did not write.
 
     Returns:
         The TrainResult: params, final state, metrics and the run's summary.
@@ -132,7 +136,8 @@ def train(
     """
     return train_with(_local_runner, EntryPoint("train", "jaxppo train"), config,
                       hparams=hparams, run_dir=run_dir, progress=progress, callback=callback,
-                      resume=resume, stop_after_iterations=stop_after_iterations, plot=plot)
+                      resume=resume, stop_after_iterations=stop_after_iterations, plot=plot,
+                      trust_config=trust_config)
 
 
 def _local_runner(start: Start) -> Runner:
@@ -147,14 +152,15 @@ def _local_runner(start: Start) -> Runner:
 def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig | None, *,
                hparams: HyperParams | None, run_dir: str | Path | None, progress: bool | None,
                callback: Callable[[list[dict]], None] | None, resume: str | Path | None,
-               stop_after_iterations: int | None, plot: bool) -> TrainResult:
+               stop_after_iterations: int | None, plot: bool,
+               trust_config: bool = True) -> TrainResult:
     """Check, resume, build the runner, open the run folder, run the loop and finish the folder.
 
     Args:
         make_runner: builds (and compiles) the runner from the checked start.
         entry: what the calling entry point names and checks differently.
-        config, hparams, run_dir, progress, callback, resume, stop_after_iterations, plot:
-            as `train` takes them.
+        config, hparams, run_dir, progress, callback, resume, stop_after_iterations, plot,
+            trust_config: as `train` takes them.
 
     Returns:
         The TrainResult.
@@ -165,7 +171,7 @@ def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig 
     if callback is not None and not callable(callback):
         raise ConfigError(f"callback={callback!r} must be a function of the metric rows of each "
                           "chunk (callback(rows)), or None")
-    config, run_dir, point = begin_resume(entry.caller, config, run_dir, resume)
+    config, run_dir, point = begin_resume(entry.caller, config, run_dir, resume, trust_config)
     try:
         start = _checked_start(entry, config, run_dir, point, hparams, stop_after_iterations)
     finally:

@@ -37,7 +37,7 @@ from jaxppo.config import ConfigError  # noqa: E402
 from jaxppo.distributed import (DistributedError, HostsConfigError,  # noqa: E402
                                 NotEnoughNodesError, train_distributed)
 from jaxppo.distributed.cluster import _quiet_fork_warning, connect  # noqa: E402
-from jaxppo.distributed.loopback import LOOPBACK_ENV  # noqa: E402
+from jaxppo.distributed.loopback import LOOPBACK_ENV, listening_sockets  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 COMPARED = ("episode_return_mean", "episodes", "episode_length_mean", "policy_loss",
@@ -75,6 +75,8 @@ def cluster():
         # more often here, the lost-node tests spend seconds, not half a minute, waiting.
         for k, v in HEALTH_CHECK_ENV.items():
             mp.setenv(k, v)
+        # Ray 2.60 reads and writes a token in ~/.ray; the tests' cluster uses none.
+        mp.setenv("RAY_AUTH_MODE", "disabled")
         port = _free_port()
         with _quiet_fork_warning():
             c = Cluster(initialize_head=True, head_node_args=dict(
@@ -114,10 +116,23 @@ EXACT = dict(normalize_observations=True, normalize_rewards=True, use_kl_loss=Tr
 
 @pytest.fixture(scope="module")
 def two_host_run(cluster, compile_cache_dir, tmp_path_factory):
+    """A 2-host run; after its first chunk the TCP sockets every learner and the driver
+    listen on are recorded (`listening`: {"driver" or learner pid: [(address, port)]})."""
+    from ray.util.state import list_actors
+
     run = tmp_path_factory.mktemp("hosts") / "run"
     cfg = tiny(compile_cache_dir, **EXACT)
-    return SimpleNamespace(cfg=cfg, run=run, result=train_distributed(
-        cfg, hosts=2, run_dir=run, progress=False, plot=False),
+    listening = {}
+
+    def record_listeners(rows):
+        if not listening:
+            for actor in list_actors(filters=[("class_name", "=", "HostLearner"),
+                                              ("state", "=", "ALIVE")]):
+                listening[actor.pid] = listening_sockets(actor.pid)
+            listening["driver"] = listening_sockets()
+
+    return SimpleNamespace(cfg=cfg, run=run, listening=listening, result=train_distributed(
+        cfg, hosts=2, run_dir=run, progress=False, plot=False, callback=record_listeners),
         single=jaxppo.train(cfg, progress=False))
 
 
@@ -137,6 +152,33 @@ def test_two_hosts_match_one_process(two_host_run):
     for leaf in jax.tree.leaves(r.result.state.params):
         np.testing.assert_array_equal(leaf[0], leaf[1])
     assert r.result.policy(np.zeros((3, 4), np.float32), deterministic=True).shape == (3,)
+
+
+def test_a_run_listens_on_the_cluster_address_only(two_host_run):
+    """Every socket the learners and the driver listen on during a run (the jax.distributed
+    coordinator, gloo, Ray's servers in them) is on the nodes' address, 127.0.0.1 here:
+    none on all interfaces (0.0.0.0, ::), where JAX binds its coordinator by default."""
+    listening = two_host_run.listening
+    learners = [pid for pid in listening if pid != "driver"]
+    assert len(learners) == 2, listening
+    # host 0 serves the coordinator and gloo besides Ray's servers: more than one socket
+    assert max(len(listening[pid]) for pid in learners) >= 2, listening
+    for who, sockets in listening.items():
+        assert sockets, (who, listening)
+        assert all(address == "127.0.0.1" for address, _ in sockets), (who, sockets)
+
+
+def test_listening_sockets_names_the_bound_address():
+    """The check above reads /proc: an all-interfaces listener is reported as such."""
+    with socket.socket() as a, socket.socket(socket.AF_INET6) as b, socket.socket() as c:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("::", 0))
+        c.bind(("0.0.0.0", 0))
+        for s in (a, b, c):
+            s.listen()
+        expected = {("127.0.0.1", a.getsockname()[1]), ("::", b.getsockname()[1]),
+                    ("0.0.0.0", c.getsockname()[1])}
+        assert expected <= set(listening_sockets())
 
 
 def test_recurrent_policy_and_reward_hook_on_hosts(cluster, compile_cache_dir):
@@ -244,13 +286,16 @@ def _add_worker_node(cluster):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("min_hosts", [1, None], ids=["continues-on-fewer", "waits-for-a-node"])
-def test_killed_raylet_of_a_worker_node_mid_run(cluster, two_host_run, tmp_path, caplog,
+def test_killed_raylet_of_a_worker_node_mid_run(cluster, two_host_run, tmp_path, caplog, capfd,
                                                 min_hosts):
     """SIGKILL of a worker node's raylet after iteration 2 (its learner dies with it; Ray
     notices the node's death only after missed health checks). With min_hosts=1 the run goes
     on with the host that is left; by default it waits for a node to replace the lost one
     (here one joins once the driver says it waits) and goes on with 2 hosts. Either way every
-    iteration is logged once and the numbers are those of an uninterrupted run."""
+    iteration is logged once and the numbers are those of an uninterrupted run. The driver's
+    terminal gets its own lines only: what Ray forwards (the dead raylet's state dump, the
+    node's death, the learners' abort traces) goes to RUN_DIR/hosts.log, which the lost-host
+    message names."""
     from ray._private import ray_constants
 
     cfg = two_host_run.cfg  # 6 iterations; its programs and its one-process run are shared
@@ -287,12 +332,20 @@ def test_killed_raylet_of_a_worker_node_mid_run(cluster, two_host_run, tmp_path,
                 _add_worker_node(cluster)
             cluster.cluster.wait_for_nodes()
     messages = [r.getMessage() for r in caplog.records]
+    stderr = capfd.readouterr().err.splitlines()
+    hosts_log = tmp_path / "run" / "hosts.log"
     print(f"killed raylet pid {killed[0]}; its learner exited {killed[2]:.1f}s later; the run "
-          f"finished {recovered_s:.1f}s after the kill; failures: {result.host_failures}")
+          f"finished {recovered_s:.1f}s after the kill; failures: {result.host_failures}; "
+          f"driver stderr {len(stderr)} lines, hosts.log {len(hosts_log.read_text().splitlines())}")
     assert result.host_failures and result.host_failures[0]["iteration"] == 3
     assert any(m.startswith("lost host") and "node 127.0.0.1" in m and
-               "restarting the group from the state after iteration 2 " in m
-               for m in messages), messages
+               "restarting the group from the state after iteration 2 " in m and
+               str(hosts_log) in m for m in messages), messages
+    # What Ray forwards from the cluster is in the log, not on the driver's stderr.
+    assert len(stderr) <= 5 and not [line for line in stderr if "raylet" in line
+                                     or "pid=" in line], stderr[:50]
+    assert "pid=" in hosts_log.read_text()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["hosts_log"] == "hosts.log"
     if min_hosts == 1:
         assert result.hosts == 1
         assert any("continuing on 1 host(s) instead of 2" in m for m in messages), messages
@@ -646,14 +699,14 @@ def test_lost_node_continues_on_fewer_hosts_with_min_hosts(cluster, two_host_run
 
 
 # ---------------------------------------------------------------------- make targets
-def _make(*args, timeout=60) -> subprocess.CompletedProcess:
+def _make(*args, timeout=60, env=None) -> subprocess.CompletedProcess:
     import shutil
 
     if shutil.which("make") is None:
         pytest.skip("no make")
     # -o: never (re)install the venv from inside a test.
     return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
 def _submit_command(*make_args) -> str:
@@ -745,6 +798,50 @@ def test_make_ray_stop_stops_only_its_cluster():
             stop_cluster(f"127.0.0.1:{port}", str(temp), grace_s=5)
         shutil.rmtree(base, ignore_errors=True)
     print(f"two clusters started and one stopped in {time.perf_counter() - t0:.1f}s")
+
+
+@pytest.mark.slow
+def test_make_ray_cluster_starts_with_a_ray_token_in_home(tmp_path):
+    """A Ray token in the home folder (any local `ray.init()` of Ray 2.60 leaves one) makes
+    `ray start --head` require it; `make ray-cluster` then runs every node, `ray status` and
+    job submission with it, and the cluster starts; `make ray-stop` stops it. The user's own
+    ~/.ray is not touched."""
+    import shutil
+    import tempfile
+
+    from jaxppo.distributed.loopback import _is_gcs, cluster_processes
+
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
+    real = Path.home() / ".ray"
+    before = sorted(p.name for p in real.iterdir()) if real.exists() else None
+    # A user's shell: no auth mode, none of the loopback switches the cluster fixture sets.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RAY_AUTH") and k not in LOOPBACK_ENV}
+    env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    port, dashboard = _free_port(), _free_port()
+    temp = Path(tempfile.mkdtemp(prefix="jp-tok-", dir="/tmp"))  # short: Ray's socket paths
+    where = [f"RAY_PORT={port}", f"RAY_TEMP_DIR={temp}", f"RAY_CLIENT_PORT={_free_port()}"]
+    try:
+        out = _make("ray-cluster", *where, f"RAY_DASHBOARD={dashboard}", "RAY_WORKERS=1",
+                    timeout=300, env=env)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        assert "AuthenticationError" not in out.stdout + out.stderr
+        assert out.stdout.count(" node_") == 2, out.stdout[-2000:]  # head + 1 worker, alive
+        gcs = [pid for pid in cluster_processes(f"127.0.0.1:{port}", str(temp)) if _is_gcs(pid)]
+        assert gcs and b"RAY_AUTH_MODE=token" in Path(f"/proc/{gcs[0]}/environ").read_bytes()
+        stop = _make("ray-stop", *where, env=env)
+        assert stop.returncode == 0 and "stopped the Ray cluster" in stop.stderr, stop.stderr
+        assert not cluster_processes(f"127.0.0.1:{port}", str(temp))
+    finally:
+        from jaxppo.distributed.loopback import stop_cluster
+
+        stop_cluster(f"127.0.0.1:{port}", str(temp), grace_s=5)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert (sorted(p.name for p in real.iterdir()) if real.exists() else None) == before
+    assert sorted(p.name for p in (home / ".ray").iterdir()) == ["auth_token"]
 
 
 def test_a_sweep_on_hosts_is_recorded_and_resumes_with_its_hyperparameters(

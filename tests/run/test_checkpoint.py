@@ -161,6 +161,21 @@ def _garbage_meta(step_dir: Path):
     (step_dir / "meta" / "metadata").write_bytes(b"\x00\xff garbage \x13")
 
 
+def _edit_yaml(path: Path, **changes) -> None:
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data.update(changes)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _edit_record(run: Path, step: int, edit) -> None:
+    meta = run / "checkpoints" / str(step) / "meta" / "metadata"
+    record = json.loads(meta.read_text())
+    edit(record)
+    meta.write_text(json.dumps(record))
+
+
 def _truncate_manifest(step_dir: Path):
     p = step_dir / "state" / "manifest.ocdbt"
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
@@ -361,7 +376,20 @@ def test_cli_sigterm_saves_and_exits_143(tmp_path):
      r"metrics\.jsonl has no rows for iteration\(s\) 1, 2 of the 4"),
     (lambda run: (run / "metrics.jsonl").write_text(
         "garbage\n" + (run / "metrics.jsonl").read_text()), r"metrics\.jsonl cannot be read"),
-], ids=["empty-config", "no-metrics", "missing-rows", "garbage-row"])
+    # The checkpoint's record of the config is the reference: a truncated or edited
+    # config.yaml (or record) is refused with both values named.
+    (lambda run: (run / "config.yaml").write_text(
+        (run / "config.yaml").read_text()[:len((run / "config.yaml").read_text()) // 2]),
+     r"disagrees with the config the run's newest checkpoint recorded: "),
+    (lambda run: _edit_yaml(run / "config.yaml", total_timesteps=4 * 64),
+     r"total_timesteps is 256 in config.yaml but 512 in the checkpoint"),
+    (lambda run: _edit_record(run, STOP, lambda r: r["config"].update(total_timesteps=16 * 64)),
+     r"total_timesteps is 512 in config.yaml but 1024 in the checkpoint"),
+    (lambda run: _edit_record(run, STOP, lambda r: r.update(iteration=2)),
+     r"its record says iteration 2 and wall time .*, not iteration 4"),
+    (lambda run: _edit_record(run, STOP, lambda r: r.update(config=[1, 2])),
+     r"records its config as '\[1, 2\]', not a mapping"),
+], ids=["empty-config", "no-metrics", "missing-rows", "garbage-row", "truncated-config", "edited-config", "edited-record", "record-iteration", "record-config"])
 def test_resume_refuses_a_damaged_record_and_changes_nothing(stopped_copy, damage, match, capsys):
     damage(stopped_copy)
     before = _folder_digest(stopped_copy)
@@ -535,13 +563,138 @@ def test_an_unusable_compilation_cache_folder_is_a_warning(tmp_path):
 
 
 def test_a_program_too_big_for_the_memory_is_refused_before_it_runs(tmp_path, monkeypatch):
-    """XLA's figure for the compiled program against the free memory (here 1 KiB): a
-    ConfigError with the need, the free memory and a num_envs that fits; no folder."""
+    """XLA's figure for the compiled program against the free memory (here 1 KiB; the
+    estimate before compiling is left out to reach it): a ConfigError with the need, the free
+    memory, the largest parts with their fields, and the field to lower; no folder."""
     from jaxppo import program
 
     monkeypatch.setattr(program, "free_memory", lambda: 1024)
-    with pytest.raises(ConfigError, match=r"the training program needs about [\d.]+ GiB of working "
-                                          r"memory .*num_envs\*num_steps = 64 transitions per "
-                                          r"iteration.* but 0\.0 GiB is free on .*; lower num_envs"):
+    monkeypatch.setattr(program, "check_memory_estimate", lambda *args: None)
+    with pytest.raises(ConfigError, match=r"the training program needs about [\d.]+ KiB of working "
+                                          r"memory beyond its state, but 1\.0 KiB is free on .*"
+                                          r"\(network\.hidden_sizes=\[16, 16\]: 755 parameters per "
+                                          r"seed\).*\(num_envs\*num_steps = 64 transitions per "
+                                          r"iteration\).*Use fewer or narrower layers in "
+                                          r"network\.hidden_sizes\.$"):
         jaxppo.train(CFG, run_dir=tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------- a folder from elsewhere
+def _outside(tmp_path: Path) -> Path:
+    target = tmp_path / "outside.txt"
+    target.write_text("not jaxppo's\n")
+    return target
+
+
+@pytest.mark.parametrize("name", [".lock", "summary.json.tmp", "params.msgpack.tmp",
+                                  "metrics.jsonl", "curve.png", "checkpoints/3"])
+def test_resume_refuses_a_folder_with_links_and_writes_nothing(stopped_copy, tmp_path, name,
+                                                               capsys):
+    """A link planted in a run folder could make a resume write outside it: the folder is
+    refused, the link named, and neither the folder nor the link's target changes."""
+    target = _outside(tmp_path)
+    link = stopped_copy / name
+    if link.is_dir():
+        shutil.move(link, tmp_path / "moved")
+        target = tmp_path / "moved"
+    elif link.exists():
+        link.unlink()
+    link.symlink_to(target)
+    before, outside = _folder_digest(stopped_copy), _folder_digest(tmp_path)
+    with pytest.raises(CheckpointError, match=re.escape(f"{link} is a symbolic link")):
+        jaxppo.train(None, resume=stopped_copy, progress=False)
+    assert cli.main(["train", "--resume", str(stopped_copy), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and "Traceback" not in err
+    assert _folder_digest(stopped_copy) == before and _folder_digest(tmp_path) == outside
+    assert link.is_symlink()
+
+
+def test_run_folder_files_are_replaced_not_written_through_links(tmp_path):
+    from jaxppo.run.files import open_append, write_atomic
+
+    target = _outside(tmp_path)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("summary.json.tmp", "summary.json"):
+        (folder / name).symlink_to(target)
+    write_atomic(folder / "summary.json", "{}")
+    assert target.read_text() == "not jaxppo's\n"
+    assert not (folder / "summary.json").is_symlink() and (folder / "summary.json").read_text() == "{}"
+    assert not (folder / "summary.json.tmp").exists()
+    (folder / "metrics.jsonl").symlink_to(target)
+    with pytest.raises(OSError):
+        open_append(folder / "metrics.jsonl")
+    assert target.read_text() == "not jaxppo's\n"
+
+
+def test_two_runs_that_take_one_folder_at_once_cannot_both_write_it(tmp_path):
+    """Both passed the "empty folder" check; the one that creates the folder's lock first
+    writes it, the other is refused before writing anything in it."""
+    from jaxppo.run.folder import RunFolder, fresh_run_dir
+
+    run = fresh_run_dir(tmp_path, "same")
+    assert fresh_run_dir(tmp_path, "same") == run  # both checks pass: nothing is there yet
+    first = RunFolder(run, CFG)
+    try:
+        before = _folder_digest(run)
+        with pytest.raises(ConfigError, match="taken by another run after this run's checks"):
+            RunFolder(run, CFG.replace(network=NetworkConfig((32, 32))))
+        assert _folder_digest(run) == before
+    finally:
+        first.close()
+    with pytest.raises(ConfigError, match=r"already exists and is not empty \(it holds \.lock, "):
+        fresh_run_dir(tmp_path, "same")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="a new run needs a new or empty folder"):
+        jaxppo.train(CFG, run_dir=tmp_path / "other", progress=False)
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
+
+
+def test_a_new_folder_refused_while_opening_is_removed(tmp_path, monkeypatch):
+    """A run refused while its folder is being opened (here the metrics log cannot be made)
+    leaves no folder behind, so the same --run-name works once the cause is fixed."""
+    from jaxppo.run import folder as folder_mod
+
+    def refuse(*args, **kwargs):
+        raise ConfigError("no log for you")
+
+    monkeypatch.setattr(folder_mod, "RunLog", refuse)
+    with pytest.raises(ConfigError, match="no log for you"):
+        folder_mod.RunFolder(tmp_path / "runs" / "new", CFG)
+    assert not (tmp_path / "runs" / "new").exists()
+
+
+def test_resume_without_config_yaml_uses_the_checkpoint_record(runs, stopped_copy):
+    (stopped_copy / "config.yaml").unlink()
+    res = jaxppo.train(None, resume=stopped_copy, progress=False, plot=False)
+    assert res.completed and res.config.total_timesteps == CFG.total_timesteps
+    assert _tree_equal(res.params, runs["full"].params)
+    assert jaxppo.PPOConfig.from_file(stopped_copy / "config.yaml") == res.config
+
+
+def test_a_value_set_on_purpose_may_differ_from_the_record(stopped_copy, capsys):
+    """A resume that extended the run and stopped before its next checkpoint leaves a
+    config.yaml ahead of the record: the error names the --set that continues it."""
+    _edit_yaml(stopped_copy / "config.yaml", total_timesteps=12 * 64)
+    assert cli.main(["train", "--resume", str(stopped_copy), "--no-progress", "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert "--set total_timesteps=768" in err
+    assert cli.main(["train", "--resume", str(stopped_copy), "--no-progress", "--no-plot",
+                     "--set", "total_timesteps=768"]) == 0
+    assert len(_rows(stopped_copy)) == 12
+
+
+def test_untrusted_resume_refuses_a_config_that_imports(stopped_copy):
+    """trust_config=False: a folder whose config (and record) name a module is refused before
+    the module is imported."""
+    module_env = "planted_env_module:Env"
+    _edit_yaml(stopped_copy / "config.yaml", env=module_env)
+    _edit_record(stopped_copy, STOP, lambda r: r["config"].update(env=module_env))
+    before = _folder_digest(stopped_copy)
+    with pytest.raises(ConfigError, match="would import the module 'planted_env_module'"):
+        jaxppo.train(None, resume=stopped_copy, progress=False, trust_config=False)
+    assert "planted_env_module" not in sys.modules
+    assert _folder_digest(stopped_copy) == before

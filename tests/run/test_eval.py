@@ -252,6 +252,14 @@ def test_a_shared_folder_naming_a_function_runs_nothing(trained, tmp_path, capsy
     config = yaml.safe_load((run / "config.yaml").read_text())
     config.update(env="os:system", env_kwargs={"command": f"touch {pwned}"})
     (run / "config.yaml").write_text(yaml.safe_dump(config))
+    # config.yaml alone disagrees with the checkpoint's record of the config: refused as such
+    with pytest.raises(jaxppo.ConfigError, match=r"env is 'os:system' in config.yaml but "
+                                                 r"'CartPole-v1' in the checkpoint"):
+        jaxppo.load_policy(run)
+    for meta in (run / "checkpoints").glob("*/meta/metadata"):  # the record edited as well
+        record = json.loads(meta.read_text())
+        record["config"].update(env="os:system", env_kwargs={"command": f"touch {pwned}"})
+        meta.write_text(json.dumps(record))
     with pytest.raises(jaxppo.ConfigError, match=r"'os:system' is a function, not an env class"):
         jaxppo.load_policy(run)
     assert cli.main(["eval", str(run)]) == 2
@@ -370,11 +378,17 @@ def _damaged(trained, tmp_path, damage):
 
 
 def _edit_config(run, **changes):
+    """config.yaml and every checkpoint's record of it, edited alike (config.yaml alone would
+    disagree with the record, and be refused for that)."""
     data = yaml.safe_load((run / "config.yaml").read_text())
     for key, value in changes.items():
         section, _, name = key.rpartition(".")
         (data[section] if section else data)[name] = value
     (run / "config.yaml").write_text(yaml.safe_dump(data))
+    for meta in (run / "checkpoints").glob("*/meta/metadata"):
+        record = json.loads(meta.read_text())
+        record["config"] = data
+        meta.write_text(json.dumps(record))
 
 
 def _no_checkpoints(run):
