@@ -2,7 +2,13 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# The exact versions the tests ran with (pyproject.toml declares ranges): every install here
+# applies them.
+CONSTRAINTS := constraints.txt
+# What the venv holds: the package alone (`make train`), or with the dev extras (`make test`
+# and every other target).
+BASE_STAMP := $(VENV)/.installed-base
+STAMP  := $(VENV)/.installed-dev
 ENV    ?= CartPole-v1
 ARGS   ?=
 HOSTS  ?= 2
@@ -14,27 +20,38 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= logical
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: install train test test-fast bench experiments clean help
+.PHONY: install train test test-fast wheel-check bench experiments docs docs-serve clean help
 
 help:
 	@echo "make train ENV=CartPole-v1 [ARGS='--set lr=3e-4 --seeds 4']  train, write RUNS_DIR/<env>-<time>/ (RUNS_DIR=runs)"
 	@echo "make train RESUME=runs/<dir> [ARGS='--set total_timesteps=2e6']  continue that run (its env and config)"
 	@echo "make test [PYTEST_WORKERS=0] [PYTEST_ARGS=...]             the whole test suite (CPU), files in parallel over the cores"
 	@echo "make bench [BENCH_ARGS=--only-side-by-side]                side by side with PureJaxRL + own benchmarks -> experiments/results/bench-<date>.json"
-	@echo "make experiments [EXPERIMENT_ARGS=...]                     tuned configs x 4 seeds -> README table"
+	@echo "make experiments [EXPERIMENT_ARGS=...]                     tuned configs x 4 seeds -> docs/results.md table"
 	@echo "make ray-cluster [RAY_WORKERS=2 RAY_PORT=6379]             a loopback Ray cluster: head + worker nodes, one core each"
 	@echo "make ray-submit ENV=... HOSTS=2 [RESUME=runs/<dir>]        a job on it; run folder in RUNS_DIR (made absolute)"
 	@echo "make ray-stop [RAY_PORT=6379]                              stop that cluster only (other Ray clusters keep running)"
 	@echo "  RUNS_DIR=path sets where runs go; a --runs-dir (or --resume) in ARGS wins, made absolute for ray-submit"
 	@echo "make ray-bench                                             multi-host vs one process -> experiments/results/ray-bench.json"
-	@echo "make install | clean"
+	@echo "make docs                                                  build the documentation site into site/ (mkdocs build --strict)"
+	@echo "make docs-serve                                            serve the site on 127.0.0.1:8000, rebuilt on every edit"
+	@echo "make wheel-check                                           build the wheel, install it alone in a fresh venv, train CartPole from it"
+	@echo "make install (the dev extras, as make test) | clean"
 
-# The venv is rebuilt only when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# Each install is redone only when pyproject.toml or constraints.txt changes. `make train`
+# installs the package without extras; `make test` adds the dev extras (every optional suite,
+# Ray, W&B, ONNX, pytest, the docs tools) to the same venv, which then serves both.
+$(BASE_STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	@touch $(STAMP)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e .
+	@touch $(BASE_STAMP)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[dev]"
+	@touch $(STAMP) $(BASE_STAMP)
 
 install: $(STAMP)
 
@@ -46,7 +63,7 @@ RESUME_DIR = $(or $(call arg_value,--resume),$(RESUME))
 # command line together with a resume is passed on, and refused by the CLI as a clash.
 ENV_ARG = $(if $(and $(RESUME_DIR),$(filter-out command line,$(origin ENV))),,--env $(ENV))
 
-train: $(STAMP)
+train: $(BASE_STAMP)
 	$(BIN)/python -m jaxppo train $(ENV_ARG) $(if $(RESUME),--resume $(RESUME)) \
 		--runs-dir $(RUNS_DIR) $(ARGS)
 
@@ -56,13 +73,27 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not slow" $(PYTEST_ARGS)
 
+# The package as users get it (.ci/wheel_check.sh): sdist and wheel built, the wheel alone
+# installed (with constraints.txt) into a fresh venv outside the repository, then `jaxppo
+# envs` and a short CartPole run from a folder outside it. Needs `build` (dev extras).
+wheel-check: $(STAMP)
+	BUILD_PYTHON=$(BIN)/python PYTHON=$(PYTHON) bash .ci/wheel_check.sh
+
 bench: $(STAMP)
 	$(BIN)/python experiments/bench.py $(BENCH_ARGS)
 
-# Tuned configs x 4 seeds -> experiments/results/<env>.json/.png and the README table.
+# Tuned configs x 4 seeds -> experiments/results/<env>.json/.png and the table of docs/results.md.
 # EXPERIMENT_ARGS='--env CartPole-v1 --max-steps 2e6' to select envs or cap budgets.
 experiments: $(STAMP)
 	$(BIN)/python experiments/run_experiments.py $(EXPERIMENT_ARGS)
+
+# The documentation site (mkdocs.yml, docs/): --strict fails on a broken link, anchor or API
+# reference; the configuration reference is generated from jaxppo/config.py (docs/hooks.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info
@@ -77,8 +108,11 @@ clean:
 # (--num-cpus=0): it runs Ray's services and the job's driver. The loopback wrapper keeps Ray
 # from swapping 127.0.0.1 for the machine's outward IP; RAY_worker_niceness=0 runs the
 # learners at normal priority (Ray's default nice 15 hands their core to any other process).
+# Every node, `ray status` and `ray job submit` run with one RAY_AUTH_MODE: token when a Ray
+# token is at hand (~/.ray/auth_token, which any local `ray.init()` writes), else disabled
+# (or as RAY_AUTH_MODE says); Ray alone would start a token-only head and refuse its workers.
 # On a real cluster use `ray start` on each node and `ray job submit` against the head (see
-# README, "Multi-host with Ray").
+# docs/scaling.md, "Many hosts with Ray").
 RAY_PORT      ?= 6379
 RAY_DASHBOARD ?= 8265
 RAY_WORKERS   ?= 2
@@ -112,7 +146,7 @@ ray-cluster: $(STAMP)
 # `make train`), and RESUME or a --resume in ARGS; they follow ARGS, so they win over the
 # relative ones there.
 ray-submit: $(STAMP)
-	RAY_USAGE_STATS_ENABLED=0 $(BIN)/ray job submit --address http://127.0.0.1:$(RAY_DASHBOARD) \
+	$(RAY_LOOPBACK) job submit --address http://127.0.0.1:$(RAY_DASHBOARD) \
 		--runtime-env-json '$(RAY_RUNTIME_ENV)' -- \
 		$(abspath $(BIN))/python -m jaxppo.distributed --hosts $(HOSTS) $(ENV_ARG) $(ARGS) \
 		--runs-dir "$$(realpath -m -- $(or $(call arg_value,--runs-dir),$(RUNS_DIR)))" \

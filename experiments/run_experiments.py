@@ -1,15 +1,15 @@
-"""Run the tuned configs with several seeds and regenerate the README results table.
+"""Run the tuned configs with several seeds and regenerate the results table (docs/results.md).
 
     .venv/bin/python experiments/run_experiments.py                 # every config, 4 seeds
     .venv/bin/python experiments/run_experiments.py --env CartPole-v1 Acrobot-v1
     .venv/bin/python experiments/run_experiments.py --max-steps 2e6  # cap budgets (CPU)
-    .venv/bin/python experiments/run_experiments.py --table-only     # rebuild README table
+    .venv/bin/python experiments/run_experiments.py --table-only     # rebuild the results table
 
 Each env trains all its seeds in one vmapped program (`--seeds`, default 4) through the
 CLI and ends with one evaluation scored as gymnax-blines scores its agents (164 episodes,
 sampled actions). experiments/results/<env>.json (that eval return and the training return of
 the last 10 iterations, mean ± std over seeds, env steps, wall time, steps/s, machine) and experiments/results/<env>.png are written, and the table
-between the results markers in README.md is rebuilt from every results/*.json present.
+between the results markers in docs/results.md is rebuilt from every results/*.json present.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "jaxppo" / "configs"  # the tuned configs the package ships
 RESULTS = ROOT / "experiments" / "results"
 RUNS = ROOT / "experiments" / "runs"
-README = ROOT / "README.md"
+RESULTS_PAGE = ROOT / "docs" / "results.md"  # the site's Results page holds the table
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 # Published anchors. gymnax: the PPO results table of the gymnax README (agents from
@@ -181,13 +181,13 @@ def build_table() -> str:
 
 
 def update_readme() -> None:
-    text = README.read_text()
+    text = RESULTS_PAGE.read_text()
     if START not in text or END not in text:
-        print(f"README.md has no {START} ... {END} markers; table not written", file=sys.stderr)
+        print(f"{RESULTS_PAGE} has no {START} ... {END} markers; table not written", file=sys.stderr)
         return
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{START}\n{build_table()}\n{END}{tail}")
+    RESULTS_PAGE.write_text(f"{head}{START}\n{build_table()}\n{END}{tail}")
 
 
 def main() -> int:

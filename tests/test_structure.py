@@ -94,12 +94,13 @@ def _listed(path: str) -> str:
     return "jaxppo." + path.removesuffix(".py").rstrip("/").replace("/", ".")
 
 
-def test_readme_code_layout_lists_every_module_below_what_it_imports():
-    """README's Code layout table says a module uses only those above it (or in its row); a
-    folder entry (`distributed/`) stands for every module in it."""
+def test_code_layout_lists_every_module_below_what_it_imports():
+    """The Code layout table of docs/design.md says a module uses only those above it (or in
+    its row); a folder entry (`distributed/`) stands for every module in it."""
     import re
 
-    text = (PKG.parent / "README.md").read_text().split("## Code layout", 1)[1].split("\n## ", 1)[0]
+    design = (PKG.parent / "docs" / "design.md").read_text()
+    text = design.split("## Code layout", 1)[1].split("\n## ", 1)[0]
     rank = {}
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     for i, row in enumerate(rows):
@@ -114,7 +115,7 @@ def test_readme_code_layout_lists_every_module_below_what_it_imports():
 
     packages = {"jaxppo", "jaxppo.core", "jaxppo.envs", "jaxppo.run", "jaxppo.search"}
     missing = sorted(m for m in graph if m not in packages and entry(m) not in rank)
-    assert not missing, f"modules missing from README's Code layout: {missing}"
+    assert not missing, f"modules missing from docs/design.md's Code layout: {missing}"
     for m, deps in graph.items():
         if m in packages or entry(m) == "jaxppo.distributed":
             continue
