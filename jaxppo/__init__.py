@@ -10,7 +10,7 @@ from jaxppo.core.algorithm import Algorithm, TrainState
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.config import NetworkConfig, PPOConfig, tuned_env_names
 from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderError,
-                           TrainingDivergedError, TrainingInterrupted, VideoError)
+                           StopTraining, TrainingDivergedError, TrainingInterrupted, VideoError)
 from jaxppo.run.export import export_policy
 from jaxppo.run.loop import TrainResult
 from jaxppo.run.policy import Policy, load_policy
@@ -31,6 +31,7 @@ __all__ = [
     "ConfigError",
     "TrainingDivergedError",
     "TrainingInterrupted",
+    "StopTraining",
     "CheckpointError",
     "RunFolderError",
     "ExportError",

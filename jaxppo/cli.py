@@ -9,6 +9,8 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from jaxppo.run import command
 from jaxppo.search import sweep
 from jaxppo.config import MAX_TIMESTEPS, check_seed, tuned_env_names
@@ -16,7 +18,7 @@ from jaxppo.envs.make import registered_env_names
 from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderError,
                            TrainingDivergedError, TrainingInterrupted, VideoError)
 from jaxppo.run.plots import plot_runs, unplottable
-from jaxppo.run.policy import load_policy
+from jaxppo.run.policy import evaluate_policies, load_policies, load_policy
 from jaxppo.run.logs import read_metrics
 from jaxppo.run.loop import StopSignals
 from jaxppo.run.train import train
@@ -54,9 +56,11 @@ def _add_training_commands(sub) -> None:
     t.add_argument("--runs-dir", default="runs", help="folder that receives the run folder")
     t.add_argument("--run-name", help="run folder name (default <env>-<YYYYmmdd-HHMMSS>)")
     t.add_argument("--hosts", type=int, metavar="H",
-                   help="train across H hosts of a Ray cluster (RAY_ADDRESS, else a local Ray); "
-                        "same as `python -m jaxppo.distributed --hosts H ...`, which has the "
-                        "multi-host options")
+                   help="train across H hosts of a Ray cluster (--address, else RAY_ADDRESS, "
+                        "else one running on this machine, else a local Ray); same as `python "
+                        "-m jaxppo.distributed --hosts H ...`, which has the multi-host options")
+    t.add_argument("--address", metavar="HOST:PORT",
+                   help="with --hosts: the Ray cluster's GCS address (as RAY_ADDRESS)")
 
     s = sub.add_parser(
         "search",
@@ -79,6 +83,8 @@ def _add_training_commands(sub) -> None:
                    help="split the population over H hosts of a Ray cluster (each trains "
                         "population/H whole members; hosts exchange only fitness and the copied "
                         "learner states at PBT steps), as `jaxppo train --hosts H`")
+    s.add_argument("--address", metavar="HOST:PORT",
+                   help="with --hosts: the Ray cluster's GCS address (as RAY_ADDRESS)")
     s.add_argument("--runs-dir", default="runs", help="folder that receives the run folder")
     s.add_argument("--run-name", help="run folder name (default <env>-search-<YYYYmmdd-HHMMSS>)")
 
@@ -99,12 +105,17 @@ def _add_run_folder_commands(sub) -> None:
                    help="sample actions instead of taking the most likely one")
     e.add_argument("--seed", type=int, default=0, help="seed of the eval envs (and sampling)")
     e.add_argument("--max-steps", type=int, help="bound on an episode (default: the env's limit)")
-    e.add_argument("--seed-index", type=int, default=0,
-                   help="which seed of a multi-seed run (member of a sweep)")
+    e.add_argument("--seed-index", type=int,
+                   help="evaluate only this seed of a multi-seed run (member of a sweep); "
+                        "default: every seed, each and mean ± std over seeds")
     e.add_argument("--env", metavar="MODULE:CLASS",
                    help="the env, for a run of a custom env that config.yaml names only by name")
     e.add_argument("--no-imports", action="store_true", help=NO_IMPORTS_HELP)
-    e.add_argument("--json", action="store_true", help="print the result as JSON")
+    e.add_argument("--best", action="store_true",
+                   help="the best-evaluated params (RUN_DIR/best/, kept when the run has "
+                        "eval_every) instead of the newest")
+    e.add_argument("--json", action="store_true",
+                   help="print the result as JSON (a multi-seed run: per_seed and aggregate)")
     e.add_argument("--video", metavar="OUT.gif|OUT.mp4",
                    help="instead, play --episodes episodes one after the other and write them as "
                         "a video (classic-control and MinAtar envs; .mp4 needs ffmpeg)")
@@ -114,8 +125,9 @@ def _add_run_folder_commands(sub) -> None:
     x.add_argument("--format", required=True, choices=("jax", "onnx"),
                    help="jax: serialized jax.export (needs only jax to run); onnx: needs "
                         "pip install 'jaxppo[export]'")
-    x.add_argument("-o", "--output", help="file to write (default <run folder name>.jaxexport "
-                                          "or .onnx); a JSON description goes to <file>.json")
+    x.add_argument("-o", "--output", help="file to write (default RUN_DIR/<run folder name>"
+                                          ".jaxexport or .onnx); a JSON description goes to "
+                                          "<file>.json")
     x.add_argument("--seed-index", type=int, default=0,
                    help="which seed of a multi-seed run (default 0)")
     x.add_argument("--stochastic", action="store_true",
@@ -126,7 +138,12 @@ def _add_run_folder_commands(sub) -> None:
 
     p = sub.add_parser("plot", help="plot return curves of one or more run folders")
     p.add_argument("runs", nargs="+", help="run folders (or metrics.jsonl files)")
-    p.add_argument("-o", "--output", default="curves.png", help="PNG file to write")
+    p.add_argument("-o", "--output",
+                   help="image file to write (default: RUN_DIR/curves.png for one run folder, "
+                        "else curves.png in the current folder)")
+    p.add_argument("--smooth", type=int, default=1, metavar="N",
+                   help="a moving average of the last N iterations of each seed's training "
+                        "return (default 1: none)")
 
     v = sub.add_parser("envs", help="list the gymnax environments: spaces and tuned configs")
     v.add_argument("--names", action="store_true", help="only the names, one per line")
@@ -177,15 +194,26 @@ def _main(argv: list[str] | None) -> int:
             if problem:
                 print(f"error: {r} is not a jaxppo metrics file: {problem}", file=sys.stderr)
                 return 2
+        if args.smooth < 1:
+            print(f"error: --smooth {args.smooth} must be >= 1 (iterations averaged; 1 = no "
+                  "smoothing)", file=sys.stderr)
+            return 2
+        given = args.output is not None
+        if not given:  # one run folder: into it; several: the current folder
+            one = Path(args.runs[0])
+            args.output = str((one if one.is_dir() else one.parent) / "curves.png"
+                              if len(args.runs) == 1 else "curves.png")
         problem = _output_problem(Path(args.output))
         if problem:
-            print(f"error: -o {args.output}: {problem}", file=sys.stderr)
+            flag = f"-o {args.output}" if given else f"the default output {args.output} (-o PATH)"
+            print(f"error: {flag}: {problem}", file=sys.stderr)
             return 2
         try:
-            print(plot_runs(args.runs, args.output))
+            out = plot_runs(args.runs, args.output, smooth=args.smooth)
         except OSError as e:
             print(f"error: could not write {args.output}: {e.strerror or e}", file=sys.stderr)
             return 1
+        print(f"wrote {out.resolve()}")
         return 0
     if args.command == "eval":
         if args.video:
@@ -256,7 +284,7 @@ def _eval_flag_problem(args) -> str | None:
         return (f"--max-steps {args.max_steps}: max_steps={args.max_steps} must be an integer "
                 f">= 1 and at most {MAX_TIMESTEPS} (2**31 - 1); leave --max-steps out for the "
                 "env's time limit")
-    if args.seed_index < 0:
+    if args.seed_index is not None and args.seed_index < 0:
         return f"--seed-index {args.seed_index} must be >= 0 (0 is the first seed)"
     try:
         check_seed(args.seed, "--seed")
@@ -266,16 +294,21 @@ def _eval_flag_problem(args) -> str | None:
 
 
 def _eval(args) -> int:
+    """Evaluates every seed of the run (each, and mean ± std over seeds), or --seed-index's."""
     problem = _eval_flag_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        policy = load_policy(args.run, seed_index=args.seed_index, env=args.env,
-                             trust_config=not args.no_imports)
+        if args.seed_index is None:
+            policies = load_policies(args.run, env=args.env, trust_config=not args.no_imports,
+                                     best=args.best)
+        else:
+            policies = [load_policy(args.run, seed_index=args.seed_index, env=args.env,
+                                    trust_config=not args.no_imports, best=args.best)]
         record = sweep.read_record(args.run)
-        out = policy.evaluate(episodes=args.episodes, seed=args.seed,
-                              deterministic=not args.stochastic, max_steps=args.max_steps)
+        results = evaluate_policies(policies, episodes=args.episodes, seed=args.seed,
+                                    deterministic=not args.stochastic, max_steps=args.max_steps)
     except (CheckpointError, ConfigError, ValueError) as e:
         # The library names its arguments; say which flag set them.
         flag = next((f"{flag} {value}: " for name, flag, value in (
@@ -283,33 +316,75 @@ def _eval(args) -> int:
             if str(e).startswith(name)), "")
         print(f"error: {flag}{e}", file=sys.stderr)
         return 2
-    out.update(run=str(args.run), env=policy.config.env_name, iteration=policy.iteration,
-               deterministic=not args.stochastic, seed=args.seed, seed_index=args.seed_index)
-    member = ""
-    if record is not None and args.seed_index < len(record["labels"]):
-        # A sweep's member: name the hyperparameters it trained with.
-        out.update(member=record["labels"][args.seed_index],
-                   hparams=record["hparams"][args.seed_index])
-        member = f" [{out['member']}]"
+    policy = policies[0]
+    indices = range(len(policies)) if args.seed_index is None else [args.seed_index]
+    per_seed = [_eval_seed(out, i, record) for i, out in zip(indices, results)]
+    run = {"run": str(args.run), "env": policy.config.env_name, "iteration": policy.iteration,
+           "deterministic": not args.stochastic, "seed": args.seed}
+    where = f"checkpoint iteration {policy.iteration}" if policy.iteration is not None else "params.msgpack"
+    if args.best:
+        where = f"best evaluation, iteration {policy.iteration} (best/)"
+    how = f"{'stochastic' if args.stochastic else 'deterministic'} policy, seed {args.seed}"
+    if len(per_seed) > 1:
+        aggregate = _over_seeds(per_seed)
+        if args.json:
+            print(json.dumps({**run, "episodes": args.episodes, "seeds": len(per_seed),
+                              "aggregate": aggregate, "per_seed": per_seed}))
+            return 0
+        print(f"{run['env']} ({args.run}, {where}): {len(per_seed)} seeds, {args.episodes} "
+              f"episodes each ({how})")
+        for out in per_seed:
+            print(f"  seed {out['seed_index']}{_member(out)}: " + _figures(out))
+        print(f"  over the {len(per_seed)} seeds (mean ± std of their means): "
+              + _figures(aggregate))
+        return 0
+    out = {**per_seed[0], **run, "seed_index": per_seed[0]["seed_index"]}
+    for key in ("member", "hparams"):  # after the run's fields, as before
+        if key in out:
+            out[key] = out.pop(key)
     if args.json:
         print(json.dumps(out))
         return 0
-    where = f"checkpoint iteration {policy.iteration}" if policy.iteration is not None else "params.msgpack"
     if policy.config.num_seeds > 1:
-        where = f"seed index {args.seed_index}, {where}"
-    print(f"{out['env']}{member} ({args.run}, {where}): return {out['return_mean']:.2f} ± "
-          f"{out['return_std']:.2f}, length {out['length_mean']:.1f} ± {out['length_std']:.1f} over "
-          f"{out['episodes']} episodes ({'stochastic' if args.stochastic else 'deterministic'} "
-          f"policy, seed {args.seed})")
+        where = f"seed index {out['seed_index']}, {where}"
+    print(f"{out['env']}{_member(out)} ({args.run}, {where}): {_figures(out)} over "
+          f"{out['episodes']} episodes ({how})")
     return 0
+
+
+def _eval_seed(out: dict, seed_index: int, record: dict | None) -> dict:
+    """One seed's evaluation, with its index and, for a sweep's member, its label and
+    hyperparameters."""
+    out = {"seed_index": seed_index, **out}
+    if record is not None and seed_index < len(record["labels"]):
+        out.update(member=record["labels"][seed_index], hparams=record["hparams"][seed_index])
+    return out
+
+
+def _over_seeds(per_seed: list[dict]) -> dict:
+    """Mean and std over seeds of the seeds' mean return and length."""
+    agg = {"seeds": len(per_seed)}
+    for name in ("return", "length"):
+        means = np.array([out[f"{name}_mean"] for out in per_seed], np.float64)
+        agg[f"{name}_mean"], agg[f"{name}_std"] = float(means.mean()), float(means.std())
+    return agg
+
+
+def _member(out: dict) -> str:
+    return f" [{out['member']}]" if "member" in out else ""
+
+
+def _figures(out: dict) -> str:
+    return (f"return {out['return_mean']:.2f} ± {out['return_std']:.2f}, length "
+            f"{out['length_mean']:.1f} ± {out['length_std']:.1f}")
 
 
 def _video(args) -> int:
     from jaxppo.run.video import write_video
 
     try:
-        policy = load_policy(args.run, seed_index=args.seed_index, env=args.env,
-                             trust_config=not args.no_imports)
+        policy = load_policy(args.run, seed_index=args.seed_index or 0, env=args.env,
+                             trust_config=not args.no_imports, best=args.best)
         episodes = 1 if args.episodes is None else args.episodes
         out = write_video(policy, args.video, episodes=episodes, seed=args.seed,
                           deterministic=not args.stochastic, max_steps=args.max_steps)
@@ -344,7 +419,7 @@ def _train_on_hosts(args) -> int:
     # Imported here only: the multi-host entry point loads Ray, which nothing else needs.
     from jaxppo.distributed.launch import HostOptions, train_from_command
 
-    return train_from_command(args, HostOptions(hosts=args.hosts),
+    return train_from_command(args, HostOptions(hosts=args.hosts, address=args.address),
                               search=args.command == "search")
 
 
@@ -354,6 +429,10 @@ def _train(args) -> int:
         args.overrides = [*(args.overrides or []), f"search.population={args.population}"]
     if args.hosts is not None:
         return _train_on_hosts(args)
+    if args.address is not None:
+        return command.fail(ConfigError(
+            f"--address {args.address} names a Ray cluster to train on, which only --hosts H "
+            "does: add --hosts H (the number of nodes), or leave --address out"))
     try:
         config, source, run_dir = command.start(args, "-search" if searching else "")
         if searching and not args.resume:

@@ -27,7 +27,7 @@ from jaxppo.config_fields import (MAX_TIMESTEPS, SHAPE, TUNABLE, check_seed,  # 
                                   did_you_mean, field, short_repr)
 from jaxppo.config_files import (load_yaml, read_config_file, refuse_unknown_keys,
                                  refuse_unknown_keywords)
-from jaxppo.envs.record import env_record
+from jaxppo.envs.record import env_record, network_record
 from jaxppo.errors import ConfigError
 from jaxppo.search import space
 
@@ -52,6 +52,24 @@ def tuned_config_path(env_name: str) -> Path | None:
 
 def tuned_env_names() -> list[str]:
     return sorted(p.stem for p in TUNED_DIR.glob("*.yaml"))
+
+
+def tuned_config_for(env: str) -> tuple[Path, str] | None:
+    """(the tuned config a new run of `env` starts from, the env it was tuned on), or None.
+
+    The env's own; for "gymnasium:<id>", gymnax's <id> when jaxppo ships one (gymnax's
+    classic-control envs are gymnasium's, same dynamics and time limits) and it sets no
+    transforms (the host loop that steps a gymnasium env runs no gymnax wrappers)."""
+    path = tuned_config_path(env)
+    if path is not None:
+        return path, env
+    if not env.startswith("gymnasium:"):
+        return None
+    name = env[len("gymnasium:"):]
+    path = tuned_config_path(name) if name and ":" not in name else None
+    if path is None or read_config_file(path).get("transforms"):
+        return None
+    return path, name
 
 
 _KIND_HINT = "; for a piecewise schedule give a list of [env_step, value] points instead"
@@ -87,9 +105,20 @@ class NetworkConfig:
                                 check=cf.finite("e.g. -0.5 (initial std exp(-0.5) = 0.61)"))
     state_dependent_std: bool = field(False, "continuous actions: std from the actor's features",
                                       check=cf.boolean)
+    # A user's own flax module replaces the built-in network, whose fields above must then
+    # keep their defaults (contract: jaxppo.core.networks.CustomNetwork, docs/configuration.md).
+    module: Any = field(None, 'your own flax module: "module:Class" (an object in Python); '
+                        "null = the built-in network above", check=cf.network_module)
+    kwargs: dict = field(factory=dict, doc='constructor arguments of a "module:Class" module',
+                         check=cf.of_type(dict, "a mapping of the module's constructor arguments"))
 
     def __post_init__(self):
         cf.normalize(self)
+
+    @property
+    def custom(self) -> bool:
+        """True when a user's module (`module`) is the network."""
+        return self.module is not None
 
 
 @dataclass(frozen=True)
@@ -115,6 +144,11 @@ class PPOConfig:
                                  check=cf.integer(1, most=(MAX_TIMESTEPS, _LAST_STEP)))
     num_epochs: int = field(4, "passes over each batch", check=cf.integer(1))
     num_minibatches: int = field(4, "minibatches per epoch", check=cf.integer(1))
+    # The other way to size minibatches (SB3's batch_size, RLlib's minibatch_size): resolve()
+    # turns it into num_minibatches, which the rest of the package reads.
+    minibatch_size: int | None = field(
+        None, "transitions per minibatch, instead of num_minibatches; null = use num_minibatches",
+        check=cf.optional(cf.integer(1, ", e.g. 256 (or null to use num_minibatches)")))
     lr: Schedule = field(2.5e-4, "a number, or [[env_step, value], ...] (piecewise linear)",
                          role=TUNABLE, leaf="lr_points", kind="lr_schedule",
                          check=cf.schedule(positive=True), section="schedules (of the env-step count)")
@@ -198,6 +232,15 @@ class PPOConfig:
     eval_max_steps: int | None = field(
         None, "bound on an eval episode; null = env's max_steps_in_episode",
         check=cf.optional(cf.integer(1, most=(MAX_TIMESTEPS, _LAST_EVAL_STEP))))
+    # Early stopping, decided between chunks (the mean over seeds; see docs/runs.md). A run
+    # with eval_every keeps its best-evaluated params in RUN_DIR/best/ either way.
+    stop_at_return: float | None = field(
+        None, "stop once the return reaches this (the eval return with eval_every, else the "
+        "training return; mean over seeds); null = never",
+        check=cf.optional(cf.finite("e.g. 475 (or null to never stop on the return)")))
+    stop_after_no_improvement: int = field(
+        0, "stop after this many evaluations without a better eval return; 0 = never",
+        check=cf.integer(0, " (evaluations without a better eval return; 0 = never stop on it)"))
     tensorboard: bool = field(False, "also write TensorBoard event files to RUN_DIR/tensorboard",
                               check=cf.boolean)
     # Weights & Biases: {project: ..., mode: online|offline|disabled, entity, name, dir, group,
@@ -218,6 +261,8 @@ class PPOConfig:
     pbt: dict | None = field(None, "e.g. {interval: 10, fraction: 0.25}; null = off")
 
     def __post_init__(self):
+        if cf.is_flax_module(self.network):  # PPOConfig(network=MyActorCritic(...))
+            object.__setattr__(self, "network", NetworkConfig(module=self.network))
         cf.normalize(self)
         # A search that names its population trains that many members unless num_seeds
         # says more (seeds of each setting).
@@ -230,10 +275,6 @@ class PPOConfig:
     def batch_size(self) -> int:
         """Transitions per iteration (one seed): num_envs * num_steps."""
         return self.num_envs * self.num_steps
-
-    @property
-    def minibatch_size(self) -> int:
-        return self.batch_size // self.num_minibatches
 
     @property
     def num_iterations(self) -> int:
@@ -269,12 +310,15 @@ class PPOConfig:
         base = base if base is not None else cls()
         values = dict(values)
         refuse_unknown_keys(values, cls)
+        _one_minibatch_setting(values)
         if "network" in values:
             net = values["network"]
             if isinstance(net, dict):
                 refuse_unknown_keys(net, NetworkConfig, "network.")
-                values["network"] = dataclasses.replace(base.network, **net)
-            elif not isinstance(net, NetworkConfig):
+                # a module replaces the built-in network: the base's shape of it is not kept
+                start = NetworkConfig() if net.get("module") is not None else base.network
+                values["network"] = dataclasses.replace(start, **net)
+            elif not isinstance(net, NetworkConfig) and not cf.is_flax_module(net):
                 raise ConfigError(
                     f"network={net!r} must be a mapping such as "
                     "{'hidden_sizes': [64, 64], 'activation': 'tanh', 'shared_trunk': False}"
@@ -334,6 +378,8 @@ class PPOConfig:
             if f.name == "network":
                 v = {n.name: list(x) if isinstance(x, tuple) else x
                      for n in dataclasses.fields(v) for x in [getattr(v, n.name)]}
+                if v["module"] is not None and not isinstance(v["module"], str):
+                    v["module"], v["kwargs"] = network_record(v["module"])
             elif f.name == "transforms":
                 v = transforms_to_list(v)
             elif f.name == "env":
@@ -384,13 +430,71 @@ def _rules(config: PPOConfig) -> None:
             f"total_timesteps={config.total_timesteps} is smaller than one iteration "
             f"(num_envs*num_steps = {config.batch_size}); raise total_timesteps to at least "
             f"{config.batch_size} or lower num_envs/num_steps")
+    if config.stop_after_no_improvement and not config.eval_every:
+        raise ConfigError(
+            f"stop_after_no_improvement={config.stop_after_no_improvement} counts evaluations, "
+            "but eval_every=0 (no evaluation); set eval_every (e.g. eval_every=10) or "
+            "stop_after_no_improvement=0")
+    _minibatch_rules(config)
     _network_rules(config.network)
     space.check_search(config, {n: _SPECS[n].check for n in TUNABLE_FIELDS})
     space.check_pbt(config)
 
 
+NUM_MINIBATCHES_DEFAULT = PPOConfig.__dataclass_fields__["num_minibatches"].default
+
+
+def _one_minibatch_setting(values: dict) -> None:
+    """Layered values (a file, --set pairs on a config) size minibatches one way: a
+    minibatch_size given alone replaces the base's num_minibatches, a num_minibatches given
+    alone the base's minibatch_size; both in one mapping are refused, unless num_minibatches
+    is its default (as `to_dict` writes a config sized by minibatch_size)."""
+    if values.get("minibatch_size") is not None:
+        if values.get("num_minibatches", NUM_MINIBATCHES_DEFAULT) != NUM_MINIBATCHES_DEFAULT:
+            raise ConfigError(
+                f"minibatch_size={values['minibatch_size']!r} and num_minibatches="
+                f"{values['num_minibatches']!r} are both given; they are two ways to size the "
+                "same minibatches: keep one (num_minibatches = num_envs*num_steps / "
+                "minibatch_size)")
+        values["num_minibatches"] = NUM_MINIBATCHES_DEFAULT
+    elif "num_minibatches" in values:
+        values.setdefault("minibatch_size", None)
+
+
+def _minibatch_rules(config: PPOConfig) -> None:
+    """A minibatch_size replaces num_minibatches (left at its default) and cuts the batch of
+    num_envs*num_steps transitions into whole minibatches, as num_minibatches would: of
+    whole rollout steps (num_steps / minibatches), or of whole env sequences for a recurrent
+    network (num_envs / minibatches)."""
+    size = config.minibatch_size
+    if size is None:
+        return
+    if config.num_minibatches != NUM_MINIBATCHES_DEFAULT:
+        raise ConfigError(
+            f"minibatch_size={size} and num_minibatches={config.num_minibatches} are both set; "
+            "they are two ways to size the same minibatches: keep one (minibatch_size=None, or "
+            f"num_minibatches at its default {NUM_MINIBATCHES_DEFAULT}, which minibatch_size "
+            "then replaces)")
+    batch = config.batch_size
+    recurrent = bool(config.network.recurrent_size)
+    cut = config.num_envs if recurrent else config.num_steps
+    if batch % size == 0 and cut % (batch // size) == 0:
+        return
+    sizes = sorted(batch // d for d in divisors(cut))
+    near = sorted(sorted(sizes, key=lambda m: abs(m - size))[:5])
+    what = "whole env sequences (num_envs" if recurrent else "whole rollout steps (num_steps"
+    batch_text = (f"the batch of num_envs*num_steps = {config.num_envs}*{config.num_steps} = "
+                  f"{batch} transitions")
+    problem = (f"is larger than {batch_text}" if size > batch else
+               f"does not cut {batch_text} into minibatches of {what}={cut} must be a "
+               "multiple of the number of minibatches)")
+    raise ConfigError(f"minibatch_size={size} {problem}; choose one of {near} or change "
+                      "num_envs/num_steps")
+
+
 def _network_rules(net: NetworkConfig) -> None:
-    """The CNN's channels and kernel (one message names both), and a state-dependent log
+    """The CNN's channels and kernel (one message names both), a user's module given alone
+    (no built-in field changed, kwargs only for "module:Class"), and a state-dependent log
     std's start inside the clip the network applies."""
     if (not isinstance(net.conv_channels, tuple) or not net.conv_channels
             or any(not cf.is_int(c) or c < 1 for c in net.conv_channels)
@@ -398,6 +502,23 @@ def _network_rules(net: NetworkConfig) -> None:
         raise ConfigError(
             f"network.conv_channels={cf.listed(net.conv_channels)} / conv_kernel="
             f"{net.conv_kernel!r} must be positive, e.g. conv_channels=[16], conv_kernel=3")
+    if net.custom:
+        default = NetworkConfig()
+        given = [f"network.{f.name}={cf.listed(getattr(net, f.name))}"
+                 for f in dataclasses.fields(net) if f.name not in ("module", "kwargs")
+                 and getattr(net, f.name) != getattr(default, f.name)]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} {'shape' if len(given) > 1 else 'shapes'} the built-in "
+                f"network, but network.module={cf.short_repr(net.module)} replaces it; remove "
+                f"{'them' if len(given) > 1 else 'it'} (your module's own arguments go in "
+                "network.kwargs)")
+    if net.kwargs and not isinstance(net.module, str):
+        raise ConfigError(
+            f"network.kwargs={cf.short_repr(net.kwargs)} are constructor arguments of a "
+            '"module:Class" network.module, but network.module is '
+            f"{cf.short_repr(net.module)}; build the module object with them yourself, or name "
+            'its class as network.module="my_pkg.nets:ActorCritic"')
     v = net.log_std_init
     if net.state_dependent_std and not LOG_STD_MIN < v < LOG_STD_MAX:
         raise ConfigError(

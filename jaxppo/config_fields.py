@@ -159,6 +159,50 @@ def did_you_mean(word: str, candidates, prefix: str = "") -> str:
     return "; did you mean " + " or ".join(repr(prefix + c) for c in close) + "?"
 
 
+def nested_fields(cls) -> dict[str, tuple[str, type]]:
+    """{field name: (the field holding it, its config class)} of the fields of `cls`'s
+    nested configs: hidden_sizes -> ("network", NetworkConfig)."""
+    out: dict[str, tuple[str, type]] = {}
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if declared(default) and not isinstance(default, type):
+            for g in dataclasses.fields(default):
+                out.setdefault(g.name, (f.name, type(default)))
+    return out
+
+
+def nested_hint(key: str, cls, keyword: bool = False, exact: bool = True) -> str:
+    """"; did you mean 'network.hidden_sizes'? ..." for an unknown top-level key that is
+    (exact=True) or nearly is (exact=False) the name of a field of one of `cls`'s nested
+    configs, saying how to set it there (keyword: in Python, else in a file or --set); "" for
+    any other key."""
+    nested = nested_fields(cls)
+    names = ([key] if key in nested else []) if exact else difflib.get_close_matches(
+        str(key), list(nested), n=1, cutoff=0.75)
+    if not names:
+        return ""
+    name = names[0]
+    section, kind = nested[name]
+    if keyword:
+        return (f"; did you mean {section}.{name}? It is a field of {section}: "
+                f"{section}={kind.__name__}({name}=...)")
+    default = next(f.default_factory() if f.default_factory is not dataclasses.MISSING
+                   else f.default for f in dataclasses.fields(kind) if f.name == name)
+    return (f"; did you mean '{section}.{name}'? It is a field of {section}: --set "
+            f"{section}.{name}={_example(default)}, or in a file {name} under {section}:")
+
+
+def _example(value) -> str:
+    """A value as --set takes it without quoting: true, null, [64,64], tanh."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (tuple, list)):
+        return "[" + ",".join(map(_example, value)) + "]"
+    return str(value)
+
+
 # ---------------------------------------------------------------------- checks
 def integer(minimum: int, hint: str | None = None, most: tuple[int, str] | None = None) -> Check:
     """An int >= minimum (and <= most[0], most[1] saying why)."""
@@ -270,6 +314,33 @@ def of_type(kind: type | tuple[type, ...], fix: str) -> Check:
         if not isinstance(v, kind):
             raise ConfigError(f"{name}={short_repr(v)} must be {fix}")
     return check
+
+
+def is_flax_module(v) -> bool:
+    """True for a flax.linen.Module object (flax is not imported to ask: none exists unless
+    it was)."""
+    import sys
+
+    linen = sys.modules.get("flax.linen")
+    return linen is not None and isinstance(v, linen.Module)
+
+
+def network_module(name, v) -> None:
+    """None, "module:Class" or a flax.linen.Module object (what it names is checked where it
+    is built: jaxppo.core.networks.user_module)."""
+    if v is None or is_flax_module(v):
+        return
+    if isinstance(v, str) and v.partition(":")[0] and v.partition(":")[2]:
+        return
+    why = ""
+    if isinstance(v, str):
+        why = (" (a config records a network object it cannot name importably by a description:"
+               " its class was defined in __main__ or inside a function, or it was built with "
+               "arguments a config file cannot hold)")
+    raise ConfigError(
+        f"{name}={short_repr(v)} must be the import path \"module:Class\" of a flax.linen.Module "
+        f"subclass (e.g. \"jaxppo.examples.networks:LayerNormActorCritic\"), a module object in "
+        f"Python, or null for the built-in network{why}")
 
 
 def check_seed(v, name: str) -> None:

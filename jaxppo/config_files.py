@@ -10,11 +10,12 @@ means by that name (`ALIASES`), else the nearest field names.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import json
 from pathlib import Path
 
-from jaxppo.config_fields import did_you_mean
+from jaxppo.config_fields import did_you_mean, nested_fields, nested_hint
 from jaxppo.errors import ConfigError
 
 # Names other PPO code uses for our fields (PureJaxRL, RLlib, CleanRL, SB3).
@@ -142,9 +143,12 @@ def _unique_json_keys(pairs):
     return dict(pairs)
 
 
-def _suggest_field(key: str, names) -> str:
-    """"; did you mean ...?" for an unknown config key: the field another library's name
-    for it means, else the nearest field names."""
+def _suggest_field(key: str, names, cls=None, keyword: bool = False) -> str:
+    """"; did you mean ...?" for an unknown config key: a nested config's field of that name
+    (network.hidden_sizes), the field another library's name for it means, else the nearest
+    field names, else the nearest nested field."""
+    if cls is not None and nested_hint(key, cls, keyword):
+        return nested_hint(key, cls, keyword)
     alias = ALIASES.get(str(key).lower())
     if alias is not None and alias in names:
         hint = f"; did you mean {alias!r}?"
@@ -153,7 +157,19 @@ def _suggest_field(key: str, names) -> str:
         if alias == "lr_schedule":
             hint = "; did you mean 'lr_schedule' (linear or constant)?"
         return hint
+    if cls is not None and _closer_nested(str(key), names, cls):
+        near = nested_hint(key, cls, keyword, exact=False)
+        if near:
+            return near
     return did_you_mean(key, names)
+
+
+def _closer_nested(key: str, names, cls) -> bool:
+    """True when `key` is spelt more like a nested config's field than like a field of `cls`."""
+    def best(pool):
+        return max((difflib.SequenceMatcher(None, key, n).ratio() for n in pool), default=0.0)
+
+    return best(nested_fields(cls)) > best(names)
 
 
 def refuse_unknown_keys(values: dict, cls, prefix: str = "") -> None:
@@ -163,7 +179,7 @@ def refuse_unknown_keys(values: dict, cls, prefix: str = "") -> None:
     unknown = [k for k in values if k not in names]
     if unknown:
         key = unknown[0]
-        hint = did_you_mean(key, names, prefix) if prefix else _suggest_field(key, names)
+        hint = did_you_mean(key, names, prefix) if prefix else _suggest_field(key, names, cls)
         shown = repr(prefix + str(key)) if prefix else repr(key)
         raise ConfigError(f"unknown config key {shown}{hint}; valid keys: "
                           f"{', '.join(prefix + n for n in sorted(names))}")
@@ -180,7 +196,8 @@ def refuse_unknown_keywords(cls, prefix: str = "") -> None:
         unknown = [k for k in kwargs if k not in names]
         if unknown:
             key = unknown[0]
-            hint = did_you_mean(key, names, prefix) if prefix else _suggest_field(key, names)
+            hint = (did_you_mean(key, names, prefix) if prefix
+                    else _suggest_field(key, names, cls, keyword=True))
             raise ConfigError(
                 f"{cls.__name__} has no field {prefix + key!r}{hint}; fields: "
                 f"{', '.join(prefix + n for n in sorted(names))}")

@@ -35,6 +35,13 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.result = result
 
 
+class StopTraining(Exception):
+    """Raised by a `jaxppo.train` callback to end training after the chunk it was called
+    for (returning False does the same). The run checkpoints and finishes as a stopped run
+    (`TrainResult.completed` False, `TrainResult.stopped` saying why); `train` returns
+    normally, and `--resume` can continue it. The message, if any, is the reason given."""
+
+
 class TrainingDivergedError(RuntimeError):
     """A loss, gradient or parameter became NaN/inf; metrics up to that point are kept."""
 

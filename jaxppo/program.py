@@ -435,10 +435,12 @@ def memory_parts(program: Program, state) -> list[MemoryPart]:
     per_row = obs + 7 * 4 + widths * 4 * torsos / cfg.num_minibatches
     rollout = envs * cfg.num_steps * per_row + live
     sizes = cfg.network.hidden_sizes
+    shaped_by = ("network.kwargs" if cfg.network.custom  # a user's module: its own arguments
+                 else f"network.hidden_sizes={list(sizes)}")
     parts = [
         MemoryPart("network parameters, gradients and optimizer state",
-                   f"network.hidden_sizes={list(sizes)}: {n_params:,} parameters per seed",
-                   "network.hidden_sizes", 2 * params + opt),
+                   f"{shaped_by}: {n_params:,} parameters per seed",
+                   shaped_by.partition("=")[0], 2 * params + opt),
         MemoryPart("the rollout buffer and live envs",
                    f"num_envs*num_steps = {cfg.batch_size:,} transitions per iteration",
                    "num_envs", int(rollout), cfg.num_envs),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.core import networks
@@ -70,8 +71,9 @@ class Resolved:
 
     @property
     def recurrent(self) -> bool:
-        """True when the network carries a state from step to step (a GRU core)."""
-        return bool(self.network.carry_size)
+        """True when the network carries a state from step to step (a GRU core, or a user's
+        module with an initial_carry)."""
+        return networks.is_recurrent(self.network)
 
     @property
     def num_iterations(self) -> int:
@@ -104,12 +106,15 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     `jax.distributed` group) or a `Layout`.
     """
     config = require_config(config).validate()
+    given_size, config = config.minibatch_size, _sized_minibatches(config)
     _check_backend()
     if config.transforms:
         resolve_transforms(config.transforms)
     spec = make_env(config)
     _check_for_env(config, spec)
     network = networks.make_network(config, spec)
+    if config.network.custom:
+        check_custom_network(config, spec, network)
     if spec.host_loop:  # one process, one device (jaxppo.run.hostloop)
         check_host_loop_config(config, layout)
         layout = None
@@ -120,12 +125,28 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     elif layout == "hosts":
         layout = _host_layout(config)
     _check_split(config, layout)
-    _check_minibatches(config, bool(network.carry_size), layout)
+    try:
+        _check_minibatches(config, networks.is_recurrent(network), layout)
+    except ConfigError as e:
+        if given_size is None:
+            raise
+        raise ConfigError(f"minibatch_size={given_size} makes num_minibatches="
+                          f"{config.num_minibatches} ({config.batch_size} / {given_size}): "
+                          f"{e}") from None
     bound = None
     if config.eval_every or config.eval_max_steps is not None or hasattr(
             spec.env_params, "max_steps_in_episode"):
         bound = eval_max_steps(config, spec.env_params)
     return Resolved(config, spec, network, layout, bound)
+
+
+def _sized_minibatches(config: PPOConfig) -> PPOConfig:
+    """A config sized by minibatch_size as the same config sized by num_minibatches (num_envs
+    * num_steps / minibatch_size), which is what the rest of the package reads."""
+    if config.minibatch_size is None:
+        return config
+    return config.replace(num_minibatches=config.batch_size // config.minibatch_size,
+                          minibatch_size=None)
 
 
 def note_partial_batch(config: PPOConfig) -> None:
@@ -308,7 +329,140 @@ def _check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout) -> No
         return
     where = (f"the envs on each device (num_envs={config.num_envs} / {layout.shards} "
              f"devices = {envs})" if split else f"num_envs={config.num_envs}")
+    net = (f"network.module={_module_name(config.network.module)} (recurrent)"
+           if config.network.custom else f"network.recurrent_size={config.network.recurrent_size}")
     raise ConfigError(
-        f"num_minibatches={M} does not divide {where}: with network.recurrent_size="
-        f"{config.network.recurrent_size} each minibatch holds whole env sequences; choose "
+        f"num_minibatches={M} does not divide {where}: with {net} each minibatch holds whole "
+        "env sequences; choose "
         f"num_minibatches from {divisors(envs)}" + (", or sync='batch'" if split else ""))
+
+
+# ---------------------------------------------------------------------- a user's network
+def check_custom_network(config: PPOConfig, spec: EnvSpec, network) -> None:
+    """Checks a user's module (`networks.CustomNetwork`) against the network contract by
+    tracing its init and apply (jax.eval_shape: nothing is computed or compiled) on
+    observations of batch shapes (1,), (2,) and (3, 2), as training calls it.
+
+    Raises:
+      ConfigError: what the contract expects and what came out (or what the module raised):
+        params that are not float arrays in the "params" collection, outputs of another
+        structure or shape, a value of another shape, or a carry that changes.
+    """
+    name = f"network.module={_module_name(config.network.module)}"
+    if spec.host_loop and network.recurrent:
+        raise ConfigError(
+            f"{name} is recurrent, but env={config.env!r} steps in Python (a host loop), "
+            "which runs feed-forward policies only; use a module without initial_carry")
+    obs1 = jax.ShapeDtypeStruct((1, spec.obs_dim), jnp.float32)
+    variables = _traced(name, "init(key, obs [1, obs_dim], carry, reset)",
+                        network.init, jax.random.PRNGKey(0), obs1)
+    _check_params(name, variables)
+    for batch in ((2,), (3, 2)):
+        obs = jax.ShapeDtypeStruct(batch + (spec.obs_dim,), jnp.float32)
+        carry = _traced(name, f"initial_carry({batch})", lambda b=batch: network.initial_carry(b))
+        reset = jax.ShapeDtypeStruct(batch, jnp.bool_)
+        out = _traced(name, f"apply(params, obs {list(obs.shape)}, carry, reset)",
+                      network.module.apply, variables, obs, carry, reset)
+        if not isinstance(out, (tuple, list)) or len(out) != 3:
+            raise ConfigError(
+                f"{name}: __call__(obs, carry, reset) must return (outputs, value, new_carry), "
+                f"got {_described(out)}")
+        outputs, value, new_carry = out
+        _check_outputs(name, spec, batch, outputs)
+        if not _is_float(value) or tuple(value.shape) != batch:
+            raise ConfigError(
+                f"{name}: the value must be a float array of shape {list(batch)} (the batch "
+                f"shape of obs {list(obs.shape)}, no trailing 1), got {_described(value)}; "
+                "e.g. return nn.Dense(1)(h)[..., 0]")
+        _check_carry(name, network, batch, carry, new_carry)
+
+
+def _module_name(module) -> str:
+    return repr(module) if isinstance(module, str) else type(module).__name__
+
+
+def _traced(name: str, call: str, fn, *args):
+    """jax.eval_shape(fn, *args); what the user's code raises becomes a ConfigError."""
+    try:
+        return jax.eval_shape(fn, *args)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the user's module is the config's
+        reason = (str(e).strip().splitlines() or [""])[0][:300].rstrip(".")
+        raise ConfigError(
+            f"{name}: {call} raised {type(e).__name__}: {reason}. The module must take "
+            "observations [..., obs_dim] with any leading axes, its carry and reset [...] "
+            '(docs/configuration.md, "Your own network")') from None
+
+
+def _check_params(name: str, variables) -> None:
+    collections = sorted(variables) if hasattr(variables, "keys") else None
+    if collections != ["params"]:
+        got = collections if collections is not None else _described(variables)
+        raise ConfigError(
+            f"{name}: init must give only the 'params' collection (PPO trains params and "
+            f"updates nothing else, e.g. no BatchNorm statistics), got collections {got}")
+    for path, leaf in jax.tree_util.tree_flatten_with_path(variables["params"])[0]:
+        if not _is_float(leaf):
+            raise ConfigError(
+                f"{name}: every param must be a float array (the optimiser updates them all), "
+                f"but params{jax.tree_util.keystr(path)} is {_described(leaf)}")
+
+
+def _check_outputs(name: str, spec: EnvSpec, batch: tuple, outputs) -> None:
+    """Logits [*batch, A] for discrete actions; (mean [*batch, D], log_std [D] or
+    [*batch, D]) for continuous ones."""
+    A = spec.action_dim
+    if spec.discrete:
+        if not _is_float(outputs) or tuple(outputs.shape) != batch + (A,):
+            raise ConfigError(
+                f"{name}: for the env's {A} discrete actions the outputs must be the logits, a "
+                f"float array of shape {list(batch + (A,))}, got {_described(outputs)}")
+        return
+    ok = (isinstance(outputs, (tuple, list)) and len(outputs) == 2
+          and all(_is_float(x) for x in outputs) and tuple(outputs[0].shape) == batch + (A,)
+          and tuple(outputs[1].shape) in ((A,), batch + (A,)))
+    if not ok:
+        raise ConfigError(
+            f"{name}: for the env's {A}-dimensional continuous actions the outputs must be "
+            f"(mean, log_std): mean a float array of shape {list(batch + (A,))}, log_std of "
+            f"shape [{A}] (one for every state) or {list(batch + (A,))}, got "
+            f"{_described(outputs)}")
+
+
+def _check_carry(name: str, network, batch: tuple, carry, new_carry) -> None:
+    """A feed-forward module returns no arrays as its carry; a recurrent one returns a carry
+    of the structure, shapes and dtypes of the one it was given."""
+    if not network.recurrent:
+        if jax.tree.leaves(new_carry):
+            raise ConfigError(
+                f"{name}: a module without initial_carry is feed-forward and must return the "
+                f"carry () it is given, got {_described(new_carry)}; a recurrent module "
+                "defines initial_carry(batch_shape) -> its carry at an episode's start")
+        return
+    same = jax.tree.structure(carry) == jax.tree.structure(new_carry) and all(
+        _is_float(b) == _is_float(a) and getattr(b, "shape", None) == a.shape
+        and getattr(b, "dtype", None) == a.dtype
+        for a, b in zip(jax.tree.leaves(carry), jax.tree.leaves(new_carry)))
+    if not same:
+        raise ConfigError(
+            f"{name}: the new carry must have the structure, shapes and dtypes of the carry "
+            f"it is given (initial_carry({batch}) = {_described(carry)}), got "
+            f"{_described(new_carry)}; a carry that changes shape cannot be carried from step "
+            "to step")
+
+
+def _is_float(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _described(x) -> str:
+    """A pytree of arrays as types and shapes, e.g. "(float32[2, 3], float32[3])"."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"{np.dtype(x.dtype).name}{list(x.shape)}"
+    if isinstance(x, (tuple, list)):
+        inner = ", ".join(_described(v) for v in x)
+        return f"({inner})" if isinstance(x, tuple) else f"[{inner}]"
+    if hasattr(x, "items"):
+        return "{" + ", ".join(f"{k!r}: {_described(v)}" for k, v in x.items()) + "}"
+    return f"{type(x).__name__} {x!r:.60}"

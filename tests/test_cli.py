@@ -247,6 +247,25 @@ def test_config_precedence_defaults_tuned_file_set(tmp_path):
     assert cfg.env == "Acrobot-v1" and cfg.num_envs == PPOConfig.tuned("Acrobot-v1").num_envs
 
 
+def test_a_gymnasium_env_starts_from_gymnaxs_tuned_config_of_the_same_env():
+    """`--env gymnasium:CartPole-v1` gets the tuned CartPole-v1 config (the config: line says
+    whose); an env whose tuned config wraps the gymnax env (Pendulum's discretised actions),
+    or --defaults, gets the defaults."""
+    import argparse
+
+    from jaxppo.run import command
+
+    parser = argparse.ArgumentParser()
+    command.add_config_flags(parser)
+    parser.add_argument("--run-name")
+    cfg, source = command.new_config(parser.parse_args(["--env", "gymnasium:CartPole-v1"]))
+    assert cfg == PPOConfig.tuned("CartPole-v1").replace(env="gymnasium:CartPole-v1")
+    assert source == "defaults < tuned CartPole-v1 (gymnax's, the same env)"
+    for args in (["--env", "gymnasium:Pendulum-v1"], ["--env", "gymnasium:CartPole-v1", "--defaults"]):
+        cfg, source = command.new_config(parser.parse_args(args))
+        assert cfg == PPOConfig(env=args[1]) and source == "defaults", args
+
+
 def test_a_platform_this_machine_lacks_is_a_clear_error(tmp_path):
     """JAX_PLATFORMS=cuda on a machine without a GPU: JAX's own error is a bare
     AssertionError from deep inside; jaxppo names the variable and the fix, creates nothing."""

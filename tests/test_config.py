@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from jaxppo.config import ConfigError, NetworkConfig, PPOConfig
+from jaxppo.config import TUNED_DIR, ConfigError, NetworkConfig, PPOConfig
 from jaxppo.resolve import note_partial_batch, resolve
 
 BASE = PPOConfig(num_envs=4, num_steps=16, num_minibatches=4, total_timesteps=1024)
@@ -257,6 +257,35 @@ def test_unknown_network_key():
         BASE.with_overrides(["network.activaton=relu"])
 
 
+@pytest.mark.parametrize("key,value", [("hidden_sizes", "[64,64]"), ("activation", "relu"),
+                                       ("recurrent_size", "8"), ("shared_trunk", "true")])
+def test_a_network_field_given_at_the_top_level_names_network(key, value, tmp_path):
+    """`--set hidden_sizes=[64,64]`, a file's top-level `activation:`, PPOConfig(hidden_sizes=...)
+    point to the network field of that name, and say how to set it."""
+    with pytest.raises(ConfigError, match=rf"^unknown config key '{key}'; did you mean "
+                                          rf"'network\.{key}'\? It is a field of network: --set "
+                                          rf"network\.{key}=\S+, or in a file {key} under network:"):
+        BASE.with_overrides([f"{key}={value}"])
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{key}: {value}\n")
+    with pytest.raises(ConfigError, match=rf"did you mean 'network\.{key}'\?"):
+        PPOConfig.from_file(path)
+    with pytest.raises(ConfigError, match=rf"^PPOConfig has no field '{key}'; did you mean "
+                                          rf"network\.{key}\? It is a field of network: "
+                                          rf"network=NetworkConfig\({key}=\.\.\.\)"):
+        PPOConfig(**{key: value})
+    assert BASE.with_overrides([f"network.{key}={value}"])  # the nested key itself is fine
+
+
+def test_a_misspelt_network_field_at_the_top_level_names_network():
+    with pytest.raises(ConfigError, match=r"^unknown config key 'hidden_size'; did you mean "
+                                          r"'network\.hidden_sizes'\?"):
+        PPOConfig.from_dict({"hidden_size": [32]})
+    # a top-level field spelt nearly right is still the top-level field
+    with pytest.raises(ConfigError, match=r"^unknown config key 'num_env'; did you mean 'num_envs'"):
+        PPOConfig.from_dict({"num_env": 8})
+
+
 def test_network_not_a_mapping():
     with pytest.raises(ConfigError, match=r"^network=\[64, 64\] must be a mapping"):
         PPOConfig.from_dict({"network": [64, 64]})
@@ -432,7 +461,71 @@ def test_yaml_file_scientific_notation(tmp_path):
 
 def test_derived_sizes():
     cfg = PPOConfig(num_envs=8, num_steps=32, num_minibatches=4, total_timesteps=1000)
-    assert cfg.batch_size == 256 and cfg.minibatch_size == 64 and cfg.num_iterations == 3
+    assert cfg.batch_size == 256 and cfg.minibatch_size is None and cfg.num_iterations == 3
+    sized = PPOConfig(num_envs=8, num_steps=32, minibatch_size=64, total_timesteps=1000)
+    assert resolve(sized).config == cfg  # minibatch_size=64 is num_minibatches=4
+    assert resolve(sized.replace(minibatch_size=16)).config.num_minibatches == 16
+
+
+# ------------------------------------------------------------------ minibatch_size
+def test_minibatch_size_is_the_other_way_to_size_minibatches(tmp_path):
+    """Given alone it replaces a lower layer's num_minibatches (the tuned config's 8), and
+    num_minibatches given alone replaces a lower layer's minibatch_size; both in one layer,
+    or both set on one config, are refused."""
+    from jaxppo.config import tuned_config_path
+
+    tuned = PPOConfig.tuned("CartPole-v1")  # 16 envs x 128 steps, num_minibatches=8
+    assert tuned.num_minibatches == 8 and tuned.minibatch_size is None
+    cfg = tuned.with_overrides(["minibatch_size=512"])
+    assert (cfg.minibatch_size, cfg.num_minibatches) == (512, 4)
+    assert resolve(cfg).config.num_minibatches == 2048 // 512
+    back = cfg.with_overrides(["num_minibatches=16"])
+    assert (back.minibatch_size, back.num_minibatches) == (None, 16)
+    path = tmp_path / "c.yaml"
+    path.write_text("minibatch_size: 256\n")
+    assert resolve(PPOConfig.from_file(path, tuned)).config.num_minibatches == 8
+    assert tuned_config_path("CartPole-v1").read_text().count("minibatch_size") == 0
+    with pytest.raises(ConfigError, match=r"^minibatch_size=32 and num_minibatches=16 are both "
+                                          r"given; .*keep one"):
+        PPOConfig().with_overrides(["num_minibatches=16", "minibatch_size=32"])
+    # A config sized by minibatch_size round-trips: to_dict writes num_minibatches at its default.
+    assert PPOConfig.from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg
+    path.write_text("minibatch_size: 256\nnum_minibatches: 8\n")
+    with pytest.raises(ConfigError, match=r"^minibatch_size=256 and num_minibatches=8 are both given"):
+        PPOConfig.from_file(path)
+    bad(r"^minibatch_size=16 and num_minibatches=2 are both set; .*keep one", minibatch_size=16,
+        num_minibatches=2)
+    # A resolved config (what config.yaml records) reads back as the same config.
+    resolved = resolve(cfg).config
+    assert PPOConfig.from_dict(yaml.safe_load(yaml.safe_dump(resolved.to_dict()))) == resolved
+
+
+@pytest.mark.parametrize("changes,match", [
+    # BASE: 4 envs x 16 steps = 64 transitions per batch
+    (dict(minibatch_size=0), r"^minibatch_size=0 must be an integer >= 1"),
+    (dict(minibatch_size=24), r"^minibatch_size=24 does not cut the batch of num_envs\*num_steps = "
+                              r"4\*16 = 64 transitions into minibatches of whole rollout steps "
+                              r"\(num_steps=16 must be a multiple .*choose one of \[4, 8, 16, 32, 64\]"),
+    (dict(minibatch_size=128), r"^minibatch_size=128 is larger than the batch .*= 64 transitions; "
+                               r"choose one of \[4, 8, 16, 32, 64\]"),
+    # recurrent: whole env sequences, so the number of minibatches divides num_envs (4)
+    (dict(minibatch_size=8, network=NetworkConfig(recurrent_size=8)),
+     r"^minibatch_size=8 does not cut .*whole env sequences \(num_envs=4 .*\[16, 32, 64\]"),
+])
+def test_minibatch_size_must_cut_the_batch_into_whole_minibatches(changes, match):
+    bad(match, **changes)
+
+
+def test_minibatch_size_named_in_a_per_device_split_error():
+    """The per-device rule of recurrent minibatches, on the num_minibatches minibatch_size
+    gives, names minibatch_size."""
+    from jaxppo.resolve import Layout
+
+    cfg = BASE.replace(num_envs=8, minibatch_size=16, network=NetworkConfig(recurrent_size=8))
+    resolved = resolve(cfg)  # one device: 8 envs / 8 minibatches
+    assert resolved.config.num_minibatches == 8
+    with pytest.raises(ConfigError, match=r"num_minibatches=8 does not divide the envs on each device"):
+        resolved.with_layout(Layout(local_devices=2))
 
 
 # ------------------------------------------------------------------ strict scalar types
@@ -465,6 +558,16 @@ def test_integers_take_whole_numbers_and_numpy_or_jax_scalars():
     bad(r"^num_envs=4\.5 must be an integer >= 1", num_envs=4.5)
     bad(r"^num_envs='4' must be an integer >= 1", num_envs="4")
     bad(r"^gamma=nan must be a number in \[0, 1\]", gamma=float("nan"))
+
+
+@pytest.mark.parametrize("path", sorted(TUNED_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_budgets_are_whole_batches(path, recwarn):
+    """No shipped tuned config prints the partial-batch note: its budget is a whole number
+    of batches (num_envs*num_steps)."""
+    cfg = PPOConfig.from_file(path)
+    assert cfg.total_timesteps % cfg.batch_size == 0, (cfg.total_timesteps, cfg.batch_size)
+    note_partial_batch(cfg)
+    assert not [w for w in recwarn if "not a multiple of the batch" in str(w.message)]
 
 
 def test_total_timesteps_beyond_the_int32_counter_is_refused_and_a_partial_batch_is_said():

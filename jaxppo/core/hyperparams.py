@@ -108,3 +108,56 @@ def schedule_value(points: jax.Array, env_steps: jax.Array) -> jax.Array:
     flat = jnp.abs(dx) <= np.spacing(np.finfo(np.float32).eps)
     f = jnp.where(flat, fp[i - 1], fp[i - 1] + (delta / jnp.where(flat, 1, dx)) * df)
     return jnp.where(x > xp[-1], fp[-1], jnp.where(x < xp[0], fp[0], f))
+
+
+def reanchor_points(points, step: int, old_total: int, new_total: int) -> np.ndarray:
+    """Schedule points ([..., K, 2]) continued from `step` when the run's total_timesteps
+    changes from `old_total` to `new_total` (an extended run).
+
+    The value at `step` is kept, and what the schedule does after it is stretched so that
+    what came at `old_total` comes at `new_total`: a linear anneal to 0 at the old total
+    goes on from its current value to 0 at the new one. Each schedule keeps its number of
+    points (the last point at or before `step` moves to `step`), so a batch of them stacks
+    as before. A run already past its old schedule's end (`step >= old_total`) moves the
+    points after `step` by `new_total - old_total`.
+    """
+    pts = np.asarray(points, np.float32)
+    flat = pts.reshape(-1, *pts.shape[-2:])
+    out = np.stack([_reanchor_one(p, float(step), float(old_total), float(new_total))
+                    for p in flat])
+    return out.reshape(pts.shape).astype(np.float32)
+
+
+def _reanchor_one(p: np.ndarray, s0: float, t_old: float, t_new: float) -> np.ndarray:
+    # the value at s0 as the step computes it (float32), so the continuation starts there
+    now = float(schedule_value(jnp.asarray(p), jnp.asarray(s0, jnp.float32)))
+    x, y = p[:, 0].astype(np.float64), p[:, 1].astype(np.float64)
+    later = x > s0
+    if s0 < t_old:
+        x[later] = s0 + (x[later] - s0) * (t_new - s0) / (t_old - s0)
+    else:
+        x[later] += t_new - t_old
+    before = np.flatnonzero(~later)
+    if before.size:
+        x[before[-1]], y[before[-1]] = s0, now
+    return np.stack([x, y], axis=-1)
+
+
+def describe_schedule(points, step: int, total: int) -> str:
+    """What a schedule ([K, 2] points) does from env step `step` to `total`, in words:
+    "constant 0.01", "linear from 1.7e-05 at step 500,000 to 0 at step 1,000,000", or for
+    more points "from A at step X, linear to B at step Y, then held at B to step Z"."""
+    pts = jnp.asarray(np.asarray(points, np.float32))
+    xs = [float(step)] + sorted({float(x) for x in np.asarray(pts[:, 0]) if step < x < total})
+    xs.append(float(max(total, step)))
+    vs = [float(schedule_value(pts, jnp.asarray(x, jnp.float32))) for x in xs]
+    if max(vs) == min(vs):
+        return f"constant {vs[0]:.3g}"
+    if len(xs) == 2:
+        return (f"linear from {vs[0]:.3g} at step {int(xs[0]):,} to {vs[1]:.3g} at step "
+                f"{int(xs[1]):,}")
+    parts = [f"from {vs[0]:.3g} at step {int(xs[0]):,}"]
+    for i in range(1, len(xs)):
+        how = "held at" if vs[i] == vs[i - 1] else ("linear to" if i == 1 else "then to")
+        parts.append(f"{how} {vs[i]:.3g} at step {int(xs[i]):,}")
+    return ", ".join(parts)

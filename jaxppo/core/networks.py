@@ -4,6 +4,7 @@ of the distribution parameters (which the rollout stores for the KL term).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple, Sequence
 
@@ -315,10 +316,157 @@ class RecurrentActorCritic(PolicyNetwork):
 
 def initial_carry(network, batch_shape: tuple[int, ...] = ()):
     """The carry at the start of an episode: () for a feed-forward network, zeros
-    [*batch_shape, carry_size] for a recurrent one."""
+    [*batch_shape, carry_size] for the built-in recurrent one, a user's module's own
+    (`CustomNetwork.initial_carry`)."""
+    if isinstance(network, CustomNetwork):
+        return network.initial_carry(batch_shape)
     if not network.carry_size:
         return ()
     return jnp.zeros(tuple(batch_shape) + (network.carry_size,), jnp.float32)
+
+
+def is_recurrent(network) -> bool:
+    """True when the network carries a state from step to step."""
+    if isinstance(network, CustomNetwork):
+        return network.recurrent
+    return bool(network.carry_size)
+
+
+# ---------------------------------------------------------------- a user's own network
+@dataclasses.dataclass(frozen=True, eq=False)
+class CustomNetwork:
+    """A user's flax module under the one network contract, `init(key, obs)` and
+    `apply(params, obs, carry=(), reset=None) -> (DistParams, value, carry)`.
+
+    The module's own contract (docs/configuration.md, "Your own network"):
+
+    * `__call__(obs, carry, reset) -> (outputs, value, new_carry)` for observations
+      [..., obs_dim] (flat, normalised when the config says so) with any leading axes;
+    * `outputs`: the logits [..., num_actions] of discrete actions, or `(mean, log_std)` of
+      continuous ones, mean [..., D] and log_std [D] (one vector for every state) or [..., D];
+    * `value`: V(obs), shape [...] (no trailing 1);
+    * `carry`: () for a feed-forward module (it gets () and its returned carry is ignored);
+      a recurrent one defines `initial_carry(batch_shape) -> pytree` of arrays
+      [*batch_shape, ...], a pure function of the shape (no params), and returns a new carry
+      of the same structure, shapes and dtypes;
+    * `reset`: bool [...], true where `obs` starts an episode: a recurrent module starts
+      those from `initial_carry` itself (the built-in GRU zeroes its carry there);
+    * params: only the "params" collection, every leaf a float array;
+    * fields `action_dim` and `discrete`, when the module declares them and leaves them None,
+      are set from the env (`make_custom_network`).
+
+    The params are the module's own variables (`module.init(key, obs, carry, reset)`), not
+    nested under this adapter, so a module laid out as a built-in network initialises to the
+    same numbers. `jaxppo.resolve` checks the contract (`check_custom_network`).
+    """
+
+    module: nn.Module
+    discrete: bool
+    action_dim: int
+    recurrent: bool
+
+    def initial_carry(self, batch_shape: tuple[int, ...] = ()):
+        """The module's `initial_carry(batch_shape)`; () for a feed-forward module."""
+        if not self.recurrent:
+            return ()
+        return self.module.initial_carry(tuple(batch_shape))
+
+    def inputs(self, obs, carry=(), reset=None):
+        """(obs, carry, reset) as the module takes them: the initial carry when none is given
+        (a recurrent module), and reset all false when none is given."""
+        batch = obs.shape[:-1]
+        if not self.recurrent:
+            carry = ()
+        elif carry is None or (isinstance(carry, tuple) and not carry):
+            carry = self.initial_carry(batch)
+        if reset is None:
+            reset = jnp.zeros(batch, bool)
+        return obs, carry, reset
+
+    def init(self, key, obs, carry=(), reset=None):
+        return self.module.init(key, *self.inputs(obs, carry, reset))
+
+    def apply(self, params, obs, carry=(), reset=None):
+        outputs, value, carry = self.module.apply(params, *self.inputs(obs, carry, reset))
+        return self.dist(outputs), value, (carry if self.recurrent else ())
+
+    def dist(self, outputs) -> DistParams:
+        """DistParams of the module's outputs: logits, or (mean, log_std)."""
+        if self.discrete:
+            return DistParams(outputs, jnp.zeros((self.action_dim,), outputs.dtype))
+        mean, log_std = outputs
+        return DistParams(mean, log_std)
+
+
+def user_module(net) -> nn.Module:
+    """The flax module a NetworkConfig's `module` gives: the object itself, or the class
+    "module:Class" names, checked to be a flax.linen.Module subclass before it is called with
+    `kwargs` (a config may name code only as a class of the kind expected).
+
+    Raises:
+      ConfigError: the import fails, the name is not a flax.linen.Module subclass, or its
+        constructor rejects the kwargs.
+    """
+    from jaxppo.envs.make import import_attribute
+
+    if isinstance(net.module, nn.Module):
+        return net.module
+    path = net.module
+    obj = import_attribute(path, "network.module")
+    if not (isinstance(obj, type) and issubclass(obj, nn.Module)):
+        kind = "class" if isinstance(obj, type) else ("function" if callable(obj) else type(obj).__name__)
+        raise ConfigError(
+            f"network.module={path!r} is a {kind} {getattr(obj, '__name__', '')}, not a "
+            "flax.linen.Module subclass: a config may name only a flax module class as its "
+            "network (jaxppo calls nothing else a config names); define the network as "
+            "`class ActorCritic(flax.linen.Module)`")
+    kwargs = {k: _tupled(v) for k, v in net.kwargs.items()}
+    try:
+        return obj(**kwargs)
+    except Exception as e:  # noqa: BLE001 - any constructor failure is the config's
+        call = f"{obj.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+        raise ConfigError(f"network.module={path!r}: {call} raised {type(e).__name__}: "
+                          f"{str(e)[:200]}; network.kwargs are the module's constructor "
+                          "arguments") from None
+
+
+def _tupled(v):
+    """A config file's lists as tuples (what a flax module's fields usually hold)."""
+    if isinstance(v, list):
+        return tuple(_tupled(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _tupled(x) for k, x in v.items()}
+    return v
+
+
+def make_custom_network(config, spec) -> CustomNetwork:
+    """The config's own module under the network contract, recurrent when its
+    `initial_carry` gives a carry with arrays (unchecked: `check_custom_network` checks)."""
+    module = _with_env_fields(user_module(config.network), spec)
+    recurrent = False
+    if callable(getattr(module, "initial_carry", None)):
+        try:
+            recurrent = bool(jax.tree.leaves(jax.eval_shape(lambda: module.initial_carry((1,)))))
+        except Exception as e:  # noqa: BLE001 - the user's code: any failure is the config's
+            raise ConfigError(
+                f"network.module={_named(config.network.module)}: initial_carry((1,)) raised "
+                f"{type(e).__name__}: {str(e)[:200]}; it must return the carry at an episode's "
+                "start for the batch shape it is given (a pytree of arrays [*batch_shape, ...])"
+            ) from None
+    return CustomNetwork(module, spec.discrete, spec.action_dim, recurrent)
+
+
+def _with_env_fields(module: nn.Module, spec) -> nn.Module:
+    """The module with its fields `action_dim` and `discrete`, where it declares them and
+    leaves them None, set from the env (so one module class serves every env)."""
+    names = {f.name for f in dataclasses.fields(module)}
+    fill = {k: v for k, v in (("action_dim", spec.action_dim), ("discrete", spec.discrete))
+            if k in names and getattr(module, k) is None}
+    return module.clone(**fill) if fill else module
+
+
+def _named(module) -> str:
+    return repr(module) if isinstance(module, str) else type(module).__name__
 
 
 def resolve_torso(config, spec) -> str:
@@ -346,12 +494,16 @@ def make_network(config, spec) -> nn.Module:
       spec: the env's EnvSpec.
 
     Returns:
-      An ActorCritic, or a RecurrentActorCritic when `network.recurrent_size > 0`.
+      An ActorCritic, or a RecurrentActorCritic when `network.recurrent_size > 0`, or the
+      user's module (`network.module`) as a CustomNetwork.
 
     Raises:
-      ConfigError: a CNN torso for observations that are not images.
+      ConfigError: a CNN torso for observations that are not images, or a user's module
+        that cannot be imported or built.
     """
     net = config.network
+    if net.custom:
+        return make_custom_network(config, spec)
     common = dict(
         action_dim=spec.action_dim,
         discrete=spec.discrete,

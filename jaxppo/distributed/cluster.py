@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from collections.abc import Callable
 import logging
 import os
 import socket
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import ray
 
-from jaxppo.distributed.loopback import keep_loopback
+from jaxppo.distributed.loopback import (AUTH_MODE_ENV, _is_gcs, cluster_processes,
+                                        keep_loopback)
 from jaxppo.errors import ConfigError
 
 # ---------------------------------------------------------------------- errors
@@ -165,53 +167,195 @@ def _quiet_fork_warning():
         yield
 
 
-def connect(address: str | None = None, timeout_s: float = 5.0) -> bool:
-    """Connect to Ray: `address`, else RAY_ADDRESS, else a new local instance.
+# `ray start --head` records the address of the cluster it started in <temp dir>/ray_current_cluster:
+# Ray's default temp dir, or `make ray-cluster`'s RAY_TEMP_DIR (/tmp/jaxppo-ray-<uid>-<port>).
+RAY_ADDRESS_FILE = "ray_current_cluster"
+MAKE_TEMP_DIRS = "/tmp/jaxppo-ray-{uid}-*"
+
+
+def recorded_clusters() -> list[tuple[str, Path]]:
+    """(address, file) for each cluster `ray start --head` recorded on this machine, the
+    newest first (stopped ones included: see `running_gcs_addresses`)."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    files = [Path(get_default_ray_temp_dir()) / RAY_ADDRESS_FILE]
+    files += sorted(Path("/").glob(MAKE_TEMP_DIRS.format(uid=os.getuid()).lstrip("/")
+                                   + "/" + RAY_ADDRESS_FILE))
+    found = []
+    for f in files:
+        try:
+            found.append((f.stat().st_mtime, f.read_text().strip(), f))
+        except OSError:
+            continue
+    return [(address, f) for _, address, f in sorted(found, key=lambda x: -x[0]) if address]
+
+
+def running_gcs_addresses() -> set[str] | None:
+    """The GCS addresses the Ray nodes running on this machine belong to (Ray's own search
+    of the raylets' command lines); None when the processes cannot be listed."""
+    try:
+        from ray._private.services import find_gcs_addresses
+
+        find_gcs_addresses.cache_clear()
+        return set(find_gcs_addresses())
+    except Exception:  # noqa: BLE001 - Ray's internals moved, or no process table
+        return None
+
+
+def _answers(address: str, timeout_s: float = 0.5) -> bool:
+    hp = _split_address(address)
+    try:
+        with socket.create_connection(hp, timeout=timeout_s):
+            return True
+    except (OSError, TypeError):
+        return False
+
+
+def choose_address(address: str | None, env_address: str | None,
+                   recorded: list[tuple[str, Path]],
+                   running: set[str] | None) -> tuple[str | None, str]:
+    """Which Ray cluster to join, as Ray users expect: `address` (--address), else
+    `env_address` (RAY_ADDRESS), else the newest cluster `ray start` recorded on this machine
+    that is still running (`recorded`, `running`: `recorded_clusters()`,
+    `running_gcs_addresses()`; None: check its port instead), else a new local instance.
+
+    Returns (address, or None for a new local instance; how it was chosen). "local" asks
+    for a new instance, "auto" for a running one (ClusterUnreachableError when none is)."""
+    if address and address not in ("auto", "local"):
+        return address, "--address"
+    if env_address and address != "local" and env_address not in ("auto", "local"):
+        return env_address, "RAY_ADDRESS"
+    wanted = address or env_address
+    if wanted != "local":
+        alive = [(a, f) for a, f in recorded
+                 if (a in running if running is not None else _answers(a))]
+        if alive:
+            a, f = alive[0]
+            others = [b for b, _ in alive[1:] if b != a]
+            return a, (f"running on this machine, recorded by `ray start` in {f}"
+                       + (f"; also running: {', '.join(others)}" if others else ""))
+        if wanted == "auto":
+            raise ClusterUnreachableError(
+                "address 'auto': no Ray cluster started by `ray start` is running on this "
+                "machine. Start one (`make ray-cluster`, or `ray start --head`), or give its "
+                "address with --address or RAY_ADDRESS=<head-ip>:6379")
+    if wanted == "local":
+        return None, "--address local" if address == "local" else "RAY_ADDRESS=local"
+    return None, "no --address, RAY_ADDRESS or running cluster on this machine"
+
+
+_joined = {"what": None}
+
+
+def joined_cluster() -> str:
+    """What this process's Ray connection is, for messages: 'the Ray cluster at ...
+    (RAY_ADDRESS)', 'a local single-node Ray instance started for this run', ..."""
+    return _joined["what"] or "the Ray cluster this process is connected to (ray.init)"
+
+
+def connect(address: str | None = None, timeout_s: float = 5.0,
+            announce: Callable[[str], None] | None = None) -> bool:
+    """Connect to Ray: `address`, else RAY_ADDRESS, else a cluster `ray start` left running
+    on this machine, else a new local instance (`choose_address`); `announce` gets one line
+    saying which.
 
     Returns True when this call initialised Ray (so the caller should shut it down).
     Raises ClusterUnreachableError within about `timeout_s` when nothing answers there.
     """
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address, how = choose_address(address, os.environ.get("RAY_ADDRESS"), recorded_clusters(),
+                                  running_gcs_addresses())
     quiet = dict(logging_level=logging.WARNING, log_to_driver=True)
-    if address is None or address == "local":
+    if address is None:
         # A private single-node instance, on loopback only.
         with keep_loopback("127.0.0.1", children=True), _quiet_fork_warning():
-            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
+            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
+                     **quiet)
+        _joined["what"] = "a local single-node Ray instance started for this run"
+        if announce is not None:
+            announce(f"Ray: started a local single-node instance ({how}; a cluster of several "
+                     "nodes: `make ray-cluster`, --address or RAY_ADDRESS)")
         return True
+    found = how.startswith("running")
+    if found:
+        _agree_on_auth(address)
+    _joined["what"] = f"the Ray cluster at {address}" + (
+        " (RAY_ADDRESS)" if how == "RAY_ADDRESS" else " (running on this machine)" if found else "")
+    _connect_to(address, timeout_s, quiet, how)
+    if announce is not None:
+        announce(f"Ray: joined the cluster at {address} ({how})")
+    return True
+
+
+def _agree_on_auth(address: str) -> None:
+    """A cluster found running on this machine: unless RAY_AUTH_MODE is set here, take the
+    one its GCS runs with (`make ray-cluster` gives every node one, `cluster_auth_env`), as
+    Ray does when it finds a cluster itself. Read from the GCS process, not guessed from
+    ~/.ray/auth_token, which a later local `ray.init()` may have written."""
+    if os.environ.get(AUTH_MODE_ENV):
+        return
+    mode = running_auth_mode(address)
+    if mode:
+        from ray._raylet import Config
+
+        os.environ[AUTH_MODE_ENV] = mode
+        Config.initialize("")  # Ray's own way to make this process see a new RAY_AUTH_MODE
+
+
+def running_auth_mode(address: str) -> str | None:
+    """RAY_AUTH_MODE in the environment of the GCS at `address`, when it is this user's
+    process on this machine and has one set; else None."""
+    try:
+        for pid in cluster_processes(address):
+            if _is_gcs(pid):
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                for item in env:
+                    if item.startswith(AUTH_MODE_ENV.encode() + b"="):
+                        return item.split(b"=", 1)[1].decode() or None
+                return None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _connect_to(address: str, timeout_s: float, quiet: dict, how: str) -> None:
+    """ray.init at `address` (chosen as `how` says), after checking within `timeout_s` that a
+    GCS answers there."""
+    name = {"RAY_ADDRESS": f"RAY_ADDRESS={address}", "--address": f"--address {address}"}.get(
+        how, f"{address} (found running on this machine)")
+    fix = {"RAY_ADDRESS": "fix RAY_ADDRESS, or unset it",
+           "--address": "fix --address, or leave it out"}.get(how, "or stop it (`make ray-stop`)")
     if address.startswith(("http://", "https://")):
         raise ClusterUnreachableError(
-            f"RAY_ADDRESS={address!r} is a dashboard (job submission) address; the trainer "
+            f"{name} is a dashboard (job submission) address; the trainer "
             "connects to the cluster's GCS address, e.g. 127.0.0.1:6379. Submit with "
             "`ray job submit --address http://...:8265 -- python -m jaxppo.distributed ...` "
             "(the job gets the right RAY_ADDRESS), or set RAY_ADDRESS=<head-ip>:6379"
         )
-    if address != "auto":
-        hp = _split_address(address)
-        if hp is None:
-            raise ClusterUnreachableError(
-                f"RAY_ADDRESS={address!r} is not of the form host:port (e.g. 127.0.0.1:6379)")
-        try:
-            with socket.create_connection(hp, timeout=timeout_s) as sock:
-                http = _speaks_http(sock, timeout_s)
-        except OSError as e:
-            raise ClusterUnreachableError(
-                f"no Ray cluster reachable at RAY_ADDRESS={address} ({e.__class__.__name__}: "
-                f"{e.strerror or e} within {timeout_s:g}s). Start one first (`make ray-cluster`, "
-                "or `ray start --head --node-ip-address=127.0.0.1` on the head node), fix "
-                "RAY_ADDRESS, or unset it to train on a local single-node Ray instance"
-            ) from None
-        if http:  # ray.init would wait about a minute for a GCS there
-            raise ClusterUnreachableError(
-                f"RAY_ADDRESS={address} answers HTTP: it is the dashboard (job submission) "
-                "port, not the cluster's GCS port. Use the GCS address, e.g. "
-                f"{hp[0]}:6379 (`ray start --head --port=...`), or submit the run as a job: "
-                f"`ray job submit --address http://{hp[0]}:{hp[1]} -- python -m "
-                "jaxppo.distributed ...`")
+    hp = _split_address(address)
+    if hp is None:
+        raise ClusterUnreachableError(
+            f"{name} is not of the form host:port (e.g. 127.0.0.1:6379)")
     try:
-        hp = _split_address(address)
-        with keep_loopback(hp[0] if hp else None), _quiet_fork_warning():
+        with socket.create_connection(hp, timeout=timeout_s) as sock:
+            http = _speaks_http(sock, timeout_s)
+    except OSError as e:
+        raise ClusterUnreachableError(
+            f"no Ray cluster reachable at {name} ({e.__class__.__name__}: "
+            f"{e.strerror or e} within {timeout_s:g}s). Start one first (`make ray-cluster`, "
+            "or `ray start --head --node-ip-address=127.0.0.1` on the head node), "
+            f"{fix} to train on a local single-node Ray instance"
+        ) from None
+    if http:  # ray.init would wait about a minute for a GCS there
+        raise ClusterUnreachableError(
+            f"{name} answers HTTP: it is the dashboard (job submission) "
+            "port, not the cluster's GCS port. Use the GCS address, e.g. "
+            f"{hp[0]}:6379 (`ray start --head --port=...`), or submit the run as a job: "
+            f"`ray job submit --address http://{hp[0]}:{hp[1]} -- python -m "
+            "jaxppo.distributed ...`")
+    try:
+        with keep_loopback(hp[0]), _quiet_fork_warning():
             ray.init(address=address, **quiet)
     except (ConnectionError, RuntimeError, TimeoutError, ray.exceptions.RayError) as e:
         if "Authentication" in f"{type(e).__name__} {e}" and "RAY_AUTH_MODE" not in os.environ:
@@ -220,10 +364,9 @@ def connect(address: str | None = None, timeout_s: float = 5.0) -> bool:
                 "RAY_AUTH_MODE=token (the token is read from ~/.ray/auth_token, "
                 "RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)") from None
         raise ClusterUnreachableError(
-            f"could not connect to a Ray cluster at {address!r}: {e}. Start one with "
-            "`make ray-cluster` (or `ray start --head`), or unset RAY_ADDRESS"
+            f"could not connect to a Ray cluster at {name}: {e}. Start one with "
+            f"`make ray-cluster` (or `ray start --head`), or {fix}"
         ) from None
-    return True
 
 
 def _speaks_http(sock: socket.socket, timeout_s: float) -> bool:

@@ -33,7 +33,7 @@ from jaxppo.errors import ConfigError
 from jaxppo.program import join_parts, shard_state
 from jaxppo.resolve import Layout, Resolved
 from jaxppo.distributed.cluster import (DistributedError, HostsConfigError, HostsOutput,
-                                        NotEnoughNodesError, _node_summary)
+                                        NotEnoughNodesError, _node_summary, joined_cluster)
 from jaxppo.distributed.learner import HostLearner, versions
 
 logger = logging.getLogger("jaxppo.distributed")
@@ -241,17 +241,24 @@ class HostGroup:
         fits = [n for n in nodes if all(n["Resources"].get(k, 0) >= v for k, v in self.bundle.items())]
         return nodes, fits
 
+    def _too_few_nodes(self, hosts: int, nodes: list[dict], fits: list[dict]) -> str:
+        """Why `hosts` learners do not fit (one per node): the nodes that can hold one, of
+        all alive, in which cluster, and the ways to more nodes."""
+        need = " and ".join(f"{v:g} {k}" for k, v in self.bundle.items())
+        return (
+            f"hosts={hosts} needs {hosts} Ray nodes with {need} each for its learners (one per "
+            f"node, placement STRICT_SPREAD), but {joined_cluster()} has only {len(fits)} alive "
+            f"node(s) with that, of {len(nodes)} alive: {_node_summary(nodes)}. Start a "
+            f"cluster with {hosts} worker nodes (on this machine `make ray-cluster "
+            f"RAY_WORKERS={hosts}`, which jaxppo then finds and joins; elsewhere `ray start "
+            "--address=<head>:6379` on each node) or name one with --address <head>:6379 or "
+            f"RAY_ADDRESS=<head>:6379; or train on fewer hosts (--hosts {max(len(fits), 1)})")
+
     def _launch(self, hosts: int, placement_timeout_s: float | None = None) -> None:
         placement_timeout_s = placement_timeout_s or self.placement_timeout_s
         nodes, fits = self._fitting_nodes()
         if self.strategy == "STRICT_SPREAD" and hosts > len(fits):
-            need = ", ".join(f"{v:g} {k}" for k, v in self.bundle.items())
-            raise NotEnoughNodesError(
-                f"hosts={hosts} but the Ray cluster has only {len(fits)} alive node(s) with "
-                f"{need} (one learner per node, placement STRICT_SPREAD); nodes: "
-                f"{_node_summary(nodes)}. Use --hosts {max(len(fits), 1)} or fewer, or add "
-                "nodes (`ray start --address=<head>:6379` on each; `make ray-cluster` starts "
-                "3 on this machine)")
+            raise NotEnoughNodesError(self._too_few_nodes(hosts, nodes, fits))
         self.pg = placement_group([dict(self.bundle) for _ in range(hosts)], strategy=self.strategy)
         try:
             ray.get(self.pg.ready(), timeout=placement_timeout_s)

@@ -68,8 +68,9 @@ def train_distributed(
             re-split; a number that divides num_envs), but not fewer than min_hosts
             (default: hosts).
         address: the Ray cluster: the current connection if `ray.init` was called, else
-            `address`, else RAY_ADDRESS, else a new local instance (one node: hosts=1 unless
-            strategy="PACK").
+            `address`, else RAY_ADDRESS, else a cluster `ray start` (or `make ray-cluster`)
+            left running on this machine, else a new local instance (one node: hosts=1 unless
+            strategy="PACK"); "local" asks for a new instance, "auto" for a running cluster.
         strategy: Ray's placement of the learners; STRICT_SPREAD puts one on each node.
         gpus_per_host: GPUs reserved for each learner.
         coordinator_port: jax.distributed's coordinator port on host 0's node (0: a free one).
@@ -126,7 +127,8 @@ def _start_group(start: Start, hosts: int, address: str | None, connect_timeout_
                  progress: bool | None, options: dict, hosts_log: Path | None) -> HostGroup:
     """Connect to Ray, then place, start and compile the learners; says who joined. With
     `hosts_log`, what Ray forwards from the cluster goes there (`HostsOutput`)."""
-    started = connect(address, timeout_s=connect_timeout_s)
+    say = None if progress is False else (lambda line: print(line, file=sys.stderr, flush=True))
+    started = connect(address, timeout_s=connect_timeout_s, announce=say)
     output = HostsOutput(hosts_log).install() if hosts_log is not None else None
     try:
         group = HostGroup(start.resolved, start.hp, hosts,

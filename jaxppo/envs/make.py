@@ -149,21 +149,33 @@ def imported_module(env) -> str | None:
     return env.partition(":")[0] or None
 
 
-def refuse_imports(env, source: str, fix: str) -> None:
-    """Checks that building `env`, as `source` (a run folder's config.yaml, a config file)
-    names it, imports no module (trust_config=False, --no-imports: a folder or file of
-    someone else's).
+def imported_network_module(network) -> str | None:
+    """The module of the user's that building `network` (a NetworkConfig, or a config file's
+    `network` mapping) imports: "module" of its `module: "module:Class"`; None otherwise."""
+    path = network.get("module") if isinstance(network, dict) else getattr(network, "module", None)
+    if isinstance(path, str) and ":" in path:
+        return path.partition(":")[0] or None
+    return None
+
+
+def refuse_imports(env, source: str, fix: str, network=None) -> None:
+    """Checks that building `env` and `network` (its NetworkConfig or mapping), as `source`
+    (a run folder's config.yaml, a config file) names them, imports no module
+    (trust_config=False, --no-imports: a folder or file of someone else's).
 
     Raises:
       ConfigError: it would; names the module, and `fix` says how to go on.
     """
-    module = imported_module(env)
-    if module is None:
-        return
-    raise ConfigError(
-        f"{source} names env={env!r}, which would import the module {module!r} (importing a "
-        "module runs its code), and imports named by a config are refused here "
-        f"(--no-imports / trust_config=False). {fix}")
+    for key, value, module in (("env", env, imported_module(env)),
+                               ("network.module", getattr(network, "module", None)
+                                if not isinstance(network, dict) else network.get("module"),
+                                imported_network_module(network))):
+        if module is None:
+            continue
+        raise ConfigError(
+            f"{source} names {key}={value!r}, which would import the module {module!r} "
+            "(importing a module runs its code), and imports named by a config are refused "
+            f"here (--no-imports / trust_config=False). {fix}")
 
 
 def make_env(config) -> EnvSpec:
@@ -287,33 +299,12 @@ def import_env(path: str, env_kwargs: dict) -> tuple[Any, dict, list[str]]:
         attribute is neither an env class nor an env object (checked before anything is
         called).
     """
-    import importlib
     import inspect
 
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
+    if not path.partition(":")[0] or not path.partition(":")[2]:
         raise ConfigError(f"env={path!r} must have the form 'module:Class' (e.g. "
                           "'my_envs:Corridor') or be a registered gymnax name")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        missing = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
-        if missing and (module_name == missing or module_name.startswith(missing + ".")):
-            raise ConfigError(
-                f"env={path!r}: there is no module {module_name!r} to import. Run from the "
-                "folder that holds it or add that folder to PYTHONPATH") from None
-        raise ConfigError(f"env={path!r}: importing module {module_name!r} failed with "
-                          f"{error_summary(e)}") from e
-    obj = module
-    parts = attr.split(".")
-    for i, part in enumerate(parts):
-        if not hasattr(obj, part):
-            owner = ".".join([module_name, *parts[:i]])
-            names = [n for n in dir(obj) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=3, cutoff=0.5)
-            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise ConfigError(f"env={path!r}: {owner!r} has no attribute {part!r}{hint}")
-        obj = getattr(obj, part)
+    obj = import_attribute(path, "env")
     if not isinstance(obj, type) and all(hasattr(obj, a) for a in ("reset", "step")):
         # An env object the module holds: nothing is called with the config's arguments
         # (make_env checks it has the whole API before use).
@@ -335,6 +326,40 @@ def import_env(path: str, env_kwargs: dict) -> tuple[Any, dict, list[str]]:
             rest = {k: v for k, v in rest.items() if k in fields}
             env = _build_env(obj, {**ctor, **extra}, path)
     return env, rest, named
+
+
+def import_attribute(path: str, key: str):
+    """The object "module:attr.sub" names, imported (the caller checks its kind before calling
+    it). `key` names the config key in the messages ("env", "network.module").
+
+    Raises:
+      ConfigError: no such module (with the fix), importing it failed, or no such attribute
+        (with the nearest names).
+    """
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        missing = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise ConfigError(
+                f"{key}={path!r}: there is no module {module_name!r} to import. Run from the "
+                "folder that holds it or add that folder to PYTHONPATH") from None
+        raise ConfigError(f"{key}={path!r}: importing module {module_name!r} failed with "
+                          f"{error_summary(e)}") from e
+    obj = module
+    parts = attr.split(".")
+    for i, part in enumerate(parts):
+        if not hasattr(obj, part):
+            owner = ".".join([module_name, *parts[:i]])
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=3, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise ConfigError(f"{key}={path!r}: {owner!r} has no attribute {part!r}{hint}")
+        obj = getattr(obj, part)
+    return obj
 
 
 def _check_env_class(obj, path: str) -> None:

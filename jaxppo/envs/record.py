@@ -1,10 +1,13 @@
-"""How a run's config.yaml names an env object so that a new process can rebuild it."""
+"""How a run's config.yaml names an env object or a network module so that a new process can
+rebuild it."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import weakref
+from collections.abc import Mapping
 
 _ENV_RECORDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -62,3 +65,71 @@ def _same_attrs(a: dict, b: dict) -> bool:
         except Exception:
             return False
     return True
+
+
+# ---------------------------------------------------------------------- a user's network
+_MODULE_ONLY = ("parent", "name")  # flax's own constructor fields, not the network's
+
+
+def network_record(module) -> tuple[str, dict]:
+    """How config.yaml names a user's flax module object so that a new process rebuilds it:
+    ("module:Class", kwargs) when Class is importable at that path and each of its
+    constructor fields holds its default (left out, as a config file leaves it out) or a plain
+    value (numbers, strings, lists, mappings of them); else (a description without ':', {}), which names the class but
+    cannot be built (loading the run then says why)."""
+    cls = type(module)
+    name, qualname = getattr(cls, "__module__", None), getattr(cls, "__qualname__", "")
+    if not name or name in ("__main__", "builtins") or "<locals>" in qualname:
+        return f"{qualname} (defined in {name}, not importable)", {}
+    try:
+        obj = importlib.import_module(name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception:  # noqa: BLE001 - not importable where its class says
+        obj = None
+    if obj is not cls:
+        return f"{qualname} (not importable as {name}:{qualname})", {}
+    kwargs = {}
+    for f in dataclasses.fields(module):
+        if not f.init or f.name in _MODULE_ONLY:
+            continue
+        value = getattr(module, f.name)
+        if _is_default(f, value):
+            continue
+        if _is_plain(value):
+            kwargs[f.name] = _listed(value)
+        else:
+            return f"{qualname} ({f.name}={value!r:.40} cannot be written in a config)", {}
+    return f"{name}:{qualname}", kwargs
+
+
+def _is_plain(v) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_is_plain(x) for x in v)
+    if isinstance(v, Mapping):
+        return all(isinstance(k, str) and _is_plain(x) for k, x in v.items())
+    return False
+
+
+def _listed(v):
+    """A plain value as YAML writes it: tuples as lists, frozen mappings as dicts."""
+    if isinstance(v, (list, tuple)):
+        return [_listed(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _listed(x) for k, x in v.items()}
+    return v
+
+
+def _is_default(f: dataclasses.Field, value) -> bool:
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        return False
+    try:
+        return bool(value is default or value == default)
+    except Exception:  # noqa: BLE001 - an uncomparable value is not known to be the default
+        return False

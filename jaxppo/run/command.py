@@ -4,6 +4,7 @@ and run folder they give, and the lines that close a run."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from jaxppo.run.checkpoints import load_run_config, newest_record
-from jaxppo.config import PPOConfig, tuned_config_path
+from jaxppo.config import PPOConfig, tuned_config_for
 from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
 from jaxppo.envs.make import check_recorded_env, refuse_imports
@@ -36,6 +37,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="override config fields, e.g. --set lr=3e-4 num_envs=8 "
                         "network.hidden_sizes=[128,128]")
     p.add_argument("--seeds", type=int, help="shortcut for --set num_seeds=N")
+    p.add_argument("--stop-at-return", type=float, metavar="R",
+                   help="shortcut for --set stop_at_return=R: stop once the return (the eval "
+                        "return with eval_every; mean over seeds) reaches R")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue RUN_DIR from its newest checkpoint, with its config.yaml; --set "
                         "may change fields such as total_timesteps (to extend the run), not shapes")
@@ -73,7 +77,9 @@ def _shown(value) -> str:
 
 
 def _overrides(args) -> list[str]:
-    return list(args.overrides) + ([f"num_seeds={args.seeds}"] if args.seeds is not None else [])
+    return (list(args.overrides) + ([f"num_seeds={args.seeds}"] if args.seeds is not None else [])
+            + ([f"stop_at_return={args.stop_at_return}"] if args.stop_at_return is not None
+               else []))
 
 
 def new_config(args) -> tuple[PPOConfig, str]:
@@ -86,12 +92,16 @@ def new_config(args) -> tuple[PPOConfig, str]:
     if args.no_imports and not args.env:
         refuse_imports(file_values.get("env"), args.config, (
             "Give the env yourself with --env, or, if you trust the file, leave out --no-imports"))
+    if args.no_imports:
+        refuse_imports(None, args.config, "Remove network.module from the file, or, if you "
+                       "trust the file, leave out --no-imports", network=file_values.get("network"))
     env = args.env or file_values.get("env")
     config, sources = PPOConfig(), ["defaults"]
-    tuned = tuned_config_path(env) if isinstance(env, str) and not args.defaults else None
+    tuned = tuned_config_for(env) if isinstance(env, str) and not args.defaults else None
     if tuned is not None:
-        config = PPOConfig.from_file(tuned, config)
-        sources.append(f"tuned {env}")
+        config = PPOConfig.from_file(tuned[0], config)
+        sources.append(f"tuned {tuned[1]}" if tuned[1] == env else
+                       f"tuned {tuned[1]} (gymnax's, the same env)")
     if args.config:
         config = PPOConfig.from_dict(file_values, config)
         sources.append(args.config)
@@ -120,7 +130,7 @@ def resumed_config(args) -> tuple[PPOConfig, Path]:
     config = load_run_config(run_dir, newest_record(run_dir),
                              given=[o.split("=", 1)[0].strip() for o in overrides])
     if args.no_imports:
-        refuse_imports(config.env, str(run_dir / "config.yaml"), (
+        refuse_imports(config.env, str(run_dir / "config.yaml"), network=config.network, fix=(
             "Resume from Python with the env: jaxppo.train(jaxppo.PPOConfig.from_file("
             f"{str(run_dir / 'config.yaml')!r}).replace(env=YourEnv()), resume={str(run_dir)!r}), "
             f"or, if you trust {run_dir}, leave out --no-imports"))
@@ -178,7 +188,8 @@ def report(result, resume_command: str) -> int:
     """The last lines of a run: stopped early, nothing to do, or done with its summary."""
     config, run_dir, summary = result.config, result.run_dir, result.summary
     if not result.completed:
-        print(f"stopped after iteration {result.iterations_done} of {config.num_iterations} "
+        why = f": {result.stopped}" if getattr(result, "stopped", None) else ""
+        print(f"stopped after iteration {result.iterations_done} of {config.num_iterations}{why} "
               f"(checkpoint written); continue with: {resume_command}", file=sys.stderr)
         return 0
     if result.resumed_from is not None and result.resumed_from == result.iterations_done:
@@ -190,12 +201,51 @@ def report(result, resume_command: str) -> int:
     failures = (f"; host failures: {len(result.host_failures)}" if result.hosts > 1
                 or result.host_failures else "")
     print(
-        f"done: final return {summary['final_return_mean']:.1f} ± {summary['final_return_std']:.1f} "
-        f"(last 10 iterations, {config.num_seeds} seed(s)); "
-        + (f"final eval return {ev:.1f}; " if ev is not None else "")
-        + f"{summary['env_steps']:,} env steps in "
-        f"{summary['train_seconds']:.1f}s ({summary['sps']:,.0f} steps/s) + "
-        f"{summary['compile_seconds']:.1f}s compile{where}{failures}; run folder {run_dir}",
+        f"done: {_final_return(summary)}; "
+        + (f"final eval return {ev:.1f}; " if ev is not None and math.isfinite(ev) else "")
+        + _steps(summary, result) + f" + {summary['compile_seconds']:.1f}s compile{where}"
+        f"{failures}{_run_total(summary, result)}; run folder {run_dir}",
         file=sys.stderr,
     )
     return 0
+
+
+def _final_return(summary: dict) -> str:
+    """'final return 12.3 ± 1.0 (last 10 iterations, 4 seeds)', saying which seeds ended no
+    episode in those iterations."""
+    per_seed = summary["final_return_per_seed"]
+    ended = sum(math.isfinite(v) for v in per_seed)
+    if not ended:
+        return "final return n/a (no episode ended in the last 10 iterations)"
+    seeds = (f"{len(per_seed)} seed(s)" if ended == len(per_seed)
+             else f"{ended} of {len(per_seed)} seeds; no episode ended on the others")
+    return (f"final return {summary['final_return_mean']:.1f} ± {summary['final_return_std']:.1f}"
+            f" (last 10 iterations, {seeds})")
+
+
+def _steps(summary: dict, result) -> str:
+    """This call's env steps, time and speed (all seeds): '4 seeds × 8,192 env steps =
+    32,768 in 2.0s (16,384 steps/s in all)', after 'this call: iterations 11-20, ' for a
+    resumed run."""
+    seeds = summary["num_seeds"]
+    steps = _count(seeds, summary["env_steps_this_call"] // seeds)
+    speed = (f"in {summary['train_seconds']:.1f}s ({summary['sps']:,.0f} steps/s"
+             f"{' in all' if seeds > 1 else ''})")
+    if result.resumed_from is None:
+        return f"{steps} {speed}"
+    return (f"this call: iterations {result.resumed_from + 1}-{result.iterations_done}, "
+            f"{steps} {speed}")
+
+
+def _run_total(summary: dict, result) -> str:
+    """'; the run: 4 seeds × 16,384 env steps = 65,536 in 20 iterations' for a resumed run."""
+    if result.resumed_from is None:
+        return ""
+    return (f"; the run: {_count(summary['num_seeds'], summary['env_steps'])} in "
+            f"{result.iterations_done} iterations")
+
+
+def _count(seeds: int, steps_per_seed: int) -> str:
+    if seeds == 1:
+        return f"{steps_per_seed:,} env steps"
+    return f"{seeds} seeds × {steps_per_seed:,} env steps = {steps_per_seed * seeds:,}"

@@ -65,8 +65,9 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
     Args:
       source: a run folder or a `Policy`.
       format: "jax" (`jax.export.deserialize(open(f, "rb").read()).call(obs)`) or "onnx".
-      path: the file (default: `<run folder name>[-seed<I>]<.jaxexport|.onnx>`, or `<env>...`
-        for a Policy, in the working directory); `<file>.json` describes it.
+      path: the file (default: `<run folder name>[-seed<I>]<.jaxexport|.onnx>` in the run
+        folder, or `<env><.jaxexport|.onnx>` in the working directory for a Policy);
+        `<file>.json` describes it.
       stochastic: also write the sampling variant, to `<stem>.sample<suffix>`.
       seed_index: as for `load_policy` (a run folder only).
       step: as for `load_policy` (a run folder only).
@@ -96,7 +97,10 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
     else:
         raise TypeError(f"source={source!r:.60} must be a run folder (a str or Path) or a "
                         "Policy (jaxppo.load_policy(run_dir))")
-    path = Path(path) if path is not None else Path(name + FORMATS[format])
+    if path is None:  # a run folder's export goes into it, a Policy's into the working dir
+        folder = Path(source) if not isinstance(source, Policy) else Path()
+        path = folder / (name + FORMATS[format])
+    path = Path(path)
     sample_path = path.with_name(f"{path.stem}.sample{path.suffix}") if stochastic else None
     metadata_path = path.with_name(path.name + ".json")
     if not isinstance(source, Policy):
@@ -105,6 +109,10 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
     policy = source if isinstance(source, Policy) else load_policy(
         source, seed_index=seed_index, step=step, env=env, trust_config=trust_config)
     io = _signature(policy, batch_size)
+    if format == "onnx" and io.carry is not None and "leaves" in io.carry:
+        raise ExportError(
+            f"the policy's carry is a pytree of {len(io.carry['leaves'])} arrays (a network "
+            "module's own), and ONNX inputs are single arrays; export it with format='jax'")
     carry_in, carry_out = (["carry"], ["next_carry"]) if policy.recurrent else ([], [])
     if format == "jax":
         files = {"deterministic": _jax_bytes(_deterministic_fn(policy), io.deterministic_in)}
@@ -217,7 +225,8 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
     label = batch_size if batch_size is not None else "b"
     obs_in = jax.ShapeDtypeStruct((b, *spec.obs_shape), obs.dtype)
     carry = policy.initial_carry((1,))
-    carry_in = (jax.ShapeDtypeStruct((b, *carry.shape[1:]), carry.dtype)
+    # one array (the built-in GRU's) or a user's module's pytree of them, e.g. an LSTM's (c, h)
+    carry_in = (jax.tree.map(lambda c: jax.ShapeDtypeStruct((b, *c.shape[1:]), c.dtype), carry)
                 if policy.recurrent else None)
     noise_in = jax.ShapeDtypeStruct((b, spec.action_dim), jnp.float32)
     action = jax.eval_shape(lambda o: policy.algorithm.policy_step(
@@ -239,10 +248,19 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
         noise_in=[obs_in, *with_carry, noise_in],
         obs=describe(obs_in),
         action=action_info,
-        carry={**describe(carry_in), "initial": "zeros"} if policy.recurrent else None,
+        carry=_describe_carry(carry_in, carry, describe) if policy.recurrent else None,
         noise={**describe(noise_in),
                "distribution": "gumbel(0, 1)" if spec.discrete else "standard normal"},
     )
+
+
+def _describe_carry(carry_in, carry, describe) -> dict:
+    """The JSON's carry: its shape and dtype (each leaf's, under "leaves", for a pytree), and
+    whether an episode starts from zeros."""
+    out = (describe(carry_in) if isinstance(carry_in, jax.ShapeDtypeStruct)
+           else {"leaves": [describe(c) for c in jax.tree.leaves(carry_in)]})
+    zeros = all(not np.any(np.asarray(c)) for c in jax.tree.leaves(carry))
+    return {**out, "initial": "zeros" if zeros else "policy.initial_carry"}
 
 
 def _env_action_table(policy: Policy) -> list | None:

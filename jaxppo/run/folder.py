@@ -5,6 +5,8 @@
     RUN_DIR/checkpoints/<it>/  the whole TrainState, unsharded (see jaxppo.program)
     RUN_DIR/params.msgpack     the trained params and observation statistics
     RUN_DIR/summary.json       final return, evaluation, speed (per member, for a sweep)
+    RUN_DIR/best/              with eval_every: params.msgpack of the best evaluation so far
+                               (mean over seeds) and best.json (its iteration and returns)
     RUN_DIR/sweep.json         a vmapped sweep's hyperparameters per member (jaxppo.search.sweep)
     RUN_DIR/search.json, search.csv, best.yaml, search.png
                                a search's (or PBT's) member table, ranking, best config, plot
@@ -21,9 +23,11 @@ RunFolderError naming the file and what is saved. Resuming is the folder's too
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import sys
 import warnings
@@ -47,6 +51,16 @@ from jaxppo.search.sweep import SWEEP_FILE
 
 
 LOCK_FILE = ".lock"
+BEST_DIR, BEST_RECORD = "best", "best.json"
+
+
+@dataclass
+class _Params:
+    """What save_params reads of a result: the params and a state's observation statistics."""
+
+    params: Any
+    state: Any
+    num_devices: int = 1
 
 
 class RunFolder:
@@ -102,9 +116,21 @@ class RunFolder:
         path = self.path / SWEEP_FILE
         with self._writing(SWEEP_FILE):
             if record is not None:
-                write_text_atomic(path, json.dumps(record, indent=2))
+                write_text_atomic(path, strict_json(record))
             elif path.exists():
                 path.unlink()
+
+    def save_best(self, record: dict, state) -> None:
+        """best/params.msgpack (params and observation statistics of every seed, as
+        params.msgpack holds them) and best/best.json (`record`: the iteration and eval
+        return), each replaced atomically; `state` is the unsharded TrainState then."""
+        best = self.path / BEST_DIR
+        with self._writing(f"{BEST_DIR}/"):
+            if best.is_symlink():
+                raise OSError(errno.ELOOP, "a symbolic link, not written through", str(best))
+            best.mkdir(exist_ok=True)
+            save_params(best / "params.msgpack", _Params(state.params, state))
+            write_text_atomic(best / BEST_RECORD, json.dumps(record, indent=2))
 
     def save_checkpoint(self, iteration: int, state, meta: dict) -> None:
         # orbax writes in the background: a failure shows here at the next save, or at close
@@ -120,7 +146,7 @@ class RunFolder:
         info = summary(result, self.sweep)
         info.update(extra_summary or {})
         with self._writing("summary.json"):
-            write_text_atomic(self.path / "summary.json", json.dumps(info, indent=2))
+            write_text_atomic(self.path / "summary.json", strict_json(info))
         if self.config.search is not None:
             self._write_search(result, info, plot)
         if plot:
@@ -139,7 +165,7 @@ class RunFolder:
     def _write_search(self, result, info: dict, plot: bool) -> None:
         """search.json, search.csv, best.yaml and (with plot) search.png (jaxppo.search.results)."""
         rec = results.report(self.config, info, self.sweep, result.metrics)
-        for name, text in ((results.SEARCH_FILE, json.dumps(rec, indent=2)),
+        for name, text in ((results.SEARCH_FILE, strict_json(rec)),
                            (results.TABLE_FILE, results.table_csv(rec)),
                            (results.BEST_FILE, results.best_yaml(self.config, rec))):
             with self._writing(name):
@@ -404,7 +430,7 @@ def begin_resume(caller: str, config: PPOConfig | None, run_dir, resume, trust_c
         if config is None:
             config = load_run_config(run_dir, meta)
             if not trust_config:
-                refuse_imports(config.env, f"{run_dir}/config.yaml", (
+                refuse_imports(config.env, f"{run_dir}/config.yaml", network=config.network, fix=(
                     f"Pass the config yourself ({caller}(config, resume=...)), or, if you trust "
                     f"{run_dir}, leave out trust_config=False"))
     except BaseException:
@@ -519,15 +545,22 @@ def _norm(v):
 
 
 def summary(result, sweep: dict | None = None) -> dict:
-    """summary.json of a TrainResult: final return per seed, the last evaluation, speed; for
-    a sweep (`sweep`, sweep.json's record) also `members`: per seed index its label,
-    differing hyperparameters, final return and last evaluation."""
+    """summary.json of a TrainResult: final return per seed, the last evaluation, steps and
+    speed; for a sweep (`sweep`, sweep.json's record) also `members`: per seed index its
+    label, differing hyperparameters, final return and last evaluation.
+
+    Steps: `env_steps` is per seed and counts the whole run (all calls of a resumed run),
+    `env_steps_all_seeds` the same over all seeds; `env_steps_this_call` (all seeds),
+    `train_seconds` and `sps` are this call's. A seed on which no episode ended in the last
+    10 iterations has NaN as its final return, and the mean and std are over the others
+    (NaN when none); `strict_json` writes NaN as null."""
     r = np.atleast_2d(result.metrics["episode_return_mean"])
     tail = []
     for seed_curve in r:
         vals = seed_curve[-10:]
         vals = vals[np.isfinite(vals)]
         tail.append(float(vals.mean()) if len(vals) else float("nan"))
+    ended = [v for v in tail if math.isfinite(v)]
     cfg = result.config
     steps = int(result.iterations_done * cfg.batch_size)
     steps_now = int((result.iterations_done - (result.resumed_from or 0)) * cfg.batch_size)
@@ -537,16 +570,21 @@ def summary(result, sweep: dict | None = None) -> dict:
         "hosts": int(result.hosts),
         "num_devices": int(result.num_devices),
         "env_steps": steps,
+        "env_steps_all_seeds": steps * cfg.num_seeds,
         "iterations": int(result.iterations_done),
         "completed": bool(result.completed),
-        "final_return_mean": float(np.mean(tail)),
-        "final_return_std": float(np.std(tail)),
+        "resumed_from": result.resumed_from,
+        "final_return_mean": float(np.mean(ended)) if ended else float("nan"),
+        "final_return_std": float(np.std(ended)) if ended else float("nan"),
         "final_return_per_seed": tail,
         "compile_seconds": result.compile_seconds,
         "train_seconds": result.train_seconds,
+        "env_steps_this_call": steps_now * cfg.num_seeds,
         "sps": steps_now * cfg.num_seeds / max(result.train_seconds, 1e-9),
         "process_seconds": process_uptime(),
     }
+    if getattr(result, "stopped", None):  # stopped early by a stop rule or the callback
+        out["stopped"] = result.stopped
     if "eval_return_mean" in result.metrics:
         ev = np.atleast_2d(result.metrics["eval_return_mean"])
         done = np.isfinite(ev[0])
@@ -567,3 +605,23 @@ def summary(result, sweep: dict | None = None) -> dict:
                 member["final_eval_return"] = out["final_eval_return_per_seed"][i]
             out["members"].append(member)
     return out
+
+
+def strict_json(obj) -> str:
+    """`obj` as indented JSON that any parser reads: NaN and infinities (a return no episode
+    gave, ...) become null, and numpy scalars plain numbers."""
+    return json.dumps(_finite_or_none(obj), indent=2, allow_nan=False)
+
+
+def _finite_or_none(obj):
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _finite_or_none(obj.tolist())
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import secrets
+import sys
 from pathlib import Path
 
 from jaxppo.errors import ConfigError
@@ -185,13 +186,20 @@ class WandbWriter:
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.names = [base if num_seeds == 1 else f"{base}-seed{i}" for i in range(num_seeds)]
         self.runs = []
+        mode = settings.get("mode") or os.environ.get("WANDB_MODE") or "online"
+        # An offline W&B run cannot resume (W&B warns so, for every seed); each part keeps the
+        # seed's id. W&B's own banner and summary are silenced, and the console is not
+        # captured: the run's progress is jaxppo's, and one line says where W&B's files are.
+        resume = None if mode in ("offline", "dryrun") else "allow"
+        quiet = wandb.Settings(silent=True, console="off")
         try:
             for i, run_id in enumerate(ids):
                 self.runs.append(wandb.init(
                     project=settings["project"], entity=settings.get("entity"),
-                    mode=settings.get("mode"), dir=directory, id=run_id, resume="allow",
+                    mode=settings.get("mode"), dir=directory, id=run_id, resume=resume,
                     name=self.names[i], group=group, tags=settings.get("tags"),
                     notes=settings.get("notes"), job_type="train", reinit="create_new",
+                    settings=quiet,
                     config={**record, "seed_index": i, "run_dir": str(self.run_dir)}))
         except Exception as e:  # noqa: BLE001 - login, network, permissions: one clear error
             self.close(failed=True)
@@ -200,6 +208,17 @@ class WandbWriter:
                 "login` (or set WANDB_API_KEY), or set wandb.mode=offline and upload later with "
                 "`wandb sync`") from None
         _write_ids(self.run_dir, ids)
+        self.offline, self.directory = resume is None, Path(directory)
+
+    def where(self) -> str:
+        """One line saying where the W&B runs are: the offline files and how to upload them,
+        or the online runs' pages."""
+        if self.offline:
+            local = self.directory / "wandb"
+            return (f"W&B (offline): {len(self.runs)} run(s) in {local}; upload with `wandb sync "
+                    f"{local / 'offline-run-*'}`")
+        urls = [run.url for run in self.runs if getattr(run, "url", None)]
+        return "W&B: " + (", ".join(urls) if urls else f"local files in {self.directory / 'wandb'}")
 
     def _ids(self, resumed: bool) -> tuple[list[str], bool]:
         """(the stored run ids (on resume), topped up with new ones for seeds without one;
@@ -244,9 +263,13 @@ class WandbWriter:
                 run.log({"curve": wandb.Image(str(curve))}, step=int(summary["env_steps"]))
 
     def close(self, failed: bool = False) -> None:
+        """Finish every W&B run; after a run that did not fail, say where they are."""
+        where = self.where() if self.runs and not failed else None
         for run in self.runs:
             run.finish(exit_code=1 if failed else 0)
         self.runs = []
+        if where:
+            print(where, file=sys.stderr)
 
 
 def _write_ids(run_dir: Path, ids: list[str]) -> None:

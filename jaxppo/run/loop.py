@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, TrainState
 from jaxppo.config import PPOConfig
-from jaxppo.errors import TrainingDivergedError, TrainingInterrupted
+from jaxppo.errors import StopTraining, TrainingDivergedError, TrainingInterrupted
 from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
 from jaxppo.program import auto_chunk
@@ -60,7 +60,9 @@ class TrainResult:
     stop_after_iterations); resumed_from: the checkpoint iteration it started from, if any.
     hosts: processes the run was spread over (1 unless jaxppo.distributed); host_failures:
     the hosts lost and replaced during the run; summary: summary.json's content (run folder);
-    interrupted: the signal (SIGINT, SIGTERM) that stopped the run early, if one did.
+    interrupted: the signal (SIGINT, SIGTERM) that stopped the run early, if one did;
+    stopped: why the run stopped before its end, if a stop rule (stop_at_return,
+    stop_after_no_improvement) or the callback (False, StopTraining) stopped it.
     """
 
     config: PPOConfig
@@ -82,6 +84,7 @@ class TrainResult:
     host_failures: list = field(default_factory=list)
     summary: dict | None = None
     interrupted: str | None = None
+    stopped: str | None = None
 
     @property
     def env(self):
@@ -324,8 +327,9 @@ def _exit(name: str, message: str) -> None:
 def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = None,
                start_iter: int = 0, resumed: bool = False, wall_offset: float = 0.0,
                stop_after_iterations: int | None = None, progress: bool | None = None,
-               callback: Callable[[list[dict]], None] | None = None, label: str | None = None,
-               member_labels: list[str] | None = None) -> TrainResult:
+               callback: Callable[[list[dict]], Any] | None = None, label: str | None = None,
+               member_labels: list[str] | None = None,
+               checkpoint_record: dict | None = None) -> TrainResult:
     """Train chunk after chunk from `start_iter` to the end (or stop_after_iterations more).
 
     Args:
@@ -337,10 +341,15 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
         wall_offset: the wall time of the processes that ran the run before (a resumed run).
         stop_after_iterations: train at most this many iterations, then checkpoint and return.
         progress: a progress bar; None: a bar on a terminal, else a line per chunk; False: none.
-        callback: called with the metric rows of each finished chunk.
+        callback: called with the metric rows of each finished chunk; returning False or
+            raising StopTraining stops the run there (checkpointed, `stopped` says why). Any
+            other exception from it is re-raised once a checkpoint, params.msgpack and
+            summary.json of that iteration are written.
         label: the run's name in the progress (default: the env's name).
         member_labels: for a sweep, each seed index's hyperparameters ("lr=0.001"), which the
             progress shows instead of a mean over seeds.
+        checkpoint_record: more entries for every checkpoint's record (the schedules the run
+            trains with, which a resume continues).
 
     Returns:
         The TrainResult. On SIGINT/SIGTERM the loop stops after the running chunk and
@@ -357,12 +366,14 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     reporter = _Reporter(config, config.num_iterations, progress, start=start_iter, label=label,
                          member_labels=member_labels)
     t_train = time.perf_counter()
-    saver = _Saver(runner, config, folder, saved_at=start_iter if resumed else None)
-    it, wall, last_row = start_iter, wall_offset, None
+    saver = _Saver(runner, config, folder, saved_at=start_iter if resumed else None,
+                   record=checkpoint_record)
+    rules = _StopRules(config, folder.previous_rows if folder else [])
+    it, wall, last_row, stopped = start_iter, wall_offset, None, None
     with StopSignals.during_loop(folder, saver, config.num_iterations) as signals:
         try:
-            while it < end_iter and not signals.stopping():
-                stop = _chunk_stop(config, it, end_iter)
+            while it < end_iter and stopped is None and not signals.stopping():
+                stop = _chunk_stop(config, it, end_iter, at_evals=folder is not None)
                 signals.final_chunk = stop >= end_iter
                 t0 = time.perf_counter()
                 metrics = runner.train_chunk(it, stop)
@@ -377,25 +388,131 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
                         folder.write_rows(rows)
                     it, last_row, signals.rows_done = stop, rows[-1], stop
                     saver.after_chunk(it, end_iter, wall)
-                if callback is not None:
-                    callback(rows)
+                    stopped = rules.after_chunk(rows)
+                    if folder is not None and rules.best_iter == it and rules.improved:
+                        folder.save_best(rules.best_record(), runner.snapshot())
+                try:
+                    if callback is not None and callback(rows) is False:
+                        stopped = stopped or "the callback returned False"
+                except StopTraining as e:
+                    stopped = stopped or ("the callback raised StopTraining"
+                                          + (f": {e}" if str(e) else ""))
+                except Exception as e:
+                    _keep_on_failure(e, runner, config, folder, saver, signals, history, it, wall,
+                                     start_iter if resumed else None, t_train)
+                    raise
                 reporter.update(it, rows, sps)
             with signals.writing:
                 saver.at_end(it, wall)
         finally:
             reporter.close()
     # A signal during the last chunk stops nothing: the run (or this call's share) is done.
-    interrupted = signals.received if it < end_iter else None
+    interrupted = signals.received if it < end_iter and stopped is None else None
     return _result(runner, config, folder, history.metrics(), iterations_done=it,
                    resumed_from=start_iter if resumed else None,
-                   train_seconds=time.perf_counter() - t_train, interrupted=interrupted)
+                   train_seconds=time.perf_counter() - t_train, interrupted=interrupted,
+                   stopped=stopped if it < config.num_iterations else None)
 
 
-def _chunk_stop(config: PPOConfig, it: int, end_iter: int) -> int:
-    """Where the chunk from `it` ends: a chunk's length on, never past a checkpoint iteration."""
+def _keep_on_failure(err: Exception, runner: Runner, config: PPOConfig, folder, saver: _Saver,
+                     signals: StopSignals, history: _History, it: int, wall: float,
+                     resumed_from: int | None, t_train: float) -> None:
+    """The callback raised: write the checkpoint, params.msgpack and summary.json of
+    iteration `it` (the chunk it was called for) before the error goes on, and say so in a
+    note on it."""
+    if folder is None:
+        return
+    try:
+        with signals.writing:
+            saver.at_end(it, wall)
+            result = _result(runner, config, folder, history.metrics(), iterations_done=it,
+                             resumed_from=resumed_from, train_seconds=time.perf_counter() - t_train,
+                             interrupted=None, stopped=f"the callback raised {type(err).__name__}")
+            folder.finish(result, plot=False)
+    except Exception as save_error:  # noqa: BLE001 - the callback's error is the one to raise
+        err.add_note(f"jaxppo: saving the run after this error failed too: {save_error}")
+        return
+    err.add_note(f"jaxppo: the callback raised after iteration {it} of {config.num_iterations}; "
+                 f"the checkpoint, params.msgpack and summary.json of that iteration are in "
+                 f"{folder.path}; continue with --resume {folder.path}")
+
+
+class _StopRules:
+    """The config's stop rules, decided after each chunk on the mean over seeds (members),
+    and the best evaluation so far (what best/ keeps): stop_at_return on the latest eval
+    return (with eval_every) or the training return (each seed's latest finite
+    episode_return_mean; every seed must have one), and stop_after_no_improvement on the
+    evaluations since the best one. A resumed run counts its earlier evaluations too."""
+
+    def __init__(self, config: PPOConfig, previous_rows: list[dict]):
+        self.config = config
+        self.best, self.best_iter, self.best_per_seed = -math.inf, None, []
+        self.since = 0  # evaluations since the best one
+        self.improved = False
+        self._evaluations(previous_rows)
+
+    def _evaluations(self, rows: list[dict]) -> tuple[int, float] | None:
+        """Count the evaluations in `rows`; the latest as (iteration, mean over seeds)."""
+        by_it: dict[int, list[float]] = {}
+        for r in rows:
+            v = r.get("eval_return_mean")
+            if v is not None and math.isfinite(v):
+                by_it.setdefault(r["iteration"], []).append(v)
+        latest = None
+        for it in sorted(by_it):
+            mean = float(np.mean(by_it[it]))
+            if mean > self.best:
+                self.best, self.best_iter, self.best_per_seed = mean, it, by_it[it]
+                self.since, self.improved = 0, True
+            else:
+                self.since += 1
+            latest = (it, mean)
+        return latest
+
+    def after_chunk(self, rows: list[dict]) -> str | None:
+        """Why the run stops after this chunk's `rows`, or None."""
+        cfg = self.config
+        self.improved = False
+        latest = self._evaluations(rows)
+        seeds = f" (mean over {cfg.num_seeds} seeds)" if cfg.num_seeds > 1 else ""
+        it = rows[-1]["iteration"]
+        if cfg.stop_at_return is not None:
+            if cfg.eval_every:
+                value, what = (latest[1], "eval") if latest else (None, "eval")
+            else:
+                value, what = self._training_return(rows), "training"
+            if value is not None and value >= cfg.stop_at_return:
+                return (f"the {what} return {value:.1f}{seeds} reached "
+                        f"stop_at_return={cfg.stop_at_return:g} at iteration {it}")
+        n = cfg.stop_after_no_improvement
+        if n and latest is not None and self.since >= n:
+            return (f"no better eval return{seeds} in {n} evaluations (the best, "
+                    f"{self.best:.1f}, was at iteration {self.best_iter})")
+        return None
+
+    def _training_return(self, rows: list[dict]) -> float | None:
+        last: dict[int, float] = {}
+        for r in rows:
+            v = r.get("episode_return_mean")
+            if v is not None and math.isfinite(v):
+                last[r.get("seed", 0)] = v
+        return float(np.mean(list(last.values()))) if len(last) == self.config.num_seeds else None
+
+    def best_record(self) -> dict:
+        """best/best.json's content: the best evaluation's iteration and returns."""
+        return {"iteration": self.best_iter,
+                "env_steps": self.best_iter * self.config.batch_size,
+                "eval_return_mean": self.best,
+                "eval_return_per_seed": [float(v) for v in self.best_per_seed]}
+
+
+def _chunk_stop(config: PPOConfig, it: int, end_iter: int, at_evals: bool = False) -> int:
+    """Where the chunk from `it` ends: a chunk's length on, never past a checkpoint iteration
+    (nor, `at_evals`, past an evaluation, so that the best-evaluated params can be kept)."""
     stop = min(end_iter, it + chunk_length(config))
-    if config.checkpoint_every:
-        stop = min(stop, (it // config.checkpoint_every + 1) * config.checkpoint_every)
+    for every in (config.checkpoint_every, config.eval_every if at_evals else 0):
+        if every:
+            stop = min(stop, (it // every + 1) * every)
     return stop
 
 
@@ -460,10 +577,12 @@ class _Saver:
     """The checkpoint cadence: every checkpoint_every iterations, after checkpoint_minutes,
     and at the end of the call (unless the state is saved already)."""
 
-    def __init__(self, runner: Runner, config: PPOConfig, folder, saved_at: int | None):
+    def __init__(self, runner: Runner, config: PPOConfig, folder, saved_at: int | None,
+                 record: dict | None = None):
         self.runner, self.config, self.folder = runner, config, folder
         self.saved_at, self.saved_time = saved_at, time.monotonic()
         self.config_record = config.to_dict()
+        self.record = record or {}
 
     def after_chunk(self, it: int, end_iter: int, wall: float) -> None:
         cfg = self.config
@@ -483,14 +602,14 @@ class _Saver:
             "env_steps": iteration * cfg.batch_size, "num_devices": runner.shards,
             "hosts": runner.hosts, "num_seeds": cfg.num_seeds,
             "wall_time": wall, "config": self.config_record, "env": cfg.env_name,
-            "jaxppo_version": __version__,
+            "jaxppo_version": __version__, **self.record,
         })
         self.saved_at, self.saved_time = iteration, time.monotonic()
 
 
 def _result(runner: Runner, config: PPOConfig, folder, metrics: dict, *, iterations_done: int,
             resumed_from: int | None, train_seconds: float,
-            interrupted: str | None) -> TrainResult:
+            interrupted: str | None, stopped: str | None = None) -> TrainResult:
     algo = runner.algorithm
     state = runner.final_state()
     params = jax.tree.map(lambda x: x[0], state.params) if runner.params_replicated else state.params
@@ -501,7 +620,7 @@ def _result(runner: Runner, config: PPOConfig, folder, metrics: dict, *, iterati
         _policy_fn=jax.jit(algo.act, static_argnames=("deterministic",)),
         _value_fn=jax.jit(algo.value), iterations_done=iterations_done,
         completed=iterations_done >= config.num_iterations, resumed_from=resumed_from,
-        host_failures=list(runner.host_failures), interrupted=interrupted,
+        host_failures=list(runner.host_failures), interrupted=interrupted, stopped=stopped,
     )
 
 def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:

@@ -1,6 +1,7 @@
 """Learning-curve figures from run folders (matplotlib, headless), for `jaxppo plot` and
 every run folder's curve.png: return vs env steps and vs wall-clock time, one curve per run
-(or per setting of a sweep) with a 95% interval over seeds, evaluation returns dashed.
+(or per setting of a sweep) with a 95% bootstrap interval of the mean over seeds, evaluation
+returns dashed.
 """
 
 from __future__ import annotations
@@ -24,9 +25,18 @@ _NOT_IN_LEGEND = {
     "num_devices", "num_seeds", "eval_every", "eval_episodes", "eval_deterministic", "eval_max_steps",
 }
 
-__all__ = ["read_metrics", "return_curve", "eval_curve", "elapsed_seconds", "mean_ci95",
-           "compact_number", "config_differences", "make_figure", "plot_runs", "unplottable",
-           "pbt_lineage", "plot_search"]
+# Envs whose episode return is bounded by their time limit (+1 or -1 per step), at their
+# default settings: a band never leaves these. Other envs' bands stay within the seeds' own
+# returns.
+RETURN_BOUNDS = {"CartPole-v1": (0.0, 500.0), "Acrobot-v1": (-500.0, 0.0),
+                 "MountainCar-v0": (-200.0, 0.0)}
+BOOTSTRAP_SAMPLES = 2000  # resamples of the seeds for each interval
+INTERVAL = "mean, 95% bootstrap CI"  # how a legend describes the band
+
+__all__ = ["compact_number", "config_differences", "elapsed_seconds", "eval_curve",
+           "make_figure", "mean_interval", "moving_average", "pbt_lineage", "plot_runs",
+           "plot_search", "read_metrics", "return_bounds", "return_curve", "search_figure",
+           "unplottable"]
 
 
 def _by_seed(rows: list[dict]):
@@ -117,19 +127,67 @@ def eval_curve(rows: list[dict]):
     return steps, wall, returns
 
 
-def mean_ci95(curves: np.ndarray):
-    """(mean [N], half-width [N]) of curves [S, N] over seeds, ignoring NaN: the 95% interval
-    of the mean, mean ± 1.96·s/√n (s the sample std, n the finite seeds at that point; the
-    half-width is NaN where n < 2)."""
+def mean_interval(curves: np.ndarray, confidence: float = 0.95,
+                  samples: int = BOOTSTRAP_SAMPLES, seed: int = 0):
+    """(mean [N], low [N], high [N]) of curves [S, N] over seeds, ignoring NaN: the mean and
+    its percentile-bootstrap interval.
+
+    The seeds are resampled with replacement `samples` times, the same draw at every x (a
+    resample is a set of whole curves, as rliable resamples runs); low and high are the
+    (1 - confidence)/2 and (1 + confidence)/2 quantiles of the resampled means. They are NaN
+    where fewer than 2 seeds are finite. The draw is seeded, so a figure is reproducible.
+    With few seeds the interval is narrow (2 seeds: their range), as any bootstrap is."""
+    curves = np.asarray(curves, float)
+    num_seeds, n = curves.shape
+    finite = np.isfinite(curves)
     with warnings.catch_warnings():
         # Iterations where no seed finished an episode are all-NaN columns: a gap in the
         # curve, not a problem worth a warning.
         warnings.simplefilter("ignore", RuntimeWarning)
-        n = np.sum(np.isfinite(curves), axis=0)
         mean = np.nanmean(curves, axis=0)
-        std = np.nanstd(curves, axis=0, ddof=1) if curves.shape[0] > 1 else np.full_like(mean, np.nan)
-        half = np.where(n >= 2, 1.96 * std / np.sqrt(np.maximum(n, 1)), np.nan)
-    return mean, half
+        low, high = np.full(n, np.nan), np.full(n, np.nan)
+        if num_seeds < 2:
+            return mean, low, high
+        counts = np.random.default_rng(seed).multinomial(
+            num_seeds, np.full(num_seeds, 1.0 / num_seeds), size=samples).astype(float)
+        values = np.where(finite, curves, 0.0)
+        tail = (1.0 - confidence) / 2
+        step = max(1, 2_000_000 // samples)  # columns at a time: bounded memory
+        for a in range(0, n, step):
+            sums, seen = counts @ values[:, a:a + step], counts @ finite[:, a:a + step]
+            means = np.where(seen > 0, sums / np.maximum(seen, 1), np.nan)
+            low[a:a + step], high[a:a + step] = np.nanquantile(means, [tail, 1 - tail], axis=0)
+        few = finite.sum(axis=0) < 2
+        low[few], high[few] = np.nan, np.nan
+    return mean, low, high
+
+
+def moving_average(curves: np.ndarray, window: int) -> np.ndarray:
+    """Each curve [..., N] averaged over its last `window` points (fewer at the start),
+    ignoring NaN; window 1 returns the curves unchanged."""
+    curves = np.asarray(curves, float)
+    if window <= 1:
+        return curves
+    finite = np.isfinite(curves)
+    sums = np.cumsum(np.where(finite, curves, 0.0), axis=-1)
+    seen = np.cumsum(finite, axis=-1)
+    sums[..., window:] = sums[..., window:] - sums[..., :-window].copy()
+    seen[..., window:] = seen[..., window:] - seen[..., :-window].copy()
+    return np.where(seen > 0, sums / np.maximum(seen, 1), np.nan)
+
+
+def return_bounds(run) -> tuple[float, float] | None:
+    """The range an episode return of the run's env can take (`RETURN_BOUNDS`), or None
+    when it is not known: another env, or one whose time limit or rewards the config
+    changes (env_kwargs, env_params, transforms)."""
+    cfg = _flat_config(run)
+    if (any(k.startswith("env_kwargs") for k in cfg) or cfg.get("env_params") is not None
+            or cfg.get("transforms")):
+        return None
+    env = cfg.get("env")
+    if not isinstance(env, str):
+        return None
+    return RETURN_BOUNDS.get(env.removeprefix("gymnasium:"))
 
 
 def compact_number(x, pos=None) -> str:
@@ -218,7 +276,7 @@ def _groups(run_label: str, num_curves: int, record: dict | None, unit: str = "s
     """The curves of one run: [(legend label, seed indices, gid key)]. A run is one curve
     (mean over its seeds, or a PBT population's members); a sweep one per setting, the
     members with the same label."""
-    ci = "mean ± 95% CI"
+    ci = INTERVAL
     if record is None or len(record["labels"]) != num_curves:
         seeds = f" ({num_curves} {unit}, {ci})" if num_curves > 1 else ""
         return [(run_label + seeds, list(range(num_curves)), "")]
@@ -239,11 +297,11 @@ def _time_unit(seconds: float) -> tuple[float, str]:
     return 1.0, "seconds"
 
 
-def make_figure(run_dirs, labels=None, title: str | None = None):
+def make_figure(run_dirs, labels=None, title: str | None = None, smooth: int = 1):
     """The figure of `plot_runs`, not saved.
 
-    Each line's gid is 'train:<k>', 'train-band:<k>' (the 95% interval, runs of several
-    seeds) or 'eval:<k>', where k is the run's index i, or 'i/j' for the setting of a sweep's
+    Each line's gid is 'train:<k>', 'train-band:<k>' (the 95% bootstrap interval of the
+    mean, runs of several seeds; `mean_interval`) or 'eval:<k>', where k is the run's index i, or 'i/j' for the setting of a sweep's
     member j (sweep.json). The legend is the figure's, below the panels. A single PBT run
     also gets its winning lineage's hyperparameters below the curves.
 
@@ -251,6 +309,9 @@ def make_figure(run_dirs, labels=None, title: str | None = None):
       run_dirs: run folders.
       labels: a legend label per run (default: `run_labels`).
       title: the figure's title.
+      smooth: each seed's training return as the moving average of its last `smooth`
+        iterations (`moving_average`) before the mean and interval; 1 = none. Evaluation
+        returns are drawn as measured.
 
     Returns:
       (fig, axes): the matplotlib figure and its two panels (steps, wall-clock time).
@@ -261,13 +322,17 @@ def make_figure(run_dirs, labels=None, title: str | None = None):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+    if isinstance(smooth, bool) or not isinstance(smooth, (int, np.integer)) or smooth < 1:
+        raise ValueError(f"smooth={smooth!r} must be a whole number of iterations >= 1 "
+                         "(1 = no smoothing)")
     run_dirs = list(run_dirs)
     labels = list(labels) if labels else run_labels(run_dirs)
-    data = []
+    data, bounds = [], {}
     for i, run in enumerate(run_dirs):
         rows = read_metrics(run)
         if rows:
             data.append((i, return_curve(rows), eval_curve(rows), read_record(run), _is_pbt(rows)))
+            bounds[i] = return_bounds(run)
     scale, unit = _time_unit(max((float(c[1][-1]) for _, c, _, _, _ in data if len(c[1])),
                                  default=0.0))
 
@@ -285,13 +350,16 @@ def make_figure(run_dirs, labels=None, title: str | None = None):
     for i, (steps, wall, curves), ev, record, pbt in data:
         for label, idx, key in _groups(labels[i], curves.shape[0], None if pbt else record,
                                        "members" if pbt else "seeds"):
-            mean, half = mean_ci95(curves[idx])
+            seeds = moving_average(curves[idx], smooth)
+            mean, low, high = mean_interval(seeds)
+            # Never past what a return can be: the env's known range, else the seeds' own.
+            lo, hi = bounds[i] or (np.nanmin(seeds, initial=np.inf), np.nanmax(seeds, initial=-np.inf))
+            low, high = np.clip(low, lo, hi), np.clip(high, lo, hi)
             for ax, x, xi in ((axes[0], steps, 0), (axes[1], wall / scale, 1)):
                 (line,) = ax.plot(x, mean, label=label if xi == 0 else "_nolegend_",
                                   gid=f"train:{i}{key}")
                 if len(idx) > 1:
-                    band = ax.fill_between(x, mean - half, mean + half, alpha=0.2,
-                                           color=line.get_color())
+                    band = ax.fill_between(x, low, high, alpha=0.2, color=line.get_color())
                     band.set_gid(f"train-band:{i}{key}")
                 if ev is not None and ev[0].size:
                     any_eval = True
@@ -304,8 +372,9 @@ def make_figure(run_dirs, labels=None, title: str | None = None):
     axes[0].set_xlabel("env steps")
     axes[1].set_xlabel(f"wall-clock {unit} since the first iteration (resumed runs: summed "
                        "over processes)")
+    ylabel = "episode return" + (f" (moving average of {smooth} iterations)" if smooth > 1 else "")
     for ax in axes:
-        ax.set_ylabel("episode return" + (" (dashed: evaluation)" if any_eval else ""))
+        ax.set_ylabel(ylabel + (" (dashed: evaluation)" if any_eval else ""))
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
         ax.xaxis.set_major_formatter(FuncFormatter(compact_number))
@@ -366,8 +435,7 @@ def _draw_lineage(fig, lin: dict) -> None:
 
 
 def plot_search(rec: dict, out: str | Path) -> Path:
-    """Draws search.png: each member's final return (or evaluation) against each searched
-    hyperparameter (a log axis for loguniform ones), the best setting ringed.
+    """Draws search.png (`search_figure`).
 
     Args:
       rec: search.json's content (`jaxppo.search.results.report`).
@@ -375,6 +443,24 @@ def plot_search(rec: dict, out: str | Path) -> Path:
 
     Returns:
       The path of the PNG.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, _ = search_figure(rec)
+    out = Path(out)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def search_figure(rec: dict):
+    """The figure of search.png, not saved: each member's final return (or evaluation)
+    against each searched hyperparameter (a log axis for loguniform ones), the best setting
+    ringed (gid 'search-best:<field>') unless every setting scored the same (then there is
+    no best to mark).
+
+    Returns:
+      (fig, axes): the figure and its panels, one per searched field.
     """
     import matplotlib
 
@@ -385,47 +471,84 @@ def plot_search(rec: dict, out: str | Path) -> Path:
     fig, axes = plt.subplots(1, len(fields), figsize=(4 * len(fields), 3.8),
                              layout="constrained", squeeze=False)
     metric = rec["metric"]
-    best = set(rec["best"]["members"])
+    scores = np.asarray([np.nan if m.get(metric) is None else m[metric] for m in rec["members"]],
+                        float)
+    # Every setting tied (or none scored): no setting is better than another.
+    means = np.asarray([np.nan if e.get(f"{metric}_mean") is None else e[f"{metric}_mean"]
+                        for e in rec["settings"]], float)
+    tied = len(np.unique(means[np.isfinite(means)])) < 2
+    best = set() if tied else set(rec["best"]["members"])
     for ax, f in zip(axes[0], fields):
         x = [m[f] for m in rec["members"]]
-        y = [np.nan if m.get(metric) is None else m[metric] for m in rec["members"]]
-        ax.scatter(x, y, s=18, gid=f"search:{f}")
-        bx = [xv for m, xv in zip(rec["members"], x) if m["member"] in best]
-        by = [yv for m, yv in zip(rec["members"], y) if m["member"] in best]
-        ax.scatter(bx, by, s=90, facecolors="none", edgecolors="tab:red", label="best")
+        ax.scatter(x, scores, s=18, gid=f"search:{f}")
+        if best:
+            bx = [xv for m, xv in zip(rec["members"], x) if m["member"] in best]
+            by = [yv for m, yv in zip(rec["members"], scores) if m["member"] in best]
+            ax.scatter(bx, by, s=90, facecolors="none", edgecolors="tab:red", label="best",
+                       gid=f"search-best:{f}")
         if "loguniform" in rec["searched"][f]:
-            ax.set_xscale("log")
+            _log_axis(ax, [v for v in x if _is_real(v) and v > 0])
         ax.set_xlabel(f)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(metric.replace("_", " "))
-    axes[0][0].legend(fontsize=8)
+    if best:
+        axes[0][0].legend(fontsize=8)
     kind = "PBT (final values)" if "pbt" in rec else "search"
-    fig.suptitle(f"{kind}: {len(rec['members'])} members, {len(rec['settings'])} settings")
-    out = Path(out)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return out
+    fig.suptitle(f"{kind}: {len(rec['members'])} members, {len(rec['settings'])} settings"
+                 + ("; every setting scored the same: no best" if tied else ""))
+    return fig, axes[0]
 
 
-def plot_runs(run_dirs, out: str | Path, labels=None, title: str | None = None) -> Path:
+def _log_axis(ax, values) -> None:
+    """A log x axis whose tick labels cannot run into each other: over less than a decade,
+    four or five evenly spaced ticks; over one to two decades, 1 and 3 of each decade; over
+    more, the decades (every few, over very many). Labels are plain numbers (0.0035, 1e-5);
+    minor ticks have none."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    ax.set_xscale("log")
+    decades = np.log10(max(values) / min(values)) if values else 0.0
+    if decades < 1:
+        locator = MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10])
+    else:
+        locator = LogLocator(base=10, subs=(1.0, 3.0) if decades < 2 else (1.0,), numticks=6)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(FuncFormatter(_short_number))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _short_number(v, _pos=None) -> str:
+    """A log-axis tick label: 0.003, 0.0035, 30, 1e-05 -> "1e-5"."""
+    text = f"{v:.2g}"
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}e{int(exponent)}"
+    return text
+
+
+def plot_runs(run_dirs, out: str | Path, labels=None, title: str | None = None,
+              smooth: int = 1) -> Path:
     """Draws learning curves of run folders into a PNG.
 
     Return vs env steps and vs wall-clock time, one curve per run (the mean over its seeds
-    with a shaded 95% interval of that mean) or per setting of a sweep, labelled by the
-    config fields that differ; evaluation returns are dashed in the curve's colour.
+    with a shaded 95% bootstrap interval of that mean, kept within the returns the env can
+    give) or per setting of a sweep, labelled by the config fields that differ; evaluation
+    returns are dashed in the curve's colour.
 
     Args:
       run_dirs: run folders.
       out: the PNG to write.
       labels: a legend label per run (default: the env and the config fields that differ).
       title: the figure's title.
+      smooth: a moving average of this many iterations over each seed's training return
+        (1 = none).
 
     Returns:
       The path of the PNG.
     """
     import matplotlib.pyplot as plt
 
-    fig, _ = make_figure(run_dirs, labels=labels, title=title)
+    fig, _ = make_figure(run_dirs, labels=labels, title=title, smooth=smooth)
     out = Path(out)
     fig.savefig(out, dpi=110, bbox_inches="tight")  # "tight": nothing drawn is cut off
     plt.close(fig)

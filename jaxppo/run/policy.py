@@ -12,7 +12,9 @@ actions come back ready for `env.step` (continuous ones clipped to the action bo
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +103,17 @@ class Policy:
                 return ()
             raise TypeError(f"carry={_short(carry)}: this policy is feed-forward, its carry is () "
                             "(policy.initial_carry())")
-        size = self.algorithm.network.carry_size
         batch = tuple(np.shape(obs))[:np.ndim(obs) - len(self.spec.obs_shape)]
-        want = batch + (size,)
-        if not hasattr(carry, "shape") or tuple(carry.shape) != want:
-            got = f"shape {tuple(carry.shape)}" if hasattr(carry, "shape") else _short(carry)
+        want = jax.eval_shape(lambda: self.algorithm.initial_carry(batch))  # an array or a pytree
+        want_shapes = [tuple(x.shape) for x in jax.tree.leaves(want)]
+        got_shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(carry) if hasattr(x, "shape")]
+        if jax.tree.structure(carry) != jax.tree.structure(want) or got_shapes != want_shapes:
+            def one(shapes):
+                return shapes[0] if len(shapes) == 1 else tuple(shapes)
+            got = (f"shape {one(got_shapes)}" if got_shapes and
+                   len(got_shapes) == len(jax.tree.leaves(carry)) else _short(carry))
             raise ValueError(f"carry has {got}, but observations of batch shape {batch} need a "
-                             f"carry of shape {want}; {fix}")
+                             f"carry of shape {one(want_shapes)}; {fix}")
         return carry
 
     def initial_carry(self, batch_shape: tuple[int, ...] = ()):
@@ -148,6 +154,30 @@ def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, s
     Raises:
       ValueError: an argument out of range, or more episodes than free memory holds.
     """
+    return _evaluator(algorithm, params, obs_stats, episodes=episodes, seed=seed,
+                      deterministic=deterministic, max_steps=max_steps)(params, obs_stats)
+
+
+def evaluate_policies(policies: list[Policy], episodes: int = 10, seed: int = 0,
+                      deterministic: bool = True, max_steps: int | None = None) -> list[dict]:
+    """Evaluates each policy of one run (`load_policies`) as `Policy.evaluate` does, with one
+    compiled program for all: the params are its arguments, so seed i's figures equal
+    `load_policy(run, seed_index=i).evaluate(...)`'s."""
+    if not policies:
+        return []
+    first = policies[0]
+    if any(p.algorithm is not first.algorithm for p in policies):
+        raise ValueError("evaluate_policies takes the policies of one run (load_policies); "
+                         "evaluate policies of different runs one by one")
+    run = _evaluator(first.algorithm, first.params, first.obs_stats, episodes=episodes,
+                     seed=seed, deterministic=deterministic, max_steps=max_steps)
+    return [run(p.params, p.obs_stats) for p in policies]
+
+
+def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: int,
+               deterministic: bool, max_steps: int | None):
+    """`evaluate_policy`'s episodes as a function of (params, obs_stats) -> its dict,
+    compiled once (for params shaped like `params`) after the arguments are checked."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ValueError(f"episodes={episodes!r} must be an integer >= 1")
     if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)
@@ -161,11 +191,15 @@ def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, s
         raise ValueError(str(e)) from None
     bound = max_steps if max_steps is not None else algorithm.eval_bound()
     if algorithm.spec.host_loop:  # a gymnasium env steps in Python
-        stats = EpisodeStats(*evaluate_host(algorithm, params, obs_stats, episodes=episodes,
-                                            seed=seed, deterministic=deterministic, max_steps=bound))
-        out = summarize(stats)
-        out["returns"], out["lengths"] = stats.returns.tolist(), stats.lengths.tolist()
-        return out
+        def run_host(params, obs_stats) -> dict:
+            stats = EpisodeStats(*evaluate_host(algorithm, params, obs_stats, episodes=episodes,
+                                                seed=seed, deterministic=deterministic,
+                                                max_steps=bound))
+            out = summarize(stats)
+            out["returns"], out["lengths"] = stats.returns.tolist(), stats.lengths.tolist()
+            return out
+
+        return run_host
 
     def play(params, obs_stats, key):
         def step(obs, k, carry):
@@ -177,11 +211,15 @@ def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, s
     key = jax.random.PRNGKey(seed)
     compiled = jax.jit(play).lower(params, obs_stats, key).compile()
     _check_eval_memory(compiled, episodes)
-    stats = compiled(params, obs_stats, key)
-    out = summarize(stats)
-    out["returns"] = np.asarray(stats.returns).tolist()
-    out["lengths"] = np.asarray(stats.lengths).tolist()
-    return out
+
+    def run(params, obs_stats) -> dict:
+        stats = compiled(params, obs_stats, key)
+        out = summarize(stats)
+        out["returns"] = np.asarray(stats.returns).tolist()
+        out["lengths"] = np.asarray(stats.lengths).tolist()
+        return out
+
+    return run
 
 
 def _check_eval_memory(compiled, episodes: int) -> None:
@@ -250,7 +288,7 @@ def _short(x) -> str:
 
 
 def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = None,
-                env: Any = None, trust_config: bool = True) -> Policy:
+                env: Any = None, trust_config: bool = True, best: bool = False) -> Policy:
     """The trained policy of a run folder as a callable `act(obs, key=None)`.
 
     Args:
@@ -263,6 +301,8 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
       trust_config: False refuses a config.yaml that names a module to import (its
         "module:Class" env): for run folders you did not write. Registered gymnax names and
         the suites' envs ("brax:...", ...) import nothing of the folder's; `env=` is yours.
+      best: the best-evaluated params (RUN_DIR/best/, kept by a run with eval_every)
+        instead of the newest; the Policy's `iteration` is the evaluation's.
 
     Returns:
       The `Policy`.
@@ -274,7 +314,42 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
         refuses to import.
       TypeError, ValueError: a run_dir, step or seed_index of the wrong kind or range.
     """
+    saved = _load_saved(run_dir, step, env, trust_config, best)
+    return saved.policy(seed_index)
+
+
+def load_policies(run_dir: str | Path, *, step: int | None = None, env: Any = None,
+                  trust_config: bool = True, best: bool = False) -> list[Policy]:
+    """The trained policy of every seed of a run folder, in seed order (one for a one-seed
+    run), read from one restore and sharing one Algorithm (`evaluate_policies` evaluates them
+    with one compiled program). Arguments and errors as `load_policy`'s."""
+    saved = _load_saved(run_dir, step, env, trust_config, best)
+    return [saved.policy(i) for i in range(saved.seeds)]
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """What a run folder holds for `load_policy`: the params of all its seeds."""
+
+    run_dir: Path
+    algorithm: Algorithm
+    params: Any
+    obs_stats: Any
+    seeds: int
+    source: str
+    iteration: int | None
+    env_given: bool
+
+    def policy(self, seed_index: int) -> Policy:
+        """Seed `seed_index`'s Policy; ValueError out of range, CheckpointError for params
+        that do not fit the config."""
+        return _policy_of(self, seed_index)
+
+
+def _load_saved(run_dir, step, env, trust_config, best: bool = False) -> _Saved:
     run_dir = _run_folder(run_dir, step)
+    if best:
+        return _load_best(run_dir, step, env, trust_config)
     state, meta, step = _restore_checkpoint(run_dir, step)
     # The fields that fix the policy must agree with the checkpoint's record (the rest, such as
     # a total_timesteps changed by a resume that stopped before its next checkpoint, need not).
@@ -288,6 +363,41 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
         params, obs_stats = _saved_params(run_dir)
         seeds = algorithm.config.num_seeds
         source = str(run_dir / "params.msgpack")
+    return _Saved(run_dir, algorithm, params, obs_stats, seeds, source,
+                  None if meta is None else int(meta["iteration"]), env is not None)
+
+
+def _load_best(run_dir: Path, step, env, trust_config) -> _Saved:
+    """The params of RUN_DIR/best/ (the best evaluation) with the run's config.yaml."""
+    from jaxppo.run.folder import BEST_DIR, BEST_RECORD
+
+    if step is not None:
+        raise ValueError(f"step={step} and best=True name two different params; give one")
+    folder = run_dir / BEST_DIR
+    path = folder / "params.msgpack"
+    if not path.is_file():
+        raise CheckpointError(
+            f"{run_dir} has no {BEST_DIR}/params.msgpack: a run keeps its best-evaluated "
+            "params only when it evaluates (eval_every > 0, e.g. --set eval_every=10), from "
+            "its first evaluation on. Load the newest params instead (without best=True / "
+            "--best)")
+    try:
+        record = json.loads((folder / BEST_RECORD).read_text())
+        iteration = int(record["iteration"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{folder / BEST_RECORD} cannot be read ({str(e)[:120]}); it "
+                              "says which evaluation best/ holds. Load the newest params "
+                              "instead (without best=True / --best)") from None
+    config = load_run_config(run_dir, None, fields=LOCKED_FIELDS)
+    algorithm = Algorithm.create(_resolve_recorded(config, run_dir, env, trust_config))
+    saved = load_params_dict(path)
+    return _Saved(run_dir, algorithm, saved["params"], saved["obs_stats"],
+                  algorithm.config.num_seeds, str(path), iteration, env is not None)
+
+
+def _policy_of(saved: _Saved, seed_index: int) -> Policy:
+    run_dir, algorithm, seeds, source = saved.run_dir, saved.algorithm, saved.seeds, saved.source
+    params, obs_stats = saved.params, saved.obs_stats
     if not isinstance(seed_index, int) or isinstance(seed_index, bool) or not 0 <= seed_index < seeds:
         raise ValueError(f"seed_index={seed_index!r}, but {run_dir} holds {seeds} seed(s): use "
                          f"a seed index from 0 to {seeds - 1}")
@@ -300,12 +410,11 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
                 f"shape {short[0]}, not one per seed; config.yaml does not belong to these "
                 "params: restore the run's own config.yaml")
         params, obs_stats = jax.tree.map(lambda x: x[seed_index], (params, obs_stats))
-    _check_params(params, obs_stats, algorithm, run_dir, source, env_given=env is not None)
+    _check_params(params, obs_stats, algorithm, run_dir, source, env_given=saved.env_given)
     obs_stats = RunningStats(jnp.asarray(obs_stats["mean"]), jnp.asarray(obs_stats["var"]),
                              jnp.asarray(obs_stats["count"]))
     params = jax.tree.map(jnp.asarray, params)
-    return Policy(algorithm, params, obs_stats,
-                  iteration=None if meta is None else int(meta["iteration"]))
+    return Policy(algorithm, params, obs_stats, iteration=saved.iteration)
 
 
 def _run_folder(run_dir, step) -> Path:
@@ -355,6 +464,10 @@ def _resolve_recorded(config, run_dir: Path, env, trust_config: bool) -> Resolve
         check_recorded_env(config, run_dir, (
             f"Pass the env: jaxppo.load_policy({str(run_dir)!r}, env=YourEnv()) (or "
             f"`jaxppo eval {run_dir} --env module:Class`)"))
+    if not trust_config:
+        refuse_imports(None, f"{run_dir}/config.yaml", network=config.network, fix=(
+            "Its policy is that module's network, so it loads only with the module: if you "
+            "trust the folder, load it with trust_config=True (without --no-imports)"))
     try:
         return resolve(config)
     except ConfigError as e:
@@ -406,6 +519,9 @@ def _check_params(params, obs_stats, algorithm: Algorithm, run_dir: Path, source
     net = algorithm.config.network
     shape = f"network.hidden_sizes={list(net.hidden_sizes)}" + (
         f", network.recurrent_size={net.recurrent_size}" if net.recurrent_size else "")
+    if net.custom:  # the module's own arguments shape it
+        shape = f"network.module={net.module!r:.80}" + (
+            f", network.kwargs={net.kwargs}" if net.kwargs else "")
     raise CheckpointError(
         f"the params in {source} do not fit the network that {where} describes for "
         f"{algorithm.config.env_name} with {shape} ({problem}); they were trained with another env or "

@@ -7,17 +7,20 @@ runner that runs the chunks (a `jaxppo.run.runner.Runner`) differs.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.search import sweep
 from jaxppo.core.algorithm import Algorithm, TrainState
-from jaxppo.core.hyperparams import HyperParams
-from jaxppo.config import PPOConfig
+from jaxppo.core.hyperparams import (HyperParams, describe_schedule, reanchor_points,
+                                     schedule_value)
+from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES, PPOConfig
 from jaxppo.errors import ConfigError
 from jaxppo.run import hostloop
 from jaxppo.run.hostloop import HostLoopRunner
@@ -85,7 +88,7 @@ def train(
     hparams: HyperParams | None = None,
     run_dir: str | Path | None = None,
     progress: bool | None = None,
-    callback: Callable[[list[dict]], None] | None = None,
+    callback: Callable[[list[dict]], Any] | None = None,
     resume: str | Path | None = None,
     stop_after_iterations: int | None = None,
     plot: bool = True,
@@ -110,7 +113,13 @@ def train(
             curve.png (unless plot=False) and, with `tensorboard`, tensorboard/.
         progress: show a progress bar (default: when stderr is a terminal, else a line per
             chunk); False shows nothing.
-        callback: called with the metric rows of each finished chunk.
+        callback: called with the metric rows of each finished chunk (one dict per
+            iteration and seed, as metrics.jsonl holds them). Returning False or raising
+            `jaxppo.StopTraining` stops the run after that chunk: it is checkpointed and
+            finished, and the result has `completed` False and `stopped` saying why. Any other
+            exception is raised again once the checkpoint, params.msgpack and summary.json of
+            that iteration are written. The config's stop_at_return and
+            stop_after_no_improvement stop a run the same way.
         resume: a run folder to continue from its newest checkpoint; metrics.jsonl is cut
             back to the checkpoint and appended to. A given config may change fields like
             total_timesteps, but not shapes (ConfigError). The number of devices may differ
@@ -151,7 +160,7 @@ def _local_runner(start: Start) -> Runner:
 
 def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig | None, *,
                hparams: HyperParams | None, run_dir: str | Path | None, progress: bool | None,
-               callback: Callable[[list[dict]], None] | None, resume: str | Path | None,
+               callback: Callable[[list[dict]], Any] | None, resume: str | Path | None,
                stop_after_iterations: int | None, plot: bool,
                trust_config: bool = True) -> TrainResult:
     """Check, resume, build the runner, open the run folder, run the loop and finish the folder.
@@ -192,7 +201,8 @@ def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig 
                 resumed=point is not None, wall_offset=start.wall_offset,
                 stop_after_iterations=stop_after_iterations, progress=progress,
                 callback=callback, label=entry.label and entry.label.format(**env),
-                member_labels=None if record is None else record["labels"])
+                member_labels=None if record is None else record["labels"],
+                checkpoint_record=schedule_record(start.hp, config))
             return finish_run(result, folder, entry.command, plot=plot,
                               label=entry.plot_label and entry.plot_label.format(**env),
                               extra_summary=entry.summary(result) if entry.summary else None)
@@ -214,9 +224,113 @@ def _checked_start(entry: EntryPoint, config: PPOConfig, run_dir, point: ResumeP
     hp, record = sweep.run_hparams(resolved.config, hparams, run_dir, point is not None)
     start = Start(resolved, hp, sweep_record=record)
     if point is not None:  # read and check the checkpoint before compiling
+        from_record = hparams is None and record is not None
+        start.hp, notes = continue_schedules(hp, point.meta, resolved.config,
+                                             given=hparams is not None, from_record=from_record,
+                                             labels=record and record["labels"])
         start.restored, start.iteration, start.wall_offset = point.restore(
-            _abstract_state(resolved, hp), resolved.config)
+            _abstract_state(resolved, start.hp), resolved.config)
+        print("\n".join(notes), file=sys.stderr, flush=True)
     return start
+
+
+def schedule_record(hp: HyperParams, config: PPOConfig) -> dict:
+    """What a checkpoint records of the schedules a run trains with (`continue_schedules`
+    reads it back): HyperParams' point leaves as lists; nothing for PBT, whose
+    exploit/explore steps rebuild its schedules from the config."""
+    if config.pbt is not None:
+        return {}
+    return {"schedules": {leaf: np.asarray(getattr(hp, leaf), np.float32).tolist()
+                          for leaf in HyperParams.point_leaves}}
+
+
+def continue_schedules(hp: HyperParams, meta: dict, config: PPOConfig, *, given: bool,
+                       from_record: bool, labels: list[str] | None = None
+                       ) -> tuple[HyperParams, list[str]]:
+    """The schedules (lr, entropy_coeff) a resumed run continues with, and lines saying what
+    they do from the checkpoint on.
+
+    A schedule that the resume leaves as it was continues as the checkpoint recorded it; if
+    total_timesteps changed it is re-anchored at the checkpoint's step
+    (`jaxppo.core.hyperparams.reanchor_points`): its value there is kept and the rest is
+    stretched to the new total. A schedule the resume changes (a new lr in the config, or
+    `hparams` passed to train) is used as given, over the run's env steps. PBT rebuilds its
+    searched schedules itself and is left as it is.
+
+    Args:
+        hp: the hyperparameters as configured (config, sweep.json, or `hparams`).
+        meta: the checkpoint's record (its config, env steps and recorded schedules).
+        config: the config the run continues with.
+        given: `hp` was passed to train by the caller.
+        from_record: `hp` comes from the folder's sweep.json.
+        labels: a sweep's member labels, to name members in the lines.
+    """
+    saved = meta.get("config") or {}
+    step, total = int(meta.get("env_steps", 0)), config.total_timesteps
+    old_total = int(saved.get("total_timesteps", total))
+    if config.pbt is not None:
+        return hp, [f"resuming at env step {step:,} of {total:,}"]
+    now, recorded = config.to_dict(), meta.get("schedules") or {}
+    legacy = HyperParams.from_config(config.replace(total_timesteps=old_total))
+    changes, notes, before = {}, [], {}
+    for leaf in HyperParams.point_leaves:
+        name = HYPERPARAM_LEAVES[leaf]
+        fields = (name, SCHEDULES[name])
+        changed = given or (not from_record and any(
+            f in saved and saved[f] != now[f] for f in fields))
+        if changed:
+            notes.append((name, "as now configured"))
+            continue
+        base = np.asarray(getattr(hp if from_record else legacy, leaf), np.float32)
+        if leaf in recorded and np.shape(recorded[leaf]) == base.shape:
+            base = np.asarray(recorded[leaf], np.float32)
+        before[name] = base
+        if old_total != total:
+            base = reanchor_points(base, step, old_total, total)
+        changes[leaf] = jnp.asarray(base)
+    hp = hp.replace(**changes)
+    head = f"resuming at env step {step:,} of {total:,}"
+    if old_total != total:
+        head += (f" (total_timesteps was {old_total:,}: each schedule goes on from its value "
+                 "at the checkpoint, stretched to the new total)")
+    lines = [head + ":"]
+    why = dict(notes)
+    for leaf in HyperParams.point_leaves:
+        name = HYPERPARAM_LEAVES[leaf]
+        for text in _describe(np.asarray(getattr(hp, leaf)), step, total, labels):
+            lines.append(f"  {name}: {text}" + (f" ({why[name]})" if name in why else ""))
+    lr = before.get("lr")
+    if old_total != total and lr is not None and _fading(lr, step):
+        lines.append(
+            f"  (the lr schedule had nearly run out; to train the extension with a fresh "
+            f"anneal give it as points from here, e.g. --set 'lr=[[{step}, {_first_lr(lr):g}], "
+            f"[{total}, {_first_lr(lr) / 100:g}]]')")
+    return hp, lines
+
+
+def _describe(points: np.ndarray, step: int, total: int, labels) -> list[str]:
+    """One description per distinct schedule of `points` ([K, 2], or [N, K, 2] for a sweep
+    whose members are named by `labels`)."""
+    if points.ndim == 2:
+        return [describe_schedule(points, step, total)]
+    texts: dict[str, list[str]] = {}
+    for i, p in enumerate(points):
+        texts.setdefault(describe_schedule(p, step, total), []).append(
+            labels[i] if labels else f"seed {i}")
+    if len(texts) == 1:
+        return list(texts)
+    return [f"{text} [{', '.join(dict.fromkeys(who))}]" for text, who in texts.items()]
+
+
+def _fading(lr: np.ndarray, step: int) -> bool:
+    """Whether every lr schedule in `lr` is below a tenth of its first value at `step`."""
+    pts = lr.reshape(-1, *lr.shape[-2:])
+    return all(float(schedule_value(jnp.asarray(p), jnp.asarray(step, jnp.float32)))
+               < 0.1 * float(np.max(p[:, 1])) for p in pts)
+
+
+def _first_lr(lr: np.ndarray) -> float:
+    return float(np.max(lr.reshape(-1, *lr.shape[-2:])[0, :, 1]))
 
 
 def _abstract_state(resolved: Resolved, hp: HyperParams) -> Any:

@@ -82,11 +82,38 @@ def learns_on_two_devices():
     }
 
 
+def stops_on_two_devices():
+    """stop_at_return and best/ on two devices: the rule reads the evaluation the program
+    made over both devices' envs, and best/ holds params that load_policy(best=True) takes."""
+    import tempfile
+
+    cfg = jaxppo.PPOConfig(
+        num_envs=16, num_steps=128, num_epochs=8, num_minibatches=8, lr=5e-4,
+        total_timesteps=300_000, num_devices=2, eval_every=5, eval_episodes=8,
+        stop_at_return=150.0, compilation_cache_dir=None,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        result = jaxppo.train(cfg, run_dir=f"{tmp}/run", progress=False, plot=False)
+        best = json.loads(open(f"{tmp}/run/best/best.json").read())
+        policy = jaxppo.load_policy(f"{tmp}/run", best=True)
+        evals = result.metrics["eval_return_mean"]
+        return {
+            "devices": int(result.num_devices), "completed": bool(result.completed),
+            "stopped": result.stopped, "iterations": int(result.iterations_done),
+            "num_iterations": int(cfg.num_iterations),
+            "last_eval": float(evals[np.isfinite(evals)][-1]),
+            "best_eval": float(best["eval_return_mean"]),
+            "best_iteration": int(best["iteration"]), "policy_iteration": policy.iteration,
+            "best_return_of_policy": float(policy.evaluate(episodes=8)["return_mean"]),
+        }
+
+
 CHECKS = {"equivalence": one_iteration_equivalence,
           "equivalence-state-std": lambda: one_iteration_equivalence(EQUIVALENCE_STATE_STD),
           "equivalence-batch": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH),
           "equivalence-batch-gru": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH_GRU),
-          "learn": learns_on_two_devices}
+          "learn": learns_on_two_devices,
+          "stop": stops_on_two_devices}
 
 
 if __name__ == "__main__":

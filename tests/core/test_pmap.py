@@ -40,11 +40,28 @@ def test_one_iteration_on_four_devices_equals_one_device(equivalence_results, wh
         assert m1[key] == pytest.approx(m4[key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.fixture(scope="module")
+def two_device_runs() -> dict:
+    """The learning run and the early-stopping run on two devices, in one worker process."""
+    return _run("learn", "stop")
+
+
 @pytest.mark.slow
-def test_cartpole_learns_on_two_devices_and_params_stay_replicated():
-    r = _run("learn")["learn"]
+def test_cartpole_learns_on_two_devices_and_params_stay_replicated(two_device_runs):
+    r = two_device_runs["learn"]
     assert r["devices"] == 2
     assert r["replicated_after_training"]
     # Random play scores ~20; a learning run is far above that after 300k steps.
     assert r["first_return"] < 60
     assert r["final_return"] > 300, r
+
+
+@pytest.mark.slow
+def test_stop_at_return_and_best_params_on_two_devices(two_device_runs):
+    r = two_device_runs["stop"]
+    assert r["devices"] == 2
+    assert not r["completed"] and r["iterations"] < r["num_iterations"], r
+    assert "stop_at_return" in r["stopped"], r
+    assert r["last_eval"] >= 150.0 and r["best_eval"] >= 150.0, r
+    assert r["best_iteration"] == r["policy_iteration"] <= r["iterations"], r
+    assert r["best_return_of_policy"] > 100, r  # the best params, loaded, play well

@@ -360,11 +360,72 @@ def test_killed_raylet_of_a_worker_node_mid_run(cluster, two_host_run, tmp_path,
 
 # ---------------------------------------------------------------------- bad input
 def test_more_hosts_than_nodes_is_a_clear_error(cluster, tmp_path):
+    """The count is of the nodes that can hold a learner, of all alive ones, in the cluster
+    joined; the message names the ways to more nodes."""
     t0 = time.perf_counter()
-    with pytest.raises(NotEnoughNodesError, match=r"hosts=3 .* only 2 alive node"):
+    with pytest.raises(NotEnoughNodesError, match=r"hosts=3 .* only 2 alive node") as e:
         train_distributed(tiny(num_envs=6), hosts=3, run_dir=tmp_path / "run", progress=False)
     assert time.perf_counter() - t0 < 30
     assert not (tmp_path / "run").exists()  # nothing written
+    msg = str(e.value)
+    assert "hosts=3 needs 3 Ray nodes with 1 CPU each" in msg, msg
+    assert f"the Ray cluster at {cluster.cluster.address} has only 2 alive node(s) with " \
+           "that, of 2 alive: " in msg, msg
+    assert msg.count("(CPU 1, GPU 0)") == 2, msg
+    for fix in ("make ray-cluster RAY_WORKERS=3", "--address <head>:6379",
+                "RAY_ADDRESS=<head>:6379", "--hosts 2"):
+        assert fix in msg, (fix, msg)
+
+
+def test_the_cluster_is_chosen_as_ray_users_expect(tmp_path):
+    """--address, else RAY_ADDRESS, else the newest cluster `ray start` recorded that still
+    runs, else a new local instance; 'local' and 'auto' as Ray reads them."""
+    from jaxppo.distributed.cluster import ClusterUnreachableError, choose_address
+
+    a, b = tmp_path / "a" / "ray_current_cluster", tmp_path / "b" / "ray_current_cluster"
+    recorded = [("127.0.0.1:7001", a), ("127.0.0.1:7002", b)]  # newest first
+    running = {"127.0.0.1:7001", "127.0.0.1:7002"}
+    assert choose_address("10.0.0.1:6379", "10.0.0.2:6379", recorded, running) == \
+        ("10.0.0.1:6379", "--address")
+    assert choose_address(None, "10.0.0.2:6379", recorded, running) == ("10.0.0.2:6379", "RAY_ADDRESS")
+    address, how = choose_address(None, None, recorded, running)
+    assert address == "127.0.0.1:7001" and str(a) in how and "also running: 127.0.0.1:7002" in how
+    # A recorded cluster that was stopped is passed over.
+    address, how = choose_address(None, "", recorded, {"127.0.0.1:7002"})
+    assert address == "127.0.0.1:7002" and str(b) in how and "also" not in how
+    assert choose_address(None, None, recorded, set())[0] is None
+    assert choose_address(None, None, [], running)[0] is None  # not `ray start`'s: not joined
+    assert choose_address(None, None, [], running)[1] == \
+        "no --address, RAY_ADDRESS or running cluster on this machine"
+    assert choose_address("local", None, recorded, running) == (None, "--address local")
+    assert choose_address(None, "local", recorded, running) == (None, "RAY_ADDRESS=local")
+    assert choose_address("auto", None, recorded, running)[0] == "127.0.0.1:7001"
+    assert choose_address("auto", "10.0.0.2:6379", recorded, running)[0] == "10.0.0.2:6379"  # as Ray
+    with pytest.raises(ClusterUnreachableError, match="no Ray cluster started by `ray start` is "
+                                                      "running on this machine"):
+        choose_address(None, "auto", recorded, set())
+    # Without a process list, a recorded cluster counts as running when its port answers.
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        live = f"127.0.0.1:{listening.getsockname()[1]}"
+        dead = f"127.0.0.1:{_free_port()}"
+        assert choose_address(None, None, [(dead, a), (live, b)], None)[0] == live
+        assert choose_address(None, None, [(dead, a)], None)[0] is None
+
+
+def test_a_running_cluster_is_found_from_what_ray_start_records(cluster):
+    """The module's cluster, as `ray start --head` does, recorded its address in Ray's
+    temp dir; it is found there, its raylets name it, and it would be joined."""
+    from jaxppo.distributed import cluster as cl
+
+    address = cluster.cluster.address
+    recorded = cl.recorded_clusters()
+    running = cl.running_gcs_addresses()
+    assert address in [a for a, _ in recorded] and address in running
+    mine = [(a, f) for a, f in recorded if a == address]
+    chosen, how = cl.choose_address(None, None, mine, running)
+    assert chosen == address and "running on this machine, recorded by `ray start`" in how
 
 
 def test_coordinator_port_in_use_is_a_clear_error(cluster):
@@ -421,6 +482,27 @@ def test_no_cluster_at_ray_address(tmp_path):
     assert "make ray-cluster" in proc.stderr
     assert time.perf_counter() - t0 < 60
     assert not (tmp_path / "unreachable").exists()  # nothing left behind
+
+
+def test_jaxppo_train_address_names_the_cluster(tmp_path, capsys):
+    """`jaxppo train --hosts H --address A` connects to A (before RAY_ADDRESS); --address
+    without --hosts is refused before anything starts."""
+    from jaxppo import cli
+
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:2", RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxppo", "train", "--hosts", "2", "--address", "127.0.0.1:1",
+         "--env", "CartPole-v1", "--defaults", "--runs-dir", str(tmp_path), "--run-name", "r"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=REPO, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "no Ray cluster reachable at --address 127.0.0.1:1" in proc.stderr
+    assert "fix --address, or leave it out" in proc.stderr
+    assert not (tmp_path / "r").exists()
+    assert cli.main(["train", "--address", "127.0.0.1:1", "--env", "CartPole-v1",
+                     "--runs-dir", str(tmp_path)]) == 2
+    assert "--address 127.0.0.1:1 names a Ray cluster to train on, which only --hosts H does" \
+        in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_resume_with_env_is_refused_by_the_job_entry_point(tmp_path, capsys):

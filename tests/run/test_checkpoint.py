@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -145,6 +146,133 @@ def test_cli_resume_extends_a_run_with_a_larger_total_timesteps(runs, tmp_path, 
     assert f"total_timesteps: {more}" in (run / "config.yaml").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["iterations"] == CFG.num_iterations + 2 and summary["completed"]
+
+
+def test_an_extended_run_continues_its_schedule_from_the_checkpoint(runs, stopped_copy, capsys):
+    """lr anneals linearly to 0 at total_timesteps; extended at iteration STOP, it goes on
+    from its value there to 0 at the new total, and a second resume keeps that schedule."""
+    step, old, new = STOP * CFG.batch_size, CFG.total_timesteps, 12 * CFG.batch_size
+    at_checkpoint = CFG.lr * (1 - step / old)
+    capsys.readouterr()
+    jaxppo.train(CFG.replace(total_timesteps=new), resume=stopped_copy, progress=False,
+                 stop_after_iterations=2)  # to iteration 6, a checkpoint
+    err = capsys.readouterr().err
+    assert (f"lr: linear from {at_checkpoint:.3g} at step {step:,} to 0 at step {new:,}"
+            in err), err
+    assert "entropy_coeff: constant 0.01" in err
+    jaxppo.train(None, resume=stopped_copy, progress=False)  # total unchanged: as recorded
+    assert f"lr: linear from {at_checkpoint * (1 - 2 / 8):.3g} at step {6 * 64:,}" in (
+        capsys.readouterr().err)
+    lrs = {r["iteration"]: r["lr"] for r in _rows(stopped_copy)}
+    assert sorted(lrs) == list(range(1, 13))
+    for it in range(1, STOP + 1):  # before the resume: the original anneal
+        assert lrs[it] == pytest.approx(CFG.lr * (1 - (it - 1) * 64 / old), rel=1e-5)
+    for it in range(STOP + 1, 13):  # after: from the checkpoint's value to 0 at the new total
+        done = (it - 1) * 64 - step
+        assert lrs[it] == pytest.approx(at_checkpoint * (1 - done / (new - step)), rel=1e-5), it
+    assert lrs[STOP + 1] == pytest.approx(at_checkpoint, rel=1e-6)
+
+
+# ---------------------------------------------------------------------- early stopping
+def test_a_callback_stops_the_run_or_fails_with_everything_saved(stopped_copy):
+    """A callback returning False stops after its chunk (checkpointed, completed False); one
+    that raises gets its error back once the checkpoint, params and summary are written."""
+    seen = []
+
+    def enough(rows):
+        seen.append(rows[-1]["iteration"])
+        return False
+
+    result = jaxppo.train(None, resume=stopped_copy, progress=False, plot=False, callback=enough)
+    assert seen == [6]  # from 4, the chunk ends at the checkpoint and evaluation of 6
+    assert result.iterations_done == 6 and not result.completed
+    assert result.stopped == "the callback returned False"
+    assert find_latest(stopped_copy)[1] == 6
+    assert json.loads((stopped_copy / "summary.json").read_text())["stopped"] == result.stopped
+
+    def broken(rows):
+        raise ValueError("the callback's own bug")
+
+    with pytest.raises(ValueError, match="the callback's own bug") as info:
+        jaxppo.train(None, resume=stopped_copy, progress=False, plot=False, callback=broken)
+    assert any(f"--resume {stopped_copy}" in note for note in info.value.__notes__)
+    store, step = find_latest(stopped_copy)
+    with store:
+        assert step == 8  # the end of the chunk it was called for (no checkpoint_every there)
+        state, _ = store.restore(8)
+    from jaxppo.run.checkpoints import load_params_dict
+    saved = load_params_dict(stopped_copy / "params.msgpack")
+    assert _tree_equal(saved["params"], state["params"])
+    assert jaxppo.load_policy(stopped_copy).iteration == 8
+
+
+def test_stop_at_return_stops_at_the_evaluation_that_reaches_it(stopped_copy):
+    result = jaxppo.train(CFG.replace(stop_at_return=1.0), resume=stopped_copy, progress=False,
+                          plot=False, callback=lambda rows: None)
+    assert result.iterations_done == 6 and not result.completed
+    ev = result.metrics["eval_return_mean"][5]
+    assert result.stopped == (f"the eval return {ev:.1f} reached stop_at_return=1 at "
+                              "iteration 6")
+    assert find_latest(stopped_copy)[1] == 6
+
+
+def test_stop_rules_use_the_mean_over_seeds_and_count_evaluations():
+    from jaxppo.run.loop import _StopRules
+
+    def rows(it, evals=(), returns=()):
+        out = [{"iteration": it, "seed": s, "eval_return_mean": e, "episode_return_mean": r}
+               for s, (e, r) in enumerate(zip(evals or [math.nan] * 2, returns or [math.nan] * 2))]
+        return out
+
+    cfg = CFG.replace(num_seeds=2, stop_at_return=100.0, stop_after_no_improvement=2)
+    earlier = rows(2, (10.0, 30.0))  # a resumed run's evaluations count
+    rules = _StopRules(cfg, earlier)
+    assert rules.best == 20.0 and rules.best_iter == 2
+    assert rules.after_chunk(rows(4, (90.0, 109.0))) is None  # mean 99.5 < 100
+    assert rules.improved and rules.best_record() == {
+        "iteration": 4, "env_steps": 4 * CFG.batch_size, "eval_return_mean": 99.5,
+        "eval_return_per_seed": [90.0, 109.0]}
+    assert rules.after_chunk(rows(6, (99.0, 0.0))) is None and not rules.improved
+    assert rules.after_chunk(rows(8, (99.0, 99.0))) == (
+        "no better eval return (mean over 2 seeds) in 2 evaluations (the best, 99.5, was at "
+        "iteration 4)")
+    assert _StopRules(cfg, earlier).after_chunk(rows(4, (100.0, 100.0))) == (
+        "the eval return 100.0 (mean over 2 seeds) reached stop_at_return=100 at iteration 4")
+    # without evaluation: the training return, once every seed has one
+    train_rules = _StopRules(cfg.replace(eval_every=0, stop_after_no_improvement=0), [])
+    assert train_rules.after_chunk(rows(1, returns=(500.0, math.nan))) is None
+    assert train_rules.after_chunk(rows(2, returns=(120.0, 90.0))) == (
+        "the training return 105.0 (mean over 2 seeds) reached stop_at_return=100 at iteration 2")
+    with pytest.raises(ConfigError, match="stop_after_no_improvement=3 counts evaluations"):
+        CFG.replace(eval_every=0, stop_after_no_improvement=3).validate()
+
+
+def test_best_holds_the_params_of_the_best_evaluation(tmp_path, capsys):
+    """best/ keeps the params of the best evaluation (mean over seeds): the same as the
+    checkpoint of that iteration; load_policy(best=True) and `jaxppo eval --best` load them."""
+    cfg = CFG.replace(checkpoint_every=0, checkpoint_minutes=1e-9, keep_checkpoints=10)
+    run = tmp_path / "run"
+    jaxppo.train(cfg, run_dir=run, progress=False, plot=False)
+    evals = {r["iteration"]: r["eval_return_mean"] for r in _rows(run)
+             if r.get("eval_return_mean") is not None and math.isfinite(r["eval_return_mean"])}
+    assert sorted(evals) == [2, 4, 6, 8]
+    best = max(evals, key=lambda it: (evals[it], -it))  # the first of equal ones
+    record = json.loads((run / "best" / "best.json").read_text())
+    assert record["iteration"] == best and record["eval_return_mean"] == evals[best]
+    from jaxppo.run.checkpoints import load_params_dict
+    saved = load_params_dict(run / "best" / "params.msgpack")
+    with CheckpointStore(run, read_only=True) as store:
+        state, _ = store.restore(best)
+    assert _tree_equal(saved["params"], state["params"])
+    assert _tree_equal(saved["obs_stats"], state["obs_stats"])
+    policy = jaxppo.load_policy(run, best=True)
+    assert policy.iteration == best
+    assert _tree_equal(policy.params, state["params"])
+    capsys.readouterr()
+    assert cli.main(["eval", str(run), "--best", "--episodes", "2"]) == 0
+    assert f"best evaluation, iteration {best} (best/)" in capsys.readouterr().out
+    with pytest.raises(CheckpointError, match="has no best/params.msgpack"):
+        jaxppo.load_policy(tmp_path, best=True)
 
 
 # ---------------------------------------------------------------------- bad input
@@ -301,7 +429,8 @@ def test_time_based_checkpoints_by_default_change_no_number(runs, tmp_path):
     result = jaxppo.train(cfg, run_dir=tmp_path / "run", progress=False)
     store, step = find_latest(tmp_path / "run")
     with store:
-        assert store.steps() == [3, 6, 8]  # chunks of log_every=3, and the end
+        # chunks of log_every=3 that end at each evaluation (every 2) too
+        assert store.steps() == [2, 4, 6, 8]
     assert _tree_equal(runs["full"].state, result.state)
 
 
@@ -322,14 +451,15 @@ def test_sigint_stops_after_the_chunk_saves_everything_and_resumes_exactly(runs,
             sent.append(rows[-1]["iteration"])
             os.kill(os.getpid(), signal.SIGINT)
 
+    # The first chunk ends at the first evaluation (iteration 2; eval_every=2).
     with pytest.raises(jaxppo.TrainingInterrupted, match=r"SIGINT stopped training after "
-                       r"iteration 3 of 8: .* continue with: jaxppo train --resume") as info:
+                       r"iteration 2 of 8: .* continue with: jaxppo train --resume") as info:
         jaxppo.train(CFG, run_dir=run, progress=False, callback=interrupt)
-    assert sent == [3] and info.value.signal_name == "SIGINT"
-    assert info.value.result.iterations_done == 3 and not info.value.result.completed
-    assert find_latest(run)[1] == 3
+    assert sent == [2] and info.value.signal_name == "SIGINT"
+    assert info.value.result.iterations_done == 2 and not info.value.result.completed
+    assert find_latest(run)[1] == 2
     assert (run / "params.msgpack").exists()
-    assert json.loads((run / "summary.json").read_text())["iterations"] == 3
+    assert json.loads((run / "summary.json").read_text())["iterations"] == 2
     assert signal.getsignal(signal.SIGINT) is before  # the previous handler is restored
     resumed = jaxppo.train(None, resume=run, progress=False)
     assert _tree_equal(runs["full"].state, resumed.state)

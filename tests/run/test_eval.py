@@ -182,6 +182,18 @@ def test_summary_reports_the_last_evaluation_per_seed(trained):
     assert "final_eval_return_mean" not in _summary(trained["plain"])
 
 
+def test_a_run_folders_summary_json_is_strict_json(trained):
+    """summary.json parses with a parser that knows no NaN, and states the steps per seed and
+    over both seeds."""
+    def refuse(name):
+        raise ValueError(f"{name} in summary.json")
+
+    s = json.loads((trained["run"] / "summary.json").read_text(), parse_constant=refuse)
+    assert s["env_steps"] == CFG.total_timesteps and s["num_seeds"] == 2
+    assert s["env_steps_all_seeds"] == s["env_steps_this_call"] == 2 * CFG.total_timesteps
+    assert s["resumed_from"] is None
+
+
 def test_final_in_training_eval_matches_the_loaded_policy(trained):
     """The program's last evaluation, replayed outside it with the loaded policy and the same
     key, gives the same returns."""
@@ -241,6 +253,50 @@ def test_cli_eval_prints_mean_and_std(trained, capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["episodes"] == 3 and got["deterministic"] is False
     assert cli.main(["eval", str(trained["base"] / "nope")]) == 2
+
+
+def test_cli_eval_evaluates_every_seed_with_one_compile(trained, capsys, monkeypatch):
+    """Without --seed-index every seed is evaluated: each seed's figures are those of
+    load_policy(seed_index=i).evaluate, the aggregate is mean ± std of the seeds' means, in
+    the text and in --json; the evaluation program is compiled once for all seeds."""
+    import jaxppo.run.policy as policy_module
+
+    seeds = CFG.num_seeds
+    want = [jaxppo.load_policy(trained["run"], seed_index=i).evaluate(episodes=3, seed=2)
+            for i in range(seeds)]
+    assert want[0]["returns"] != want[1]["returns"]  # the seeds differ: the check can fail
+    compiles = []
+    real = policy_module._evaluator
+    monkeypatch.setattr(policy_module, "_evaluator",
+                        lambda *a, **kw: compiles.append(1) or real(*a, **kw))
+    assert cli.main(["eval", str(trained["run"]), "--episodes", "3", "--seed", "2", "--json"]) == 0
+    assert len(compiles) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert got["seeds"] == seeds and got["episodes"] == 3 and got["deterministic"] is True
+    assert [s["seed_index"] for s in got["per_seed"]] == list(range(seeds))
+    for mine, ref in zip(got["per_seed"], want):
+        assert mine["returns"] == ref["returns"] and mine["lengths"] == ref["lengths"]
+        assert mine["return_mean"] == pytest.approx(ref["return_mean"])
+    means = np.array([w["return_mean"] for w in want])
+    assert got["aggregate"]["return_mean"] == pytest.approx(means.mean())
+    assert got["aggregate"]["return_std"] == pytest.approx(means.std())
+    assert got["aggregate"]["length_mean"] == pytest.approx(np.mean([w["length_mean"] for w in want]))
+
+    assert cli.main(["eval", str(trained["run"]), "--episodes", "3", "--seed", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"{seeds} seeds, 3 episodes each" in lines[0]
+    for i, ref in enumerate(want):
+        assert lines[1 + i].strip().startswith(
+            f"seed {i}: return {ref['return_mean']:.2f} ± {ref['return_std']:.2f}, length "
+            f"{ref['length_mean']:.1f} ± {ref['length_std']:.1f}")
+    assert f"return {means.mean():.2f} ± {means.std():.2f}" in lines[-1] and "over the 2 seeds" in lines[-1]
+
+    # --seed-index keeps evaluating one seed, in the one-seed shape.
+    assert cli.main(["eval", str(trained["run"]), "--episodes", "3", "--seed", "2",
+                     "--seed-index", "1", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["seed_index"] == 1 and "per_seed" not in one
+    assert one["returns"] == want[1]["returns"]
 
 
 def test_a_shared_folder_naming_a_function_runs_nothing(trained, tmp_path, capsys):

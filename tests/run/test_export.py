@@ -118,12 +118,18 @@ def test_a_fixed_batch_size(runs, tmp_path):
     assert exp.in_avals[0].shape == (3, 4) and out.metadata["obs"]["shape"] == [3, 4]
 
 
-def test_default_path_is_the_run_folder_name_in_the_working_dir(runs, tmp_path, monkeypatch, capsys):
+def test_default_path_is_named_after_the_run_folder_inside_it(runs, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["export", str(runs["cartpole"]), "--format", "jax", "--seed-index", "1"]) == 0
-    assert (tmp_path / "cartpole-seed1.jaxexport").is_file()
-    assert (tmp_path / "cartpole-seed1.jaxexport.json").is_file()
-    assert "wrote cartpole-seed1.jaxexport" in capsys.readouterr().out
+    run = runs["cartpole"]
+    out = run / "cartpole-seed1.jaxexport"
+    try:
+        assert cli.main(["export", str(run), "--format", "jax", "--seed-index", "1"]) == 0
+        assert out.is_file() and out.with_name(out.name + ".json").is_file()
+        assert capsys.readouterr().out == f"wrote {out}, {out}.json\n"
+        assert not list(tmp_path.iterdir())  # nothing in the working directory
+    finally:
+        out.unlink(missing_ok=True)
+        out.with_name(out.name + ".json").unlink(missing_ok=True)
 
 
 def test_discretised_actions_record_the_original_envs_actions(tmp_path):

@@ -1,9 +1,11 @@
 """Plots and logs from run folders written by hand (no training): curves per run, mean and
-95% interval over seeds, the wall-clock axis, tick labels, legends with the config
-differences (inside the figure), metrics.jsonl handling."""
+95% bootstrap interval over seeds (within the env's returns), smoothing, the wall-clock axis,
+tick labels, legends with the config differences (inside the figure), search.png's axes and
+best mark, the default output, metrics.jsonl handling."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -13,9 +15,10 @@ import yaml
 
 from jaxppo import cli
 from jaxppo.config import PPOConfig
-from jaxppo.run.plots import (compact_number, config_differences, elapsed_seconds, make_figure,
-                             mean_ci95, plot_runs, run_labels)
 from jaxppo.run.logs import RunLog, read_metrics
+from jaxppo.run.plots import (compact_number, config_differences, elapsed_seconds, make_figure,
+                              mean_interval, moving_average, plot_runs, return_bounds, run_labels,
+                              search_figure)
 
 
 def _write_run(path: Path, returns: np.ndarray, evals: dict | None = None, wall=None,
@@ -73,7 +76,7 @@ def test_one_curve_per_run_on_both_axes(three_runs):
     assert len(legend) == 3
     assert legend[0].startswith("CartPole-v1") and "lr=0.001" in legend[0]
     assert legend[1].startswith("CartPole-v1") and "lr=0.002" in legend[1]
-    assert "(2 seeds, mean ± 95% CI)" in legend[1]
+    assert "(2 seeds, mean, 95% bootstrap CI)" in legend[1]
     assert legend[2].startswith("Acrobot-v1")
     import matplotlib.pyplot as plt
 
@@ -130,19 +133,126 @@ def test_plot_of_an_empty_or_foreign_file_is_an_error(tmp_path, capsys):
     assert not (tmp_path / "x.png").exists()
 
 
-def test_band_is_the_95_percent_interval_of_the_mean(three_runs):
+def _band(ax, gid):
+    (band,) = [c for c in ax.collections if c.get_gid() == gid]
+    return band.get_paths()[0].vertices[:, 1]
+
+
+def test_band_is_a_bootstrap_interval_of_the_mean(three_runs):
     fig, axes = make_figure(three_runs)
-    # Run b: seeds arange(10) and arange(10) + 2: mean arange + 1, sample std sqrt(2), so the
-    # half-width is 1.96 * sqrt(2) / sqrt(2).
-    (band,) = [c for c in axes[0].collections if c.get_gid() == "train-band:1"]
-    ys = band.get_paths()[0].vertices[:, 1]
-    np.testing.assert_allclose([ys.min(), ys.max()], [1 - 1.96, 10 + 1.96])
+    # Run b: seeds arange(10) and arange(10) + 2. A bootstrap of the mean of two seeds draws
+    # both of one seed a quarter of the time each: its 95% interval is their range.
+    ys = _band(axes[0], "train-band:1")
+    np.testing.assert_allclose([ys.min(), ys.max()], [0.0, 11.0])
     assert not [c for c in axes[0].collections if c.get_gid() in ("train-band:0", "train-band:2")]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
     curves = np.array([[1.0, 2.0, np.nan], [3.0, 6.0, np.nan], [5.0, np.nan, 4.0]])
-    mean, half = mean_ci95(curves)
+    mean, low, high = mean_interval(curves)
     np.testing.assert_allclose(mean, [3.0, 4.0, 4.0])
-    np.testing.assert_allclose(half[:2], [1.96 * 2.0 / np.sqrt(3), 1.96 * np.sqrt(8) / np.sqrt(2)])
-    assert np.isnan(half[2])  # one finite seed: no interval
+    # Three seeds 1, 3, 5: all three draws the same seed is 1/27 > 2.5% of the resamples, so
+    # the interval reaches the extremes; the second column's two finite seeds give their range.
+    np.testing.assert_allclose([low[0], high[0], low[1], high[1]], [1.0, 5.0, 2.0, 6.0])
+    assert np.isnan(low[2]) and np.isnan(high[2])  # one finite seed: no interval
+    # Many seeds: close to the normal interval mean ± 1.96·s/√n (the bootstrap's s uses 1/n).
+    seeds = np.random.default_rng(3).normal(100.0, 10.0, size=(40, 2))
+    mean, low, high = mean_interval(seeds)
+    half = 1.96 * seeds.std(axis=0) / np.sqrt(40)
+    np.testing.assert_allclose(high - low, 2 * half, rtol=0.1)
+    np.testing.assert_allclose((low + high) / 2, mean, atol=0.15 * half.max())
+    again = mean_interval(seeds)  # seeded: the same figure every time
+    np.testing.assert_array_equal(again[1], low) and np.testing.assert_array_equal(again[2], high)
+    assert all(np.isnan(v).all() for v in mean_interval(seeds[:1])[1:])
+
+
+def test_band_stays_within_the_returns_the_env_can_give(tmp_path):
+    """CartPole's returns lie in [0, 500]; an env without known bounds keeps the seeds' own
+    range."""
+    high = np.stack([np.full(6, 560.0), np.full(6, 440.0)])  # past the bound, as a test only
+    cart = _write_run(tmp_path / "cart", high, num_seeds=2)
+    pend = _write_run(tmp_path / "pend", high, num_seeds=2, env="Pendulum-v1")
+    short = _write_run(tmp_path / "short", high, num_seeds=2,
+                       env_kwargs={"max_steps_in_episode": 600})
+    assert [return_bounds(r) for r in (cart, pend, short)] == [(0.0, 500.0), None, None]
+    fig, axes = make_figure([cart, pend, short])
+    for gid, top in (("train-band:0", 500.0), ("train-band:1", 560.0), ("train-band:2", 560.0)):
+        ys = _band(axes[0], gid)
+        assert ys.max() == top and ys.min() == 440.0, gid
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_smoothing_is_a_moving_average_of_each_seed(tmp_path, capsys):
+    x = np.array([[0.0, 3.0, 6.0, 9.0, 0.0], [np.nan, 2.0, 4.0, np.nan, 8.0]])
+    np.testing.assert_allclose(moving_average(x, 3), [[0.0, 1.5, 3.0, 6.0, 5.0],
+                                                      [np.nan, 2.0, 3.0, 3.0, 6.0]])
+    np.testing.assert_array_equal(moving_average(x, 1), x)
+    returns = np.stack([np.arange(8.0) ** 2, np.arange(8.0) ** 2 + 4])
+    run = _write_run(tmp_path / "r", returns, num_seeds=2)
+    fig, axes = make_figure([run], smooth=4)
+    (line,) = _lines(axes[0], "train")
+    np.testing.assert_allclose(line.get_ydata(), moving_average(returns, 4).mean(axis=0))
+    assert "moving average of 4 iterations" in axes[0].get_ylabel()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    with pytest.raises(ValueError, match="smooth=0 must be a whole number"):
+        make_figure([run], smooth=0)
+    assert cli.main(["plot", str(run), "--smooth", "0"]) == 2
+    assert "--smooth 0 must be >= 1" in capsys.readouterr().err
+    assert not (run / "curves.png").exists()
+
+
+def test_plot_without_output_writes_into_the_run_folder(three_runs, tmp_path, monkeypatch, capsys):
+    """One run folder: RUN/curves.png; several: curves.png in the current folder. The path
+    written is printed."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["plot", str(three_runs[0]), "--smooth", "3"]) == 0
+    out = three_runs[0] / "curves.png"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out == f"wrote {out.resolve()}\n"
+    assert not (tmp_path / "curves.png").exists()
+    assert cli.main(["plot", *map(str, three_runs)]) == 0
+    assert capsys.readouterr().out == f"wrote {(tmp_path / 'curves.png').resolve()}\n"
+    assert not (three_runs[1] / "curves.png").exists()
+
+
+def _search_record(values, scores):
+    members = [{"member": i, "setting": i, "lr": v, "final_return": r}
+               for i, (v, r) in enumerate(zip(values, scores))]
+    settings = sorted(({"setting": i, "members": [i], "hparams": {"lr": v},
+                        "final_return_mean": r} for i, (v, r) in enumerate(zip(values, scores))),
+                      key=lambda e: -e["final_return_mean"])
+    return {"metric": "final_return", "searched": {"lr": {"loguniform": [values[0], values[-1]]}},
+            "members": members, "settings": settings, "best": settings[0]}
+
+
+@pytest.mark.parametrize("low,high", [(3e-3, 4.5e-3), (2.5e-3, 9e-3), (1e-4, 3e-3), (1e-6, 1e-1)])
+def test_search_log_axis_labels_do_not_overlap(low, high):
+    values = [float(v) for v in np.geomspace(low, high, 8)]
+    fig, (ax,) = search_figure(_search_record(values, list(range(8))))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    shown = [t for t in ax.get_xticklabels(minor=False) + ax.get_xticklabels(minor=True)
+             if t.get_text() and t.get_visible()
+             and ax.get_xlim()[0] <= t.get_position()[0] <= ax.get_xlim()[1]]
+    assert len(shown) >= 2, [t.get_text() for t in shown]
+    boxes = sorted((t.get_window_extent(renderer) for t in shown), key=lambda b: b.x0)
+    for a, b in itertools.pairwise(boxes):
+        assert a.x1 < b.x0, [t.get_text() for t in shown]
+    assert all(len(t.get_text()) <= 6 for t in shown), [t.get_text() for t in shown]
+    assert [c.get_gid() for c in ax.collections] == ["search:lr", "search-best:lr"]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_search_plot_marks_no_best_when_every_setting_ties():
+    fig, (ax,) = search_figure(_search_record([1e-4, 1e-3, 1e-2], [500.0, 500.0, 500.0]))
+    assert [c.get_gid() for c in ax.collections] == ["search:lr"]
+    assert ax.get_legend() is None and "no best" in fig._suptitle.get_text()
     import matplotlib.pyplot as plt
 
     plt.close(fig)

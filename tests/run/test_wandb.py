@@ -186,3 +186,32 @@ def test_offline_run_and_resume_continue_the_same_wandb_runs(tmp_path, monkeypat
         assert final["env_steps"] == 128 and final["completed"] is True
         assert history[128]["curve/_type"] == "image-file"
         assert any(re.fullmatch(r"media/images/curve_128_.*\.png", f) for f in parts[1]["files"])
+
+
+def test_offline_logging_is_quiet_but_says_where_its_files_are(tmp_path, monkeypatch, capfd):
+    """W&B's banner, resume warning and run summary (some 15 lines per seed) are silenced and
+    the console is not captured; one line names the offline files and the upload command.
+    No training: the writer of a two-seed run folder, fed rows by hand."""
+    from jaxppo.run.logs import WandbWriter
+
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir = tmp_path / "quiet"
+    run_dir.mkdir()
+    rows = [{"iteration": 1, "env_steps": 32, "episode_return_mean": 9.0, "seed": s} for s in (0, 1)]
+    for resumed in (False, True):  # a resume of an offline run: no "resume will be ignored"
+        writer = WandbWriter(run_dir, {"project": "jaxppo-test"}, {"lr": 0.001}, 2, resumed=resumed)
+        print("progress line")  # the run's own output goes through untouched
+        writer.write(rows)
+        writer.close()
+    out, err = capfd.readouterr()
+    assert "wandb:" not in out + err and "WARNING" not in out + err, out + err
+    assert out == "progress line\nprogress line\n"
+    local = run_dir / "wandb"
+    line = f"W&B (offline): 2 run(s) in {local}; upload with `wandb sync {local}/offline-run-*`"
+    assert err.splitlines() == [line, line]
+    folders = sorted(local.glob("offline-run-*"))
+    assert len(folders) == 4 and not list(local.glob("offline-run-*/files/output.log"))
+    first = read_offline_run(folders[0])
+    assert first["history"][32]["charts/episode_return_mean"] == 9.0

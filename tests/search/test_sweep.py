@@ -134,8 +134,8 @@ def test_members_with_the_same_hyperparameters_are_seeds_of_one_curve(tmp_path):
     np.testing.assert_allclose(lines[1].get_ydata(), [20.0, 30.0])
     assert sorted(c.get_gid() for c in axes[0].collections) == ["train-band:0/0", "train-band:0/2"]
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert texts == ["CartPole-v1: lr=0.001 (2 seeds, mean ± 95% CI)",
-                     "CartPole-v1: lr=0.01 (2 seeds, mean ± 95% CI)"]
+    assert texts == ["CartPole-v1: lr=0.001 (2 seeds, mean, 95% bootstrap CI)",
+                     "CartPole-v1: lr=0.01 (2 seeds, mean, 95% bootstrap CI)"]
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -153,3 +153,27 @@ def test_record_round_trips_schedules_and_is_absent_without_differences():
     np.testing.assert_array_equal(np.asarray(hp.vf_clip_param), np.asarray(back.vf_clip_param))
     assert sweep.make_record(_sweep(cfg, (1e-3, 1e-3, 1e-3)), 3) is None  # seeds, not a sweep
     assert sweep.make_record(jaxppo.HyperParams.from_config(cfg), 3) is None
+
+
+def test_an_extended_sweep_continues_each_members_schedule(tmp_path, capsys):
+    """A sweep of linear anneals extended at iteration 3 of 6 to 10 iterations: each member
+    goes on from its own lr at the checkpoint to 0 at the new total, as a plain run does."""
+    config = TINY.replace(lr_schedule="linear")
+    lrs, old, new, step = (1e-3, 3e-3), 6 * 32, 10 * 32, 3 * 32
+    run_dir = tmp_path / "run"
+    jaxppo.train(config.replace(num_seeds=2), hparams=_sweep(config, lrs), run_dir=run_dir,
+                 progress=False, stop_after_iterations=3, plot=False)
+    capsys.readouterr()
+    jaxppo.train(config.replace(num_seeds=2, total_timesteps=new), resume=run_dir,
+                 progress=False, plot=False, stop_after_iterations=2)
+    err = capsys.readouterr().err
+    for lr in lrs:
+        assert (f"lr: linear from {lr / 2:.3g} at step {step:,} to 0 at step {new:,} "
+                f"[lr={lr:g}→0]") in err, err
+    for r in read_metrics(run_dir):
+        lr = lrs[r["seed"]]
+        it = r["iteration"]
+        want = (lr * (1 - (it - 1) * 32 / old) if it <= 3
+                else lr / 2 * (1 - ((it - 1) * 32 - step) / (new - step)))
+        assert r["lr"] == pytest.approx(want, rel=1e-5), (it, r["seed"])
+    assert {r["iteration"] for r in read_metrics(run_dir)} == set(range(1, 6))
