@@ -986,8 +986,11 @@ def test_jaxppo_search_hosts_runs_the_multi_host_driver_on_a_search(tmp_path, ca
     from jaxppo.cli import main
 
     seen = {}
-    monkeypatch.setattr(driver, "train_distributed",
-                        lambda config, hosts, **kw: seen.update(config=config, hosts=hosts, **kw))
+    def fake_train(config, hosts, **kw):
+        seen.update(config=config, hosts=hosts, **kw)
+        return SimpleNamespace(host_failures=[], run_dir=kw["run_dir"])
+
+    monkeypatch.setattr(driver, "train_distributed", fake_train)
     monkeypatch.setattr(driver.command, "report", lambda result, resume_command: 0)
     code = main(["search", "--hosts", "2", "--env", "CartPole-v1", "--population", "4",
                  "--runs-dir", str(tmp_path), "--stop-after", "3", "--no-progress",

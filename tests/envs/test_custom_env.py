@@ -4,6 +4,7 @@ path so that load_policy, eval and --resume need no env= keyword."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -292,16 +293,6 @@ def test_object_env_run_folder_loads_without_env(tmp_path):
     assert policy.evaluate(episodes=2)["episodes"] == 2
 
 
-def test_a_run_of_an_unimportable_env_says_to_pass_env(tmp_path, capsys):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({**TINY.to_dict(), "env": "LocalWalk"}))
-    with pytest.raises(jaxppo.ConfigError, match=r"names only as 'LocalWalk'.*load_policy\(.*env="):
-        jaxppo.load_policy(run)
-    assert cli.main(["eval", str(run)]) == 2
-    assert "--env module:Class" in capsys.readouterr().err
-    assert cli.main(["train", "--resume", str(run)]) == 2
-    assert "resume from Python" in capsys.readouterr().err
 
 
 def test_cli_trains_module_colon_class(tmp_path, compile_cache_dir):
@@ -340,6 +331,13 @@ def test_a_run_folder_config_runs_no_code(corridor_run, tmp_path, capsys):
     hostile = {**yaml.safe_load((run / "config.yaml").read_text()), "env": "os:system",
                "env_kwargs": {"command": f"touch {pwned}"}}
     (run / "config.yaml").write_text(yaml.safe_dump(hostile))
+    # config.yaml alone disagrees with the checkpoint's record of the config: refused as such
+    with pytest.raises(jaxppo.ConfigError, match=r"env is 'os:system' in config.yaml but "):
+        jaxppo.load_policy(run)
+    for meta in (run / "checkpoints").glob("*/meta/metadata"):  # the record edited as well
+        record = json.loads(meta.read_text())
+        record["config"].update(env="os:system", env_kwargs={"command": f"touch {pwned}"})
+        meta.write_text(json.dumps(record))
     with pytest.raises(jaxppo.ConfigError, match=r"'os:system' is a function, not an env class"):
         jaxppo.load_policy(run)
     for argv in (["eval", str(run)], ["export", str(run), "--format", "jax", "-o",
@@ -353,6 +351,27 @@ def test_a_run_folder_config_runs_no_code(corridor_run, tmp_path, capsys):
     assert "'os:system' is a function, not an env class" in capsys.readouterr().err
     assert not pwned.exists()
     assert not (tmp_path / "p.jaxexport").exists() and not list((tmp_path / "runs").glob("*/*"))
+
+
+def test_a_run_of_an_unimportable_env_says_to_pass_env(corridor_run, tmp_path, capsys):
+    """A run whose config (and checkpoint record) can only name its env ("LocalWalk", a class
+    defined in a script): eval, load_policy and --resume say to pass the env."""
+    run = tmp_path / "run"
+    shutil.copytree(corridor_run, run)
+    (run / "config.yaml").write_text(yaml.safe_dump({**TINY.to_dict(), "env": "LocalWalk"}))
+    for meta in (run / "checkpoints").glob("*/meta/metadata"):
+        record = json.loads(meta.read_text())
+        record["config"]["env"] = "LocalWalk"
+        meta.write_text(json.dumps(record))
+    with pytest.raises(jaxppo.ConfigError, match=r"names only as 'LocalWalk'.*load_policy\(.*env="):
+        jaxppo.load_policy(run)
+    assert cli.main(["eval", str(run)]) == 2
+    assert "--env module:Class" in capsys.readouterr().err
+    assert cli.main(["train", "--resume", str(run)]) == 2
+    assert "resume from Python" in capsys.readouterr().err
+    shutil.rmtree(run / "checkpoints")  # nothing to resume: that is said first
+    assert cli.main(["train", "--resume", str(run)]) == 2
+    assert "has no checkpoints/ folder, so there is nothing to resume" in capsys.readouterr().err
 
 
 def test_what_a_config_imports():

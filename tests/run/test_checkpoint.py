@@ -508,9 +508,12 @@ def test_cli_sigterm_saves_and_exits_143(tmp_path):
         "garbage\n" + (run / "metrics.jsonl").read_text()), r"metrics\.jsonl cannot be read"),
     # The checkpoint's record of the config is the reference: a truncated or edited
     # config.yaml (or record) is refused with both values named.
-    (lambda run: (run / "config.yaml").write_text(
-        (run / "config.yaml").read_text()[:len((run / "config.yaml").read_text()) // 2]),
+    (lambda run: (run / "config.yaml").write_text("".join(  # cut after half of its lines
+        (run / "config.yaml").read_text().splitlines(keepends=True)[:20])),
      r"disagrees with the config the run's newest checkpoint recorded: "),
+    (lambda run: (run / "config.yaml").write_text("env: CartPole-v1\nnum_envs: 4\nnetwork: {hid"),
+     r"config\.yaml is not valid YAML .*restore it, or delete it to use the config the newest "
+     r"checkpoint recorded"),
     (lambda run: _edit_yaml(run / "config.yaml", total_timesteps=4 * 64),
      r"total_timesteps is 256 in config.yaml but 512 in the checkpoint"),
     (lambda run: _edit_record(run, STOP, lambda r: r["config"].update(total_timesteps=16 * 64)),
@@ -519,7 +522,7 @@ def test_cli_sigterm_saves_and_exits_143(tmp_path):
      r"its record says iteration 2 and wall time .*, not iteration 4"),
     (lambda run: _edit_record(run, STOP, lambda r: r.update(config=[1, 2])),
      r"records its config as '\[1, 2\]', not a mapping"),
-], ids=["empty-config", "no-metrics", "missing-rows", "garbage-row", "truncated-config", "edited-config", "edited-record", "record-iteration", "record-config"])
+], ids=["empty-config", "no-metrics", "missing-rows", "garbage-row", "truncated-config", "cut-mid-value", "edited-config", "edited-record", "record-iteration", "record-config"])
 def test_resume_refuses_a_damaged_record_and_changes_nothing(stopped_copy, damage, match, capsys):
     damage(stopped_copy)
     before = _folder_digest(stopped_copy)
