@@ -23,6 +23,7 @@ import numpy as np
 from jaxppo.core import networks
 from jaxppo.config import NetworkConfig, PPOConfig, divisors, require_config
 from jaxppo.envs.make import EnvSpec, make_env
+from jaxppo.envs.record import listed
 from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import eval_max_steps
 from jaxppo.envs.gymnasium_env import check_config as check_host_loop_config
@@ -203,10 +204,6 @@ def _is_real(v) -> bool:
             and np.issubdtype(np.asarray(v).dtype, np.number))
 
 
-def _listed(v):
-    return list(v) if isinstance(v, tuple) else v
-
-
 def _plain_value(v):
     return v.item() if hasattr(v, "item") and np.ndim(v) == 0 else v
 
@@ -217,7 +214,7 @@ def _check_conv_options(config: PPOConfig, spec: EnvSpec) -> None:
     net, default = config.network, NetworkConfig()
     torso = networks.resolve_torso(config, spec)
     if torso != "cnn":
-        given = [f"network.{name}={_listed(getattr(net, name))!r}"
+        given = [f"network.{name}={listed(getattr(net, name))!r}"
                  for name in ("conv_channels", "conv_kernel", "conv_pool")
                  if getattr(net, name) != getattr(default, name)]
         if given:

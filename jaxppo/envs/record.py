@@ -97,7 +97,7 @@ def network_record(module) -> tuple[str, dict]:
         if _is_default(f, value):
             continue
         if _is_plain(value):
-            kwargs[f.name] = _listed(value)
+            kwargs[f.name] = listed(value)
         else:
             return f"{qualname} ({f.name}={value!r:.40} cannot be written in a config)", {}
     return f"{name}:{qualname}", kwargs
@@ -113,12 +113,12 @@ def _is_plain(v) -> bool:
     return False
 
 
-def _listed(v):
+def listed(v):
     """A plain value as YAML writes it: tuples as lists, frozen mappings as dicts."""
     if isinstance(v, (list, tuple)):
-        return [_listed(x) for x in v]
+        return [listed(x) for x in v]
     if isinstance(v, Mapping):
-        return {k: _listed(x) for k, x in v.items()}
+        return {k: listed(x) for k, x in v.items()}
     return v
 
 

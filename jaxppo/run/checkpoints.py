@@ -30,6 +30,7 @@ import numpy as np
 from flax import serialization
 
 from jaxppo.config import PPOConfig
+from jaxppo.envs.record import listed
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.run.files import write_atomic
 
@@ -370,8 +371,7 @@ def _differences(new, old, prefix: str = "") -> list[tuple[str, object, object]]
         for k in dict.fromkeys([*old, *new]):
             out += _differences(new.get(k, _ABSENT), old.get(k, _ABSENT), f"{prefix}{k}.")
         return out
-    norm = (lambda v: list(v) if isinstance(v, tuple) else v)
-    return [] if norm(new) == norm(old) else [(prefix[:-1], new, old)]
+    return [] if listed(new) == listed(old) else [(prefix[:-1], new, old)]
 
 
 def _check_agree(config: PPOConfig, saved: PPOConfig, path: Path, given: Iterable[str],
@@ -408,18 +408,19 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 # ---------------------------------------------------------------------- params only
 def save_params(path: str | Path, result) -> Path:
-    """Write {params, obs_stats} of every seed as msgpack, atomically (tmp file + rename)."""
-    path = Path(path)
+    """Write a TrainResult's {params, obs_stats} of every seed (`write_params`)."""
     obs_stats = result.state.obs_stats
     if getattr(result, "num_devices", 1) > 1:  # replicated over devices: keep one copy
         obs_stats = jax.tree.map(lambda x: x[0], obs_stats)
-    payload = {
-        "params": jax.device_get(result.params),
-        "obs_stats": jax.device_get(obs_stats),
-    }
+    return write_params(path, result.params, obs_stats)
+
+
+def write_params(path: str | Path, params, obs_stats) -> Path:
+    """Write {params, obs_stats} as msgpack, atomically (tmp file + rename)."""
+    payload = {"params": jax.device_get(params), "obs_stats": jax.device_get(obs_stats)}
     write_atomic(path, serialization.msgpack_serialize(serialization.to_state_dict(payload)),
                  sync=True)
-    return path
+    return Path(path)
 
 
 def load_params_dict(path: str | Path) -> dict:

@@ -38,29 +38,22 @@ from typing import Any
 import numpy as np
 
 from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir,
-                                    find_latest, load_run_config, save_params, write_text_atomic)
+                                    find_latest, load_run_config, save_params, write_params,
+                                    write_text_atomic)
 from jaxppo.config import LOCKED_FIELDS, PPOConfig
 from jaxppo.envs.make import refuse_imports
+from jaxppo.envs.record import listed
 from jaxppo.errors import CheckpointError, ConfigError, RunFolderError
 from jaxppo.search import results
 from jaxppo.run.files import refuse_links
 from jaxppo.run.plots import plot_runs, plot_search
-from jaxppo.run.logs import METRICS_FILE, RunLog, read_metrics
+from jaxppo.run.logs import METRICS_FILE, RunLog, read_metrics, strict_json
 from jaxppo.process import process_uptime
 from jaxppo.search.sweep import SWEEP_FILE
 
 
 LOCK_FILE = ".lock"
 BEST_DIR, BEST_RECORD = "best", "best.json"
-
-
-@dataclass
-class _Params:
-    """What save_params reads of a result: the params and a state's observation statistics."""
-
-    params: Any
-    state: Any
-    num_devices: int = 1
 
 
 class RunFolder:
@@ -129,7 +122,7 @@ class RunFolder:
             if best.is_symlink():
                 raise OSError(errno.ELOOP, "a symbolic link, not written through", str(best))
             best.mkdir(exist_ok=True)
-            save_params(best / "params.msgpack", _Params(state.params, state))
+            write_params(best / "params.msgpack", state.params, state.obs_stats)
             write_text_atomic(best / BEST_RECORD, json.dumps(record, indent=2))
 
     def save_checkpoint(self, iteration: int, state, meta: dict) -> None:
@@ -479,7 +472,7 @@ def check_resumable(saved: dict, config: PPOConfig, run_dir: str | Path) -> None
         elif name in saved:  # a field the saving version did not have is not checked
             pairs.append((name, saved[name], new.get(name)))
     for name, old_v, new_v in pairs:
-        if _norm(old_v) != _norm(new_v):
+        if listed(old_v) != listed(new_v):
             raise ConfigError(
                 f"cannot resume {run_dir} with {name}={new_v!r}: its checkpoint was made with "
                 f"{name}={old_v!r}, and {name} fixes the shape or meaning of the saved state. "
@@ -534,14 +527,6 @@ def refuse_used_run_dir(run_dir) -> None:
             f"run folder {path} already exists and is not empty (it holds {shown}); a new run "
             "needs a new or empty folder: choose another --run-name (or run_dir=), or continue "
             "a run with --resume (resume=)")
-
-
-def _norm(v):
-    if isinstance(v, (list, tuple)):
-        return [_norm(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _norm(x) for k, x in v.items()}
-    return v
 
 
 def summary(result, sweep: dict | None = None) -> dict:
@@ -605,23 +590,3 @@ def summary(result, sweep: dict | None = None) -> dict:
                 member["final_eval_return"] = out["final_eval_return_per_seed"][i]
             out["members"].append(member)
     return out
-
-
-def strict_json(obj) -> str:
-    """`obj` as indented JSON that any parser reads: NaN and infinities (a return no episode
-    gave, ...) become null, and numpy scalars plain numbers."""
-    return json.dumps(_finite_or_none(obj), indent=2, allow_nan=False)
-
-
-def _finite_or_none(obj):
-    if isinstance(obj, dict):
-        return {k: _finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_or_none(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _finite_or_none(obj.tolist())
-    if isinstance(obj, (np.integer, np.bool_)):
-        return obj.item()
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    return obj

@@ -12,6 +12,8 @@ import secrets
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from jaxppo.errors import ConfigError
 from jaxppo.run.files import open_append, write_atomic
 
@@ -60,8 +62,27 @@ def rows_through(path: Path, last_iteration: int) -> list[dict]:
 
 
 def _json_row(row: dict) -> str:
-    return json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                       for k, v in row.items()})
+    return strict_json(row, indent=None)
+
+
+def strict_json(obj, indent: int | None = 2) -> str:
+    """`obj` as JSON that any parser reads: NaN and infinities (a return no episode gave,
+    ...) become null, and numpy scalars and arrays plain numbers and lists."""
+    return json.dumps(_finite_or_none(obj), indent=indent, allow_nan=False)
+
+
+def _finite_or_none(obj):
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _finite_or_none(obj.tolist())
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
 
 
 class RunLog:

@@ -4,7 +4,6 @@ path so that load_policy, eval and --resume need no env= keyword."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from flax import struct
 from gymnax.environments import environment, spaces
 
 import jaxppo
+from checkpoint_records import edit_records  # tests/ is on sys.path
 from jaxppo import cli
 from jaxppo.envs.record import env_record
 from jaxppo.envs.make import make_env
@@ -334,10 +334,8 @@ def test_a_run_folder_config_runs_no_code(corridor_run, tmp_path, capsys):
     # config.yaml alone disagrees with the checkpoint's record of the config: refused as such
     with pytest.raises(jaxppo.ConfigError, match=r"env is 'os:system' in config.yaml but "):
         jaxppo.load_policy(run)
-    for meta in (run / "checkpoints").glob("*/meta/metadata"):  # the record edited as well
-        record = json.loads(meta.read_text())
-        record["config"].update(env="os:system", env_kwargs={"command": f"touch {pwned}"})
-        meta.write_text(json.dumps(record))
+    edit_records(run, lambda r: r["config"].update(  # the record edited as well
+        env="os:system", env_kwargs={"command": f"touch {pwned}"}))
     with pytest.raises(jaxppo.ConfigError, match=r"'os:system' is a function, not an env class"):
         jaxppo.load_policy(run)
     for argv in (["eval", str(run)], ["export", str(run), "--format", "jax", "-o",
@@ -359,10 +357,7 @@ def test_a_run_of_an_unimportable_env_says_to_pass_env(corridor_run, tmp_path, c
     run = tmp_path / "run"
     shutil.copytree(corridor_run, run)
     (run / "config.yaml").write_text(yaml.safe_dump({**TINY.to_dict(), "env": "LocalWalk"}))
-    for meta in (run / "checkpoints").glob("*/meta/metadata"):
-        record = json.loads(meta.read_text())
-        record["config"]["env"] = "LocalWalk"
-        meta.write_text(json.dumps(record))
+    edit_records(run, lambda r: r["config"].update(env="LocalWalk"))
     with pytest.raises(jaxppo.ConfigError, match=r"names only as 'LocalWalk'.*load_policy\(.*env="):
         jaxppo.load_policy(run)
     assert cli.main(["eval", str(run)]) == 2

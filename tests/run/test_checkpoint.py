@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import jaxppo
+from checkpoint_records import edit_records  # tests/ is on sys.path
 from jaxppo import cli
 from jaxppo.run.checkpoints import CheckpointError, CheckpointStore, find_latest
 from jaxppo.config import ConfigError, NetworkConfig, PPOConfig
@@ -298,10 +299,7 @@ def _edit_yaml(path: Path, **changes) -> None:
 
 
 def _edit_record(run: Path, step: int, edit) -> None:
-    meta = run / "checkpoints" / str(step) / "meta" / "metadata"
-    record = json.loads(meta.read_text())
-    edit(record)
-    meta.write_text(json.dumps(record))
+    edit_records(run, edit, step)
 
 
 def _truncate_manifest(step_dir: Path):

@@ -17,6 +17,7 @@ from flax import struct
 from gymnax.environments import environment, spaces
 
 import jaxppo
+from checkpoint_records import edit_records  # tests/ is on sys.path
 from jaxppo import cli
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.run.checkpoints import CheckpointError, save_params
@@ -312,10 +313,8 @@ def test_a_shared_folder_naming_a_function_runs_nothing(trained, tmp_path, capsy
     with pytest.raises(jaxppo.ConfigError, match=r"env is 'os:system' in config.yaml but "
                                                  r"'CartPole-v1' in the checkpoint"):
         jaxppo.load_policy(run)
-    for meta in (run / "checkpoints").glob("*/meta/metadata"):  # the record edited as well
-        record = json.loads(meta.read_text())
-        record["config"].update(env="os:system", env_kwargs={"command": f"touch {pwned}"})
-        meta.write_text(json.dumps(record))
+    edit_records(run, lambda r: r["config"].update(  # the record edited as well
+        env="os:system", env_kwargs={"command": f"touch {pwned}"}))
     with pytest.raises(jaxppo.ConfigError, match=r"'os:system' is a function, not an env class"):
         jaxppo.load_policy(run)
     assert cli.main(["eval", str(run)]) == 2
@@ -441,10 +440,8 @@ def _edit_config(run, **changes):
         section, _, name = key.rpartition(".")
         (data[section] if section else data)[name] = value
     (run / "config.yaml").write_text(yaml.safe_dump(data))
-    for meta in (run / "checkpoints").glob("*/meta/metadata"):
-        record = json.loads(meta.read_text())
-        record["config"] = data
-        meta.write_text(json.dumps(record))
+    if (run / "checkpoints").is_dir():
+        edit_records(run, lambda r: r.update(config=data))
 
 
 def _no_checkpoints(run):
