@@ -4,10 +4,16 @@
 
 Writes experiments/results/bench-<date>.json and prints it. Measures:
   * side by side with PureJaxRL (../shared/bench/side_by_side.py, which runs PureJaxRL's own
-    ppo.py from ../shared/anchors/purejaxrl next to `jaxppo.make_train` at the same config,
-    alternating fresh processes): the ratios jaxppo / PureJaxRL of steps/s, compile, whole
-    process, import and peak memory, at PureJaxRL's CartPole config and at Breakout-MinAtar
-    with 64 envs. Skipped, with a message, where ../shared/anchors is absent (a user's clone);
+    ppo.py from ../shared/anchors/purejaxrl next to jaxppo at the same config, alternating
+    fresh processes): the ratios jaxppo / PureJaxRL of steps/s, compile, whole process,
+    import and peak memory, for 16 seeds (`jaxppo.train`: seeds over every core), Breakout-
+    MinAtar with 64 envs (`jaxppo.train`) and PureJaxRL's CartPole config (`make_train`, one
+    device); each with the layout jaxppo used and the cores each side kept busy (CPU time /
+    wall time of its processes). Skipped, with a message, where ../shared/anchors is absent
+    (a user's clone);
+  * every core busy: a PBT population of 8 on CartPole trained with all cores (one device
+    per core, members split over them) and pinned to one core (`taskset -c 0`, so one
+    device): the ratio of training seconds;
   * PureJaxRL's CartPole config exactly (4 envs x 128 steps, 4 epochs x 4 minibatches,
     64-64 tanh, 5e5 steps): steps/s of the compiled run and compile seconds, cold (empty
     persistent cache) and warm, each in a fresh process, `--repeats` times;
@@ -16,7 +22,8 @@ Writes experiments/results/bench-<date>.json and prints it. Measures:
   * `make train ENV=CartPole-v1` as a user runs it: seconds from launching make to the first
     metrics row whose 10-iteration mean return is >= 475, with a cold and with a warm
     compile cache, plus the whole process's wall time and peak RSS.
-Numbers vary with machine load: run it on a quiet machine.
+Numbers vary with machine load: run it on a quiet machine. `--only-side-by-side` runs the
+first two only (`make bench BENCH_ARGS=--only-side-by-side`).
 """
 
 from __future__ import annotations
@@ -144,14 +151,53 @@ print(json.dumps({"env_only_sps": n_iter * cfg.num_envs * cfg.num_steps / dt}))
 
 SIDE_BY_SIDE = ROOT.parent / "shared" / "bench" / "side_by_side.py"
 ANCHOR = ROOT.parent / "shared" / "anchors" / "purejaxrl"
-# (name, extra side_by_side.py arguments, rounds)
+# (name, extra side_by_side.py arguments, rounds, target: jaxppo / PureJaxRL steps/s)
 SIDE_BY_SIDE_CASES = [
-    ("cartpole_purejaxrl_config", [], 5),
-    ("breakout_minatar_64_envs", ["--env", "Breakout-MinAtar", "--num-envs", "64"], 3),
+    ("cartpole_16_seeds", ["--seeds", "16", "--jaxppo-api", "train"], 3, 1.8),
+    ("breakout_minatar_64_envs", ["--env", "Breakout-MinAtar", "--num-envs", "64",
+                                  "--total-timesteps", "4e5", "--jaxppo-api", "train"], 3, 1.6),
+    ("cartpole_purejaxrl_config", [], 5, 1.0),
 ]
+
+# A PBT population of 8 on CartPole (PureJaxRL's batch shape): argv[1] = env steps per member.
+PBT_SNIPPET = r"""
+import json, sys
+import jaxppo
+cfg = jaxppo.PPOConfig(
+    env="CartPole-v1", num_envs=4, num_steps=128, num_epochs=4, num_minibatches=4,
+    total_timesteps=int(float(sys.argv[1])), num_seeds=8, compilation_cache_dir=None,
+    search={"lr": {"loguniform": [1e-4, 1e-2]}}, pbt={"interval": 10, "fraction": 0.25})
+r = jaxppo.train(cfg, progress=False, plot=False)
+print(json.dumps({"layout": r.layout, "num_devices": r.num_devices,
+                  "compile_s": r.compile_seconds, "train_s": r.train_seconds,
+                  "sps": cfg.num_iterations * cfg.batch_size * cfg.num_seeds / r.train_seconds}))
+"""
+
+# Stands in for the project's python in side_by_side.py: runs it, and for each training
+# worker (`python -c WORKER MODE ...`) appends the child's wall and CPU seconds to a log.
+CPU_WRAPPER = """#!{python}
+import json, os, subprocess, sys, time
+t0 = time.perf_counter()
+child = subprocess.Popen([{python!r}, *sys.argv[1:]])
+_, status, usage = os.wait4(child.pid, 0)
+if len(sys.argv) > 3 and sys.argv[1] == "-c":
+    with open({log!r}, "a") as f:
+        f.write(json.dumps({{"mode": sys.argv[3], "wall_s": time.perf_counter() - t0,
+                             "cpu_s": usage.ru_utime + usage.ru_stime}}) + "\\n")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def cpu_model() -> str:
+    """lscpu's model name (with its CPU count), else /proc/cpuinfo's."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+        name = info.get("Model name", "").strip()
+        if name:
+            return f"{name}, {info.get('CPU(s)', '?').strip()} CPU(s)"
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        pass
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
@@ -159,6 +205,38 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def timed(cmd: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run `cmd` to its end: (the process, wall seconds, CPU seconds of it and its children)."""
+    with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, **kwargs)
+        out = proc.stdout.read()  # to EOF; the child is not reaped yet
+        proc.stdout.close()
+        _, status, usage = os.wait4(proc.pid, 0)  # reaps it, with its CPU time
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        done = subprocess.CompletedProcess(cmd, proc.returncode, out, err.read())
+    return done, wall, usage.ru_utime + usage.ru_stime
+
+
+def jaxppo_layout(extra: list[str]) -> str:
+    """The layout jaxppo picks for a side-by-side case (num_devices="auto" with one CPU
+    device per core of this process), or make_train's single device."""
+    import jaxppo
+    from jaxppo.cpu_devices import wanted
+    from jaxppo.resolve import auto_layout, describe_layout
+
+    args = dict(zip(extra[::2], extra[1::2]))
+    seeds = int(args.get("--seeds", 1))
+    if args.get("--jaxppo-api", "make_train") != "train":
+        return ("jax.jit(make_train)" + (f", vmapped over {seeds} seeds" if seeds > 1 else "")
+                + ", one CPU device")
+    cfg = jaxppo.PPOConfig(env=args.get("--env", "CartPole-v1"),
+                           num_envs=int(args.get("--num-envs", 4)), num_seeds=seeds)
+    return describe_layout(cfg, auto_layout(cfg.num_seeds, cfg.num_envs, wanted()), "cpu")
 
 
 def side_by_side(work: Path, rounds_scale: float = 1.0) -> dict:
@@ -170,17 +248,65 @@ def side_by_side(work: Path, rounds_scale: float = 1.0) -> dict:
         print(f"side by side: {msg}", file=sys.stderr)
         return {"skipped": msg}
     out = {}
-    for name, extra, rounds in SIDE_BY_SIDE_CASES:
+    for name, extra, rounds, target in SIDE_BY_SIDE_CASES:
         rounds = max(1, round(rounds * rounds_scale))
-        path = work / f"{name}.json"
+        path, log = work / f"{name}.json", work / f"{name}-cpu.jsonl"
+        wrapper = work / f"python-{name}"
+        wrapper.write_text(CPU_WRAPPER.format(python=PY, log=str(log)))
+        wrapper.chmod(0o755)
         print(f"side by side: {name}, {rounds} rounds ...", file=sys.stderr, flush=True)
-        subprocess.run([PY, str(SIDE_BY_SIDE), "--python", PY, "--rounds", str(rounds),
-                        "--out", str(path), *extra], cwd=ROOT, check=True)
+        done, wall, cpu = timed([PY, str(SIDE_BY_SIDE), "--python", str(wrapper), "--rounds",
+                                 str(rounds), "--out", str(path), *extra], cwd=ROOT)
+        print(done.stdout, end="", file=sys.stderr)
+        if done.returncode != 0:
+            raise RuntimeError(f"side by side {name} failed:\n{done.stderr[-3000:]}")
         res = json.loads(path.read_text())
-        out[name] = {"rounds": rounds, "config": res["config"], "medians": res["medians"],
-                     "ratio_jaxppo_over_purejaxrl": res["ratio_jaxppo_over_purejaxrl"],
+        ours = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+        ours_wall, ours_cpu = sum(r["wall_s"] for r in ours), sum(r["cpu_s"] for r in ours)
+        ratio = res["ratio_jaxppo_over_purejaxrl"]
+        busy = {"jaxppo": ours_cpu / max(ours_wall, 1e-9),
+                # the rest of the script's time: PureJaxRL's runs and ~1 s of version queries
+                "purejaxrl_approx": (cpu - ours_cpu) / max(wall - ours_wall, 1e-9)}
+        out[name] = {"rounds": rounds, "args": extra, "config": res["config"],
+                     "jaxppo_layout": jaxppo_layout(extra), "cores_busy": busy,
+                     "target_sps_ratio": target, "meets_target": ratio["sps"] >= target,
+                     "medians": res["medians"], "ratio_jaxppo_over_purejaxrl": ratio,
                      "per_round": res["rounds"]}
+        print(f"side by side: {name}: steps/s ratio {ratio['sps']:.2f} (target >= {target}); "
+              f"jaxppo: {out[name]['jaxppo_layout']}; cores busy: jaxppo {busy['jaxppo']:.2f}, "
+              f"PureJaxRL {busy['purejaxrl_approx']:.2f}", file=sys.stderr, flush=True)
     return out
+
+
+def all_cores(steps: float = 2e5, rounds: int = 1) -> dict:
+    """A PBT population of 8 on CartPole with every core (jaxppo's default: one CPU device per
+    core, members split over them) and pinned to one core (`taskset -c`: one device): the
+    ratio of training seconds (target <= 0.6 on 2 cores), and the cores each kept busy."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 or not shutil.which("taskset"):
+        return {"skipped": f"needs 2 or more cores and taskset (this process may use {cores})"}
+    env = {k: v for k, v in os.environ.items() if k not in ("JAXPPO_CPU_DEVICES", "XLA_FLAGS")}
+    runs: dict[str, list] = {"all_cores": [], "one_core": []}
+    for _ in range(rounds):
+        for name, pin in (("all_cores", []), ("one_core", ["taskset", "-c", str(cores[0])])):
+            print(f"all cores: a PBT population of 8, {name} ...", file=sys.stderr, flush=True)
+            done, wall, cpu = timed([*pin, PY, "-c", PBT_SNIPPET, str(steps)], cwd=ROOT, env=env)
+            if done.returncode != 0:
+                raise RuntimeError(f"PBT run ({name}) failed:\n{done.stderr[-3000:]}")
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            runs[name].append({**row, "process_s": wall, "cores_busy": cpu / wall})
+
+    def med(name: str, key: str) -> float:
+        xs = sorted(r[key] for r in runs[name])
+        return xs[len(xs) // 2]
+
+    ratio = med("all_cores", "train_s") / med("one_core", "train_s")
+    print(f"all cores: PBT training seconds, all cores / one core = {ratio:.2f} (target <= 0.6); "
+          f"{runs['all_cores'][0]['layout']} vs {runs['one_core'][0]['layout']}",
+          file=sys.stderr, flush=True)
+    return {"cores": len(cores), "steps_per_member": steps, "runs": runs,
+            "train_seconds_ratio_all_over_one_core": ratio, "target": 0.6,
+            "meets_target": ratio <= 0.6}
 
 
 def main() -> int:
@@ -206,12 +332,20 @@ def main() -> int:
     out["machine"]["jax"] = jax.__version__
     out["machine"]["backend"] = jax.default_backend()
 
-    # 0. Side by side with PureJaxRL: ratios, the only speed claims that carry across machines.
+    # 0. Side by side with PureJaxRL: ratios, the only speed claims that carry across machines;
+    # then every core busy (PBT over all cores vs one).
     out["side_by_side"] = side_by_side(work, args.side_by_side_rounds)
+    out["all_cores"] = all_cores(rounds=max(1, round(args.side_by_side_rounds)))
+    headline = {name: {"sps_ratio": case["ratio_jaxppo_over_purejaxrl"]["sps"],
+                       "target": case["target_sps_ratio"], "layout": case["jaxppo_layout"],
+                       "cores_busy": case["cores_busy"]}
+                for name, case in out["side_by_side"].items()
+                if "ratio_jaxppo_over_purejaxrl" in case}
+    if "train_seconds_ratio_all_over_one_core" in out["all_cores"]:
+        headline["pbt_all_cores_over_one_core_train_seconds"] = (
+            out["all_cores"]["train_seconds_ratio_all_over_one_core"])
     if args.only_side_by_side:
-        return _write(out, work, {name: case["ratio_jaxppo_over_purejaxrl"]
-                                  for name, case in out["side_by_side"].items()
-                                  if isinstance(case, dict)})
+        return _write(out, work, headline)
 
     # 1. PureJaxRL's config, cold and warm persistent cache, fresh processes.
     cold, warm = [], []
@@ -264,6 +398,7 @@ def main() -> int:
     for name, case in out["side_by_side"].items():
         if isinstance(case, dict):
             out["summary"][f"side_by_side_{name}_ratio"] = case["ratio_jaxppo_over_purejaxrl"]
+    out["summary"]["side_by_side_headline"] = headline
     return _write(out, work, out["summary"])
 
 

@@ -13,3 +13,17 @@ if ! $PY -c "import gymnax" 2>/dev/null; then
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PYTHONPATH=$PWD timeout 300 $PY experiments/gpu_check.py "$@"
+# Several GPUs: seeds split over them (num_devices "auto": each GPU trains its own seeds,
+# no collective); prints the layout and steps/s of the whole run.
+PYTHONPATH=$PWD timeout 120 $PY -c '
+import jax, jaxppo
+n = jax.local_device_count()
+if n < 2:
+    print("seeds split: one GPU, nothing to split")
+else:
+    r = jaxppo.train(jaxppo.PPOConfig(env="CartPole-v1", num_envs=512, num_steps=64,
+                     total_timesteps=512 * 64 * 20, num_seeds=2 * n,
+                     compilation_cache_dir=None), progress=False, plot=False)
+    sps = float(r.metrics["sps"][0, -1])  # the last chunk, all seeds
+    print("seeds split:", r.layout, f"{sps:,.0f} steps/s")
+' || echo "seeds split: failed (see above)"

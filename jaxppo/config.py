@@ -136,6 +136,13 @@ class PPOConfig:
     env_kwargs: dict = field(factory=dict, doc="env constructor args and env params", role=SHAPE,
                              check=cf.of_type(dict, "a mapping of keyword arguments"))
     env_params: Any = field(None, "gymnax EnvParams override; null = the env's defaults", role=SHAPE)
+    # Invalid-action masking (discrete actions): an env that defines
+    # `action_mask(state, params) -> bool [num_actions]` (Jumanji's envs with an `action_mask`
+    # observation do) has its illegal actions' probabilities set to zero in the rollout, the
+    # loss (log-prob, entropy, KL), evaluation, saved policies and exports.
+    mask_actions: bool | None = field(
+        None, "use the env's action mask: null = when the env has one, true = require one, "
+        "false = ignore it", role=SHAPE, check=cf.optional(cf.boolean))
     num_envs: int = field(4, "parallel envs (global: split over devices and hosts)", role=SHAPE,
                           check=cf.integer(1), section="batch shape")
     num_steps: int = field(128, "rollout length per env per iteration", role=SHAPE,
@@ -195,8 +202,10 @@ class PPOConfig:
         (), "observation wrappers and reward hooks, in order", role=SHAPE, section="user transforms",
         check=cf.of_type((list, tuple), "a list, e.g. [{'frame_stack': {'k': 4}}, "
                          "{'count_bonus': {'scale': 0.1}}]"))
-    num_devices: int | None = field(None, "local devices to pmap over; null = all of them",
-                                    check=cf.optional(cf.integer(1)), section="devices")
+    num_devices: int | str | None = field(
+        "auto", '"auto" = seeds, PBT members or many envs over every device (a CPU: one per '
+        'core), as pays; N = the envs (PBT: members) over N devices',
+        check=lambda name, v: _check_devices(name, v), section="devices")
     # How shards (devices, hosts) combine: "gradients" all-reduces every minibatch's gradient
     # (the update's compute is split); "batch" all-gathers the rollout once per iteration and
     # every shard runs the whole update (one collective per iteration instead of one per
@@ -415,6 +424,21 @@ SCHEDULES = {n: _SPECS[n].kind for n in TUNABLE_FIELDS if _SPECS[n].kind}
 # What a sweep's hyperparameters override: a sweep folder's config.yaml values of these are
 # not what its members trained with.
 SWEPT_FIELDS = frozenset(TUNABLE_FIELDS) | frozenset(SCHEDULES.values())
+
+
+def is_auto_devices(value) -> bool:
+    """num_devices "auto" (null, as run folders written before "auto" existed hold, means
+    the same)."""
+    return value is None or value == "auto"
+
+
+def _check_devices(name: str, v) -> None:
+    if is_auto_devices(v):
+        return
+    if isinstance(v, str):
+        raise ConfigError(f"{name}={v!r} must be \"auto\" (jaxppo picks the layout) or an "
+                          "integer >= 1, e.g. 2 (the envs split over 2 devices)")
+    cf.integer(1, ", e.g. 2, or \"auto\"")(name, v)
 
 
 def check_fields(config: PPOConfig, names) -> None:

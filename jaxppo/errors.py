@@ -51,6 +51,11 @@ class TrainingDivergedError(RuntimeError):
         self.last_finite = last_finite
 
 
+class ActionMaskError(TrainingDivergedError):
+    """The env's action mask left a state with no legal action, so the policy had none to
+    choose; metrics up to the iteration before are kept."""
+
+
 class ExportError(RuntimeError):
     """A policy that cannot be exported in the asked format (or a missing optional
     dependency); the message names what is unsupported and the alternative or install."""

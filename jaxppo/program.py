@@ -41,7 +41,9 @@ class Program(NamedTuple):
     layout: Layout
     init: Callable
     chunk: Callable
-    population: bool = False  # the shards hold different PBT members (splits_population)
+    # The shards hold whole runs: different PBT members (splits_population) or seeds
+    # (splits_seeds); every state field is then split by member, none is replicated.
+    population: bool = False
 
 
 # ---------------------------------------------------------------------- chunks of iterations
@@ -124,6 +126,8 @@ def build_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Progra
     chunk, vmapped over seeds when asked. Device layout: [local_devices?, seeds?, ...]."""
     if resolved.splits_population:
         return _population_program(resolved, hp, chunk_len)
+    if resolved.splits_seeds:
+        return _seeds_program(resolved, hp, chunk_len)
     seeds = resolved.config.num_seeds
     layout = resolved.layout
     shards = layout.shards
@@ -215,6 +219,42 @@ def _population_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> 
     init = lambda root, hp: pinit(root, hp, jnp.arange(first, first + layout.local_devices))  # noqa: E731
     compiled = jax.pmap(_population_chunk(algo, chunk_len, AXIS), axis_name=AXIS,
                         in_axes=(0, None, None, None), devices=devices, donate_argnums=0)
+    return Program(algo, layout, init, compiled, population=True)
+
+
+def _seeds_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Program:
+    """Seeds (or a sweep's members) split over this host's devices: each device trains
+    num_seeds / devices whole seeds, vmapped, with all of each seed's envs; nothing passes
+    between devices. Seed i is the same as vmapped on one device (its key is the i-th of the
+    run's, its hyperparameters the i-th of a sweep's)."""
+    layout = resolved.layout
+    seeds = resolved.config.num_seeds
+    local = seeds // layout.shards
+    algo = Algorithm.create(dataclasses.replace(resolved, layout=Layout()))
+    hp_axis = 0 if _is_batched(hp, seeds) else None
+
+    def own(hp, first):
+        """This device's seeds' hyperparameters (a sweep's), or the shared ones."""
+        if hp_axis is None:
+            return hp
+        return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, first, local), hp)
+
+    def init_dev(root, hp, shard):
+        first = shard * local
+        keys = jax.lax.dynamic_slice_in_dim(jax.random.split(root, seeds), first, local)
+        return jax.vmap(lambda k, h: ppo.init(algo, k, h), in_axes=(0, hp_axis))(
+            keys, own(hp, first))
+
+    def chunk_dev(state, hp, start, stop):
+        first = jax.lax.axis_index(AXIS) * local  # which device: no data crosses devices
+        return jax.vmap(lambda s, h: chunk(algo, s, h, start, chunk_len, stop),
+                        in_axes=(0, hp_axis))(state, own(hp, first))
+
+    devices = _program_devices(layout)
+    pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
+    init = lambda root, hp: pinit(root, hp, jnp.arange(layout.local_devices))  # noqa: E731
+    compiled = jax.pmap(chunk_dev, axis_name=AXIS, in_axes=(0, None, None, None),
+                        devices=devices, donate_argnums=0)
     return Program(algo, layout, init, compiled, population=True)
 
 
@@ -347,7 +387,10 @@ def from_unsharded(state: TrainState, template: TrainState, layout: Layout, seed
 
 
 def local_metrics(metrics: dict, layout: Layout) -> dict[str, np.ndarray]:
-    """Metrics of a chunk as numpy, without the device axis (they are global already)."""
+    """Metrics of a chunk as numpy, without the device axis (they are global already; seeds
+    split over devices: each device's seeds, joined in seed order)."""
+    if layout.by_seed and layout.shards > 1:
+        return jax.tree.map(lambda x: np.asarray(x).reshape((-1,) + x.shape[2:]), metrics)
     m = jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data if layout.shards > 1 else x),
                      metrics)
     return jax.tree.map(lambda x: x[0], m) if layout.shards > 1 else m

@@ -14,6 +14,13 @@ import os
 import jax
 import pytest
 
+# The suite runs on one CPU device, JAX's default, whatever the machine's cores: its compile
+# costs and numbers do not change with them. `import jaxppo` would otherwise give JAX one CPU
+# device per core (jaxppo.cpu_devices); the tests of that start processes of their own
+# (tests/core/test_layout.py), and subprocesses that force a device count through XLA_FLAGS
+# keep it.
+os.environ["JAXPPO_CPU_DEVICES"] = "1"
+
 
 def pytest_configure(config):
     cache = getattr(config, "cache", None)

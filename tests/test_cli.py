@@ -180,7 +180,7 @@ def test_train_help_mentions_every_option():
     for f in dataclasses.fields(NetworkConfig):
         assert f"\n    network.{f.name} = " in keys, f.name
     assert "    checkpoint_minutes = 5.0  -- minutes between checkpoints" in keys
-    assert "    use_kl_loss = false  -- " in keys and "    num_devices = null  -- " in keys
+    assert "    use_kl_loss = false  -- " in keys and "    num_devices = auto  -- " in keys
 
 
 def test_config_keys_help_parses_no_python(monkeypatch):

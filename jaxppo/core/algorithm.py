@@ -93,6 +93,8 @@ class Transition(NamedTuple):
     # every env's carry at the rollout's start ([E, ...], no time axis).
     reset: jax.Array | None = None
     carry0: Any = ()
+    # The env's action mask of s_t ([A] bool per step) when the policy masks (None otherwise).
+    action_mask: jax.Array | None = None
 
 
 METRIC_KEYS = (
@@ -162,11 +164,14 @@ class Algorithm:
         feed-forward network)."""
         return networks.initial_carry(self.network, batch_shape)
 
-    def policy_step(self, params, obs_stats, raw_obs, carry, key, deterministic: bool = False):
+    def policy_step(self, params, obs_stats, raw_obs, carry, key, deterministic: bool = False,
+                    action_mask=None):
         """(actions, new carry) for raw observations [..., *obs_shape] and the carry before
         them (`initial_carry` at an episode's start). Actions are env-ready (clipped to the
-        bounds); `key` may be None when deterministic (the distribution's mode)."""
+        bounds); `key` may be None when deterministic (the distribution's mode).
+        `action_mask` [..., A] (bool, true = legal) restricts a masked policy's actions."""
         dist, _, carry = self.network.apply(params, self.obs_in(obs_stats, raw_obs), carry)
+        dist = networks.mask_logits(dist, action_mask)
         a = networks.mode(self.discrete, dist) if deterministic else networks.sample(self.discrete, dist, key)
         return env_action(self.spec, a), carry
 
@@ -199,8 +204,9 @@ class Algorithm:
         det = cfg.eval_deterministic if deterministic is None else deterministic
         bound = self.eval_bound() if max_steps is None else max_steps
         stats = run_episodes(
-            lambda obs, k, c: self.policy_step(params, obs_stats, obs, c, k, deterministic=det),
+            lambda obs, k, c, m=None: self.policy_step(params, obs_stats, obs, c, k, det, m),
             self.spec.env, self.spec.env_params, key, n, bound, self.initial_carry((n,)),
+            action_mask=self.spec.action_mask,
         )
         return stats.metrics()
 

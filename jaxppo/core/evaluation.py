@@ -46,13 +46,16 @@ def run_episodes(
     num_episodes: int,
     max_steps: int,
     carry: Any = (),
+    action_mask: Callable | None = None,
 ) -> EpisodeStats:
     """Play one episode in each of `num_episodes` envs; pure and jit-able.
 
     step(obs [N, *obs_shape], key, carry) -> (env actions [N, ...], carry): the policy, with
     the carry it keeps from step to step (a recurrent network's state, [N, ...], starting at
-    `carry`; () for a feed-forward one). An episode ends at the env's terminated or
-    truncated flag, or after `max_steps` steps (whatever it has collected by then counts).
+    `carry`; () for a feed-forward one). With `action_mask` (one env's `action_mask(state,
+    params)`), step takes a fourth argument, the legal actions [N, A] of each env. An episode
+    ends at the env's terminated or truncated flag, or after `max_steps` steps (whatever it
+    has collected by then counts).
     """
     k_reset, k_loop = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
@@ -68,7 +71,11 @@ def run_episodes(
     def body(loop):
         t, k, obs, env_state, carry, ret, length, done = loop
         k, k_act, k_step = jax.random.split(k, 3)
-        action, carry = step(obs, k_act, carry)
+        if action_mask is None:
+            action, carry = step(obs, k_act, carry)
+        else:
+            mask = jax.vmap(action_mask, in_axes=(0, None))(env_state, env_params)
+            action, carry = step(obs, k_act, carry, mask)
         obs, env_state, reward, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
             jax.random.split(k_step, num_episodes), env_state, action, env_params)
         live = ~done

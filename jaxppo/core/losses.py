@@ -26,6 +26,9 @@ class Batch(NamedTuple):
     # before step t ([T, E]), and each env's carry at the rollout's start ([E, ...]).
     reset: jax.Array | None = None
     carry0: jax.Array | None = None
+    # The legal actions of each sample's state ([B, A] bool) when the policy masks; the new
+    # policy is restricted to them before its log-probs, entropy and KL (None: unmasked).
+    action_mask: jax.Array | None = None
 
 
 def shares_log_std(dist: DistParams) -> bool:

@@ -39,6 +39,23 @@ class DistParams(NamedTuple):
 
 
 # ---------------------------------------------------------------- distributions
+# The logit an illegal action gets: exp(MASKED_LOGIT - max) is exactly 0 in float32, so it is
+# never sampled and adds nothing to a log-probability, entropy or KL, while staying finite
+# (-inf would make 0 * log 0 = NaN in the entropy). Its gradient is zero (jnp.where).
+MASKED_LOGIT = -1e9
+
+
+def mask_logits(dist: DistParams, mask: jax.Array | None) -> DistParams:
+    """The categorical restricted to the legal actions: logits [..., A] where `mask` [..., A]
+    is false set to MASKED_LOGIT (None: unchanged). Sampling, the mode, log-probabilities,
+    entropy and KL of the result are those of the distribution renormalised over the legal
+    set (Huang & Ontanon, "A Closer Look at Invalid Action Masking in Policy Gradient
+    Algorithms")."""
+    if mask is None:
+        return dist
+    return dist._replace(loc=jnp.where(mask, dist.loc, jnp.asarray(MASKED_LOGIT, dist.loc.dtype)))
+
+
 def sample(discrete: bool, dist: DistParams, key: jax.Array) -> jax.Array:
     """A sample from `dist`: [...] action indices, or [..., D] continuous actions."""
     return sample_with_noise(discrete, dist, sampling_noise(discrete, key, dist.loc.shape))

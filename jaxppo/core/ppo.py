@@ -141,11 +141,13 @@ def rollout(algo: Algorithm, state: TrainState, hp: HyperParams):
         noise, env_keys = xs
         obs_in = algo.obs_in(st.obs_stats, st.last_obs)
         dist, _, carry = algo.network.apply(st.params, obs_in, st.carry.state, st.carry.reset)
+        mask = algo.spec.masks(st.env_state)  # the legal actions of the observed states
+        dist = networks.mask_logits(dist, mask)
         action, logp = algo.sample_actions(dist, noise)
         reset = st.carry.reset
         st, tr, done = step_envs(algo, st, dist, action, logp, env_keys, hp)
         st = st.replace(carry=PolicyCarry(carry, done if algo.recurrent else None))
-        return st, tr._replace(reset=reset)
+        return st, tr._replace(reset=reset, action_mask=mask)
 
     carry0 = state.carry.state
     rng, k_roll = jax.random.split(state.rng)
@@ -235,7 +237,7 @@ def make_batch(algo: Algorithm, obs_stats, traj: Transition, values, advantages,
         obs=algo.obs_in(obs_stats, traj.obs), actions=traj.action,
         old_log_probs=traj.log_prob, old_dist=unstack_shared_log_std(traj.dist),
         old_values=values, advantages=advantages, value_targets=targets,
-        reset=traj.reset, carry0=traj.carry0,
+        reset=traj.reset, carry0=traj.carry0, action_mask=traj.action_mask,
     )
 
 
@@ -267,10 +269,11 @@ def forward(algo: Algorithm, params, mb: Batch):
     replayed from their carries and resets, then flattened to samples."""
     if not algo.recurrent:
         dist, values, _ = algo.network.apply(params, mb.obs)
-        return dist, values, mb
+        return networks.mask_logits(dist, mb.action_mask), values, mb
     dist, values, _ = unroll(algo, params, mb.carry0, mb.obs, mb.reset)
     merge = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
-    return map_dist(merge, dist), values.reshape(-1), map_samples(merge, mb)
+    mb = map_samples(merge, mb)
+    return networks.mask_logits(map_dist(merge, dist), mb.action_mask), values.reshape(-1), mb
 
 
 def loss_and_grads(algo: Algorithm, params, mb: Batch, hp: HyperParams, ent_coeff, kl_coeff):
@@ -398,6 +401,9 @@ def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Ar
         "grad_norm": jnp.mean(learned.grad_norm),
         "env_steps": env_steps,
     }
+    if traj.action_mask is not None:  # states where the env left no legal action (an env bug)
+        count = jnp.sum(~jnp.any(traj.action_mask, axis=-1)).astype(jnp.float32)
+        metrics["masked_out_states"] = collectives.pmean(count, algo.axis_name) * algo.shards
     state = state.replace(
         params=params, opt_state=opt_state, rng=rng, kl_coeff=kl_coeff, obs_stats=obs_stats,
         env_steps=env_steps, iteration=state.iteration + 1,

@@ -154,7 +154,7 @@ def check_config(config, layout) -> None:
                           "one run per seed (seed=0, seed=1, ...)")
     if layout == "hosts" or getattr(layout, "num_processes", 1) > 1:
         raise ConfigError(f"{where}: it trains in one process; multi-host training needs a gymnax env")
-    if config.num_devices not in (None, 1):
+    if config.num_devices not in (None, "auto", 1):
         raise ConfigError(f"num_devices={config.num_devices}: {where}, on one device; leave "
                           "num_devices unset")
     if config.network.recurrent_size:

@@ -68,6 +68,8 @@ class JumanjiEnvState:
 
     jumanji_state: Any
     time: jax.Array  # int32 []
+    # The observation's action_mask as one bool per jaxppo action ([n]); () when it has none.
+    action_mask: Any = ()
 
 
 class JumanjiEnv:
@@ -92,6 +94,11 @@ class JumanjiEnv:
       `Discrete(num_values)`; a 1-D `MultiDiscreteArray` spec (e.g. Minesweeper's [row,
       col]) is one Discrete over all combinations (at most `MAX_JOINT_ACTIONS`), index i
       meaning `jnp.unravel_index(i, num_values)`. Other specs are a ConfigError.
+    * Action masks: when the observation has an `action_mask` with one entry per action
+      (Snake's [4], Knapsack's [items], Minesweeper's [rows, cols], flattened C order like
+      the joint action), `action_mask(state, params)` gives it for the state's observation,
+      and jaxppo masks the policy with it (`mask_actions`). It also stays in the observation
+      vector, as every leaf does.
     """
 
     def __init__(self, jumanji_env, name: str | None = None):
@@ -109,6 +116,8 @@ class JumanjiEnv:
         self.obs_parts = tuple((jax.tree_util.keystr(p).lstrip("."), tuple(x.shape))
                                for p, x in leaves)
         self._obs_size = int(sum(math.prod(s) for _, s in self.obs_parts))
+        mask = getattr(timestep.observation, "action_mask", None)
+        self._has_mask = mask is not None and math.prod(mask.shape) == self._action_map.n
         limit = getattr(jumanji_env, "time_limit", None)
         self._time_limit = (int(limit) if isinstance(limit, (int, np.integer))
                             and not isinstance(limit, bool) and limit > 0 else None)
@@ -119,7 +128,22 @@ class JumanjiEnv:
 
     def reset(self, key: jax.Array, params: JumanjiParams | None = None):
         state, timestep = self.jumanji_env.reset(key)
-        return _flat(timestep.observation), JumanjiEnvState(state, jnp.zeros((), jnp.int32))
+        return _flat(timestep.observation), JumanjiEnvState(
+            state, jnp.zeros((), jnp.int32), self._mask_of(timestep.observation))
+
+    def _mask_of(self, observation):
+        """The observation's action mask as [n] bool, () when the env gives none."""
+        if not self._has_mask:
+            return ()
+        return jnp.ravel(jnp.asarray(observation.action_mask)).astype(bool)
+
+    @property
+    def action_mask(self):
+        """`action_mask(state, params) -> bool [n]` of the state's observation
+        (AttributeError when the env's observation has no mask of one entry per action)."""
+        if not self._has_mask:
+            raise AttributeError("action_mask")
+        return lambda state, params=None: state.action_mask
 
     def step(self, key: jax.Array, state: JumanjiEnvState, action: jax.Array,
              params: JumanjiParams | None = None):
@@ -132,8 +156,9 @@ class JumanjiEnv:
             jnp.logical_or(last, time >= params.max_steps_in_episode), ~terminated)
         done = jnp.logical_or(terminated, truncated)
         stepped_obs = _flat(timestep.observation)
-        obs, next_state, info = adapter.auto_reset(done, self.reset(key, params), stepped_obs,
-                                                   JumanjiEnvState(stepped, time))
+        obs, next_state, info = adapter.auto_reset(
+            done, self.reset(key, params), stepped_obs,
+            JumanjiEnvState(stepped, time, self._mask_of(timestep.observation)))
         reward = jnp.asarray(timestep.reward, jnp.float32)
         return obs, next_state, reward, terminated, truncated, info
 

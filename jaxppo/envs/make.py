@@ -36,6 +36,8 @@ class EnvSpec(NamedTuple):
       discrete: Discrete actions (else a Box).
       action_dim: the number of actions (discrete) or the action vector's size.
       action_low, action_high: a Box's bounds [action_dim] (None for discrete actions).
+      action_mask: `action_mask(state, params) -> bool [action_dim]` (true = legal) of one
+        env's state, when the policy masks illegal actions (`env_action_mask`); else None.
     """
 
     env: Any
@@ -45,6 +47,19 @@ class EnvSpec(NamedTuple):
     action_dim: int  # number of actions (discrete) or action vector size (continuous)
     action_low: np.ndarray | None  # continuous bounds, broadcast to [action_dim]
     action_high: np.ndarray | None
+    action_mask: Any = None
+
+    @property
+    def masked(self) -> bool:
+        """True when the policy's illegal actions are masked (the env gives a mask)."""
+        return self.action_mask is not None
+
+    def masks(self, env_state) -> jax.Array | None:
+        """The action masks [E, action_dim] of a batch of env states [E, ...] (None when
+        unmasked)."""
+        if self.action_mask is None:
+            return None
+        return jax.vmap(self.action_mask, in_axes=(0, None))(env_state, self.env_params)
 
     @property
     def obs_dim(self) -> int:
@@ -267,7 +282,14 @@ def _env_spec(config, env, env_params) -> EnvSpec:
     act_space = env.action_space(env_params)
     obs_shape = tuple(int(s) for s in obs_space.shape)
     if hasattr(act_space, "n"):
-        return EnvSpec(env, env_params, obs_shape, True, int(act_space.n), None, None)
+        n = int(act_space.n)
+        mask = env_action_mask(config, env, env_params, n)
+        return EnvSpec(env, env_params, obs_shape, True, n, None, None, mask)
+    if config.mask_actions:
+        raise ConfigError(
+            f"mask_actions=true, but {config.env_name} has continuous actions "
+            f"({act_space!r}); action masks apply to discrete actions only: leave mask_actions "
+            "unset")
     if not hasattr(act_space, "low"):
         raise ConfigError(
             f"{config.env_name} has action space {act_space!r}; jaxppo supports Discrete and Box"
@@ -278,6 +300,50 @@ def _env_spec(config, env, env_params) -> EnvSpec:
     dim = int(shape[0])
     low, high = box_bounds(act_space, dim)
     return EnvSpec(env, env_params, obs_shape, False, dim, low, high)
+
+
+def env_action_mask(config, env, env_params, num_actions: int):
+    """The env's `action_mask(state, params)` when the policy masks with it, else None.
+
+    `config.mask_actions`: None uses the env's mask when it defines one, False never, True
+    requires one. The mask is checked on a reset state's shape (bool or 0/1 [num_actions])
+    without running the env.
+
+    Raises:
+      ConfigError: mask_actions=true for an env without a mask, or a mask of another shape
+        or type.
+    """
+    fn = getattr(env, "action_mask", None)
+    if config.mask_actions is False:
+        return None
+    if not callable(fn) or getattr(env, "host_loop", False):
+        if config.mask_actions:
+            raise ConfigError(
+                f"mask_actions=true, but {config.env_name} gives no action mask: an env masks "
+                "its illegal actions by defining `action_mask(state, params) -> bool "
+                "[num_actions]` (true = legal) for the state whose observation the policy "
+                "sees (docs/environments.md, \"Action masks\"); Jumanji envs whose "
+                "observation has an action_mask give it; gymnasium envs step outside the "
+                "compiled program and give none. Leave mask_actions unset to train without one")
+        return None
+    try:
+        out = jax.eval_shape(lambda k: fn(env.reset(k, env_params)[1], env_params),
+                             jax.random.PRNGKey(0))
+    except Exception as e:  # noqa: BLE001 - the env's code: any failure is named
+        raise ConfigError(
+            f"{config.env_name}.action_mask(state, params) failed on a reset state: "
+            f"{type(e).__name__}: {str(e)[:300]}; it must return bool [{num_actions}] "
+            "(true = legal) for one env's state, or set mask_actions=false to ignore it"
+        ) from None
+    if (not isinstance(out, jax.ShapeDtypeStruct) or tuple(out.shape) != (num_actions,)
+            or not (out.dtype == jnp.bool_ or jnp.issubdtype(out.dtype, jnp.integer))):
+        got = (f"{out.dtype}{list(out.shape)}" if isinstance(out, jax.ShapeDtypeStruct)
+               else type(out).__name__)
+        raise ConfigError(
+            f"{config.env_name}.action_mask(state, params) returned {got}; it must be bool "
+            f"[{num_actions}] (one entry per action of its Discrete({num_actions}) space, true "
+            "= legal) for one env's state, or set mask_actions=false to ignore it")
+    return lambda state, params: jnp.asarray(fn(state, params)).astype(bool)
 
 
 # ---------------------------------------------------------------------- a user's own env

@@ -157,6 +157,15 @@ class FrameStackEnv:
         frames = jnp.concatenate([state.frames[1:], obs[None]])
         return self._layout(frames), FrameStackState(env_state, frames), reward, done, info
 
+    @property
+    def action_mask(self):
+        """The wrapped env's action mask of the current frame's state (AttributeError when
+        it has none)."""
+        inner = getattr(self._env, "action_mask", None)
+        if not callable(inner):
+            raise AttributeError("action_mask")
+        return lambda state, params=None: inner(state.env_state, params)
+
     def observation_space(self, params):
         from gymnax.environments import spaces
 

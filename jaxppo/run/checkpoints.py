@@ -357,7 +357,9 @@ def _config_from(data: dict, source: str) -> PPOConfig:
             f"{source} records env_params={data['env_params']!r}, which cannot be rebuilt from the "
             "file; pass a PPOConfig with the same env_params (train(config, resume=...))"
         )
-    return PPOConfig.from_dict(data)
+    # A run folder written before action masks existed trained without them (jaxppo writes
+    # every field, so a missing one is that age, not a default to fill in).
+    return PPOConfig.from_dict({"mask_actions": False, **data})
 
 
 _ABSENT = "(absent)"
@@ -410,7 +412,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 def save_params(path: str | Path, result) -> Path:
     """Write a TrainResult's {params, obs_stats} of every seed (`write_params`)."""
     obs_stats = result.state.obs_stats
-    if getattr(result, "num_devices", 1) > 1:  # replicated over devices: keep one copy
+    if getattr(result, "device_axis", getattr(result, "num_devices", 1) > 1):  # one copy per device
         obs_stats = jax.tree.map(lambda x: x[0], obs_stats)
     return write_params(path, result.params, obs_stats)
 

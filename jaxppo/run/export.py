@@ -60,7 +60,10 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
     noise being Gumbel(0, 1) [b, num_actions] (discrete) or standard normal [b, D]. A
     recurrent policy also takes its carry and returns the next one (zeros at an episode's
     start). Actions are those of the env it trained on, transforms included (with
-    `discretize_actions` an index; the JSON's `env_action_table` maps it).
+    `discretize_actions` an index; the JSON's `env_action_table` maps it). A policy trained
+    with the env's action mask (`policy.masked`) takes the legal actions, bool [b,
+    num_actions] (true = legal, at least one per row), right after the observations: inputs
+    (obs, action_mask[, carry][, seed | noise]); its actions are always legal ones.
 
     Args:
       source: a run folder or a `Policy`.
@@ -114,6 +117,7 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
             f"the policy's carry is a pytree of {len(io.carry['leaves'])} arrays (a network "
             "module's own), and ONNX inputs are single arrays; export it with format='jax'")
     carry_in, carry_out = (["carry"], ["next_carry"]) if policy.recurrent else ([], [])
+    carry_in = (["action_mask"] if policy.masked else []) + carry_in
     if format == "jax":
         files = {"deterministic": _jax_bytes(_deterministic_fn(policy), io.deterministic_in)}
         if stochastic:
@@ -162,39 +166,51 @@ def _check_outside_run(run_dir: Path, path: Path, others: list[Path], format: st
 
 
 # ---------------------------------------------------------------- the functions exported
+def _positional(policy: Policy, step):
+    """`step(obs, mask, carry, *rest) -> (action, carry)` as the exported function's
+    signature: (obs[, action_mask][, carry], *rest) -> action, or (action, carry) for a
+    recurrent policy; the mask only for a masked policy, the carry only for a recurrent one."""
+    masked, recurrent = policy.masked, policy.recurrent
+
+    def call(*args):
+        obs, args = args[0], list(args[1:])
+        mask = args.pop(0) if masked else None
+        carry = args.pop(0) if recurrent else ()
+        action, carry = step(obs, mask, carry, *args)
+        return (action, carry) if recurrent else action
+
+    return call
+
+
 def _deterministic_fn(policy: Policy):
-    """obs -> action, or (obs, carry) -> (action, carry) for a recurrent policy."""
+    """obs -> action, or (obs, carry) -> (action, carry) for a recurrent policy (action_mask
+    after obs for a masked one)."""
     algo, params, stats = policy.algorithm, policy.params, policy.obs_stats
-    if policy.recurrent:
-        return lambda obs, carry: algo.policy_step(params, stats, obs, carry, None, True)
-    return lambda obs: algo.policy_step(params, stats, obs, (), None, True)[0]
+    return _positional(policy, lambda obs, mask, carry: algo.policy_step(
+        params, stats, obs, carry, None, True, mask))
 
 
 def _seeded_sample_fn(policy: Policy):
     """(obs, seed) -> action: `policy(obs, PRNGKey(seed))`; recurrent: (obs, carry, seed) ->
-    (action, carry)."""
+    (action, carry) (action_mask after obs for a masked one)."""
     algo, params, stats = policy.algorithm, policy.params, policy.obs_stats
-    if policy.recurrent:
-        return lambda obs, carry, seed: algo.policy_step(
-            params, stats, obs, carry, jax.random.PRNGKey(seed), False)
-    return lambda obs, seed: algo.policy_step(params, stats, obs, (), jax.random.PRNGKey(seed),
-                                              False)[0]
+    return _positional(policy, lambda obs, mask, carry, seed: algo.policy_step(
+        params, stats, obs, carry, jax.random.PRNGKey(seed), False, mask))
 
 
 def _noise_sample_fn(policy: Policy):
     """(obs, noise) -> action, the noise being what `networks.sampling_noise` draws (ONNX
     has no random numbers that match JAX's, so the caller supplies them); recurrent: (obs,
-    carry, noise) -> (action, carry)."""
+    carry, noise) -> (action, carry) (action_mask after obs for a masked one)."""
     algo, params, stats = policy.algorithm, policy.params, policy.obs_stats
 
-    def step(obs, carry, noise):
+    def step(obs, mask, carry, noise):
         # The observation pipeline of Algorithm.policy_step, with the noise given.
         dist, _, carry = algo.network.apply(params, algo.obs_in(stats, obs), carry)
+        dist = networks.mask_logits(dist, mask)
         return env_action(algo.spec, networks.sample_with_noise(algo.discrete, dist, noise)), carry
 
-    if policy.recurrent:
-        return step
-    return lambda obs, noise: step(obs, (), noise)[0]
+    return _positional(policy, step)
 
 
 # ---------------------------------------------------------------- shapes and description
@@ -209,6 +225,7 @@ class _Signature(NamedTuple):
     action: dict
     carry: dict | None
     noise: dict
+    action_mask: dict | None
 
 
 def _signature(policy: Policy, batch_size: int | None) -> _Signature:
@@ -229,9 +246,10 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
     carry_in = (jax.tree.map(lambda c: jax.ShapeDtypeStruct((b, *c.shape[1:]), c.dtype), carry)
                 if policy.recurrent else None)
     noise_in = jax.ShapeDtypeStruct((b, spec.action_dim), jnp.float32)
+    mask_in = [jax.ShapeDtypeStruct((b, spec.action_dim), jnp.bool_)] if policy.masked else []
     action = jax.eval_shape(lambda o: policy.algorithm.policy_step(
         policy.params, policy.obs_stats, o, carry, None, True)[0],
-        jax.ShapeDtypeStruct((1, *spec.obs_shape), obs.dtype))
+        jax.ShapeDtypeStruct((1, *spec.obs_shape), obs.dtype))  # masks change no shape
     describe = lambda s: {"shape": [label, *map(int, s.shape[1:])],  # noqa: E731
                           "dtype": np.dtype(s.dtype).name}
     action_info = {**describe(action), "kind": "discrete" if spec.discrete else "continuous"}
@@ -241,7 +259,7 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
         action_info.update(low=np.asarray(spec.action_low).tolist(),
                            high=np.asarray(spec.action_high).tolist())
     seed_in = jax.ShapeDtypeStruct((), jnp.uint32)
-    with_carry = [carry_in] if policy.recurrent else []
+    with_carry = mask_in + ([carry_in] if policy.recurrent else [])
     return _Signature(
         deterministic_in=[obs_in, *with_carry],
         seeded_in=[obs_in, *with_carry, seed_in],
@@ -251,6 +269,10 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
         carry=_describe_carry(carry_in, carry, describe) if policy.recurrent else None,
         noise={**describe(noise_in),
                "distribution": "gumbel(0, 1)" if spec.discrete else "standard normal"},
+        action_mask={**describe(mask_in[0]), "meaning": (
+            "the legal actions of each observation's state (the env's action_mask(state, "
+            "params)), true = legal, at least one per row; the action is always a legal "
+            "one")} if mask_in else None,
     )
 
 
@@ -278,6 +300,7 @@ def _env_action_table(policy: Policy) -> list | None:
 def _metadata(policy: Policy, fmt: str, io: _Signature, path: Path, sample_path: Path | None,
               source) -> dict:
     carry_in, carry_out = ([], []) if io.carry is None else (["carry"], ["next_carry"])
+    carry_in = (["action_mask"] if io.action_mask is not None else []) + carry_in
     variants = {"deterministic": {"file": path.name, "inputs": ["obs", *carry_in],
                                   "outputs": ["action", *carry_out]}}
     if sample_path is not None:
@@ -291,6 +314,7 @@ def _metadata(policy: Policy, fmt: str, io: _Signature, path: Path, sample_path:
         "iteration": policy.iteration,
         "observation_normalization": "included" if policy.config.normalize_observations else "none",
         "obs": io.obs,
+        **({"action_mask": io.action_mask} if io.action_mask is not None else {}),
         "action": io.action,
         "variants": variants,
         "transforms": list(policy.config.to_dict().get("transforms") or []),

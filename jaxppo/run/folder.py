@@ -554,6 +554,7 @@ def summary(result, sweep: dict | None = None) -> dict:
         "num_seeds": cfg.num_seeds,
         "hosts": int(result.hosts),
         "num_devices": int(result.num_devices),
+        "layout": getattr(result, "layout", ""),
         "env_steps": steps,
         "env_steps_all_seeds": steps * cfg.num_seeds,
         "iterations": int(result.iterations_done),

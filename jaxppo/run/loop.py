@@ -9,6 +9,7 @@ one jaxppo.run.folder.RunFolder.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import select
@@ -26,11 +27,12 @@ import numpy as np
 
 from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, TrainState
 from jaxppo.config import PPOConfig
-from jaxppo.errors import StopTraining, TrainingDivergedError, TrainingInterrupted
+from jaxppo.errors import ActionMaskError, StopTraining, TrainingDivergedError, TrainingInterrupted
 from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
 from jaxppo.program import auto_chunk
-from jaxppo.run.policy import check_key, check_obs, evaluate_policy
+from jaxppo.resolve import Layout, describe_layout
+from jaxppo.run.policy import check_action_mask, check_key, check_obs, evaluate_policy, masked_act
 from jaxppo.run.folder import RunFolder
 from jaxppo.run.runner import Runner
 from jaxppo.process import __version__, process_uptime
@@ -45,8 +47,11 @@ class TrainResult:
     """What `train` returns.
 
     params: the trained network params ([num_seeds, ...] leaves when num_seeds > 1).
-    state: the final TrainState, with a leading [num_devices] axis when num_devices > 1
-    (params are identical across it) and then [num_seeds] when num_seeds > 1.
+    state: the final TrainState, with a leading [num_devices] axis when `device_axis` (the
+    envs split over devices: params are identical across it) and then [num_seeds] when
+    num_seeds > 1. Seeds or PBT members split over devices come back as one
+    [num_seeds, ...] state, as from one device. `layout`: where the run trained, in words
+    (e.g. "16 seeds over 2 CPU devices (8 each, no collectives)").
     metrics: name -> array [num_iterations] (num_seeds == 1) or [num_seeds, num_iterations];
     also `iteration`, `wall_time` (s since process start, at the end of the chunk that held
     the iteration; a resumed run adds the time of the processes before it) and `sps` (env
@@ -55,7 +60,9 @@ class TrainResult:
     at iteration 1 (the earlier ones are read back from metrics.jsonl).
     `policy(obs, key=None, deterministic=False, seed=0)` and `value(obs, seed=0)` take raw
     observations [..., *obs_shape] and apply the run's observation normalisation (a
-    recurrent run acts through `jaxppo.load_policy(run_dir).step`; `evaluate` works for both).
+    recurrent run acts through `jaxppo.load_policy(run_dir).step`; `evaluate` works for both);
+    a run trained with the env's action mask also takes `action_mask=` [..., num_actions], the
+    legal actions (as `jaxppo.Policy.step` does).
     iterations_done / completed: how far the run got (completed is False after
     stop_after_iterations); resumed_from: the checkpoint iteration it started from, if any.
     hosts: processes the run was spread over (1 unless jaxppo.distributed); host_failures:
@@ -85,6 +92,12 @@ class TrainResult:
     summary: dict | None = None
     interrupted: str | None = None
     stopped: str | None = None
+    layout: str = ""
+    device_axis: bool | None = None  # None: num_devices > 1
+
+    def __post_init__(self):
+        if self.device_axis is None:
+            self.device_axis = self.num_devices > 1
 
     @property
     def env(self):
@@ -100,13 +113,14 @@ class TrainResult:
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < seeds:
             raise ValueError(f"seed={seed!r}, but the run trained {seeds} seed(s): use a seed "
                              f"index from 0 to {seeds - 1}")
-        if self.num_devices > 1:  # params are replicated: any device's copy will do
+        if self.device_axis:  # params are replicated: any device's copy will do
             tree = jax.tree.map(lambda x: x[0], tree)
         if seeds == 1:
             return tree
         return jax.tree.map(lambda x: x[seed], tree)
 
-    def policy(self, obs, key=None, deterministic: bool = False, seed: int = 0):
+    def policy(self, obs, key=None, deterministic: bool = False, seed: int = 0,
+               action_mask=None):
         if key is None:
             if not deterministic:
                 raise ValueError("policy(obs, key): a PRNG key is needed to sample; "
@@ -114,8 +128,10 @@ class TrainResult:
             key = jax.random.PRNGKey(0)
         check_key(key)
         obs = check_obs(obs, self._algorithm)
+        mask = None if self._algorithm.recurrent else check_action_mask(action_mask, obs,
+                                                                         self._algorithm)
         st = self._seed_slice(self.state, seed)
-        return self._policy_fn(st.params, st.obs_stats, obs, key, deterministic)
+        return self._policy_fn(st.params, st.obs_stats, obs, key, deterministic, mask)
 
     def value(self, obs, seed: int = 0):
         obs = check_obs(obs, self._algorithm)
@@ -370,6 +386,8 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
                    record=checkpoint_record)
     rules = _StopRules(config, folder.previous_rows if folder else [])
     it, wall, last_row, stopped = start_iter, wall_offset, None, None
+    if progress is not False:
+        print(f"layout: {layout_text(runner, config)}", file=sys.stderr, flush=True)
     with StopSignals.during_loop(folder, saver, config.num_iterations) as signals:
         try:
             while it < end_iter and stopped is None and not signals.stopping():
@@ -382,6 +400,7 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
                 sps = (stop - it) * config.batch_size * config.num_seeds / max(dt, 1e-9)
                 rows = _chunk_rows(metrics, history.keys, it, stop, wall, sps, config.num_seeds)
                 with signals.writing:  # a second signal waits for these writes
+                    _check_masks(metrics, rows, last_row, folder, config)
                     _check_health(rows, last_row, folder, config.num_seeds)
                     history.append(metrics, it, stop, wall, sps)
                     if folder is not None:
@@ -530,6 +549,32 @@ def _chunk_rows(metrics: dict, keys, it: int, stop: int, wall: float, sps: float
     return rows
 
 
+def _check_masks(metrics: dict, rows: list[dict], last_row: dict | None, folder,
+                 config: PPOConfig) -> None:
+    """ActionMaskError at the first iteration whose rollout met a state the env's action mask
+    left without a legal action, after writing the rows before it."""
+    counts = metrics.get("masked_out_states")
+    if counts is None:
+        return
+    per_iter = np.asarray(counts).reshape((-1, np.shape(counts)[-1])).sum(axis=0)
+    bad = np.flatnonzero(per_iter > 0)
+    if bad.size == 0:
+        return
+    j = int(bad[0])
+    seeds = config.num_seeds
+    if folder is not None:
+        folder.write_rows(rows[:j * seeds])
+    iteration = rows[j * seeds]["iteration"]
+    raise ActionMaskError(
+        f"{config.env_name}'s action mask left {int(per_iter[j])} state(s) with no legal "
+        f"action in iteration {iteration}'s rollout, so the policy had no action to choose "
+        "there. Fix the env's action_mask(state, params) so that every state it reaches has "
+        "at least one legal action (a state with none should end the episode), or set "
+        "mask_actions=false to train without the mask. Metrics so far are kept"
+        + (f" in {folder.path / 'metrics.jsonl'}" if folder else "") + ".",
+        iteration, rows[j * seeds - 1] if j else last_row)
+
+
 def _check_health(rows: list[dict], last_row: dict | None, folder, seeds: int) -> None:
     """TrainingDivergedError at the first row with a non-finite health metric, after writing
     the rows before it; `last_row`: the previous chunk's last row."""
@@ -617,11 +662,24 @@ def _result(runner: Runner, config: PPOConfig, folder, metrics: dict, *, iterati
         config=config, params=params, state=state, num_devices=runner.shards, hosts=runner.hosts,
         metrics=metrics, run_dir=folder.path if folder else None,
         compile_seconds=runner.compile_seconds, train_seconds=train_seconds, _algorithm=algo,
-        _policy_fn=jax.jit(algo.act, static_argnames=("deterministic",)),
+        _policy_fn=jax.jit(functools.partial(masked_act, algo), static_argnames=("deterministic",)),
         _value_fn=jax.jit(algo.value), iterations_done=iterations_done,
         completed=iterations_done >= config.num_iterations, resumed_from=resumed_from,
         host_failures=list(runner.host_failures), interrupted=interrupted, stopped=stopped,
+        layout=layout_text(runner, config), device_axis=bool(runner.params_replicated),
     )
+
+
+def layout_text(runner: Runner, config: PPOConfig) -> str:
+    """Where the runner trains, in one line (`jaxppo.resolve.describe_layout`)."""
+    layout = getattr(runner, "layout", None)
+    if layout is None:  # a runner over hosts, or the gymnasium host loop
+        if runner.hosts > 1:
+            layout = Layout(runner.shards // runner.hosts, runner.hosts)
+        else:
+            layout = Layout()
+    hp = getattr(runner, "hp", None)
+    return describe_layout(config, layout, sweep=hp is not None and np.ndim(hp.clip_param) == 1)
 
 def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
     """Metric arrays of earlier rows (a resumed run's past), as the first entry of each list."""

@@ -3,11 +3,14 @@
     act = jaxppo.load_policy("runs/CartPole-v1-20250101-120000")
     action = act(obs)                     # deterministic (the distribution's mode)
     action = act(obs, jax.random.PRNGKey(0))  # sampled
+    action = act(obs, action_mask=act.action_mask(state))  # a policy trained with masks
 
 The run folder's config.yaml gives the env and network; the newest checkpoint gives the
 params and the observation-normalisation statistics (params.msgpack when there is no
 checkpoint). Observations are raw env observations [*obs_shape] or [B, *obs_shape];
-actions come back ready for `env.step` (continuous ones clipped to the action bounds).
+actions come back ready for `env.step` (continuous ones clipped to the action bounds). A
+policy trained with the env's action mask (`policy.masked`) also takes the legal actions of
+each observation's state and acts among them only.
 """
 
 from __future__ import annotations
@@ -41,9 +44,12 @@ class Policy:
     A recurrent policy keeps a carry from step to step: `policy.step(obs, carry, key=None)`
     -> (actions, carry), starting each episode from `policy.initial_carry(batch_shape)`
     (`step` works for feed-forward policies too, with an empty carry).
+    A masked policy (trained with the env's action mask) needs the legal actions of each
+    observation's state, `action_mask=policy.action_mask(state)` (bool [*batch, num_actions]),
+    and acts among them only, sampled or deterministic.
     Attributes: config (PPOConfig of the run), spec (EnvSpec), env and env_params (the env it
     trained on), params, obs_stats,
-    iteration (of the checkpoint it came from; None for params.msgpack), recurrent.
+    iteration (of the checkpoint it came from; None for params.msgpack), recurrent, masked.
     """
 
     def __init__(self, algorithm: Algorithm, params, obs_stats: RunningStats,
@@ -52,10 +58,12 @@ class Policy:
         self.config = algorithm.config
         self.spec = algorithm.spec
         self.recurrent = algorithm.recurrent
+        self.masked = algorithm.spec.masked
         self.params = params
         self.obs_stats = obs_stats
         self.iteration = iteration
         self._step = jax.jit(algorithm.policy_step, static_argnames=("deterministic",))
+        self._masks: dict[int, Any] = {}  # the env's mask, jitted, per number of batch axes
 
     @property
     def env(self):
@@ -66,17 +74,17 @@ class Policy:
     def env_params(self):
         return self.spec.env_params
 
-    def __call__(self, obs, key: jax.Array | None = None):
+    def __call__(self, obs, key: jax.Array | None = None, action_mask=None):
         if self.recurrent:
             raise TypeError(
                 "this policy is recurrent: it needs its carry from step to step. Use "
                 "policy.step(obs, carry, key=None) -> (action, carry), starting each episode "
                 "from policy.initial_carry(batch_shape); policy.evaluate() does this for you")
-        return self.step(obs, (), key)[0]
+        return self.step(obs, (), key, action_mask)[0]
 
     act = __call__
 
-    def step(self, obs, carry, key: jax.Array | None = None):
+    def step(self, obs, carry, key: jax.Array | None = None, action_mask=None):
         """One step of the policy, carry included.
 
         Args:
@@ -84,16 +92,59 @@ class Policy:
           carry: the carry before them (`initial_carry` at an episode's start; () when
             feed-forward).
           key: a PRNG key to sample with; None acts with the distribution's mode.
+          action_mask: a masked policy's legal actions for each observation, bool or 0/1
+            [*batch, num_actions] (`action_mask(state)`); None for an unmasked policy.
 
         Returns:
           (actions ready for env.step, the new carry).
+
+        Raises:
+          TypeError: a masked policy without action_mask, or an unmasked one with it.
+          ValueError: an action_mask of the wrong shape, or one with no legal action.
         """
         obs = check_obs(obs, self.algorithm)
         carry = self._check_carry(carry, obs)
+        mask = check_action_mask(action_mask, obs, self.algorithm)
         if key is not None:
             check_key(key)
         return self._step(self.params, self.obs_stats, obs, carry, key,
-                          deterministic=key is None)
+                          deterministic=key is None, action_mask=mask)
+
+    def action_mask(self, state):
+        """The legal actions of env state(s), as `step` and `__call__` take them.
+
+        Args:
+          state: the env state whose observation the policy acts on: one (from env.reset /
+            env.step) or a batch of them (from vmapped ones), any number of batch axes.
+
+        Returns:
+          bool [*batch, num_actions], true = legal: the env's `action_mask(state, params)`.
+
+        Raises:
+          TypeError: the policy was trained without an action mask, or `state` is not a
+            state of its env.
+        """
+        fn = self.spec.action_mask
+        if fn is None:
+            raise TypeError(f"this policy was trained without an action mask "
+                            f"({_no_mask(self.algorithm)}): it acts on observations alone, so "
+                            "call it without action_mask")
+        want = jax.eval_shape(lambda k: self.env.reset(k, self.env_params)[1],
+                              jax.random.PRNGKey(0))
+        leaves, ref = jax.tree.leaves(state), jax.tree.leaves(want)
+        extra = {np.ndim(x) - len(r.shape) for x, r in zip(leaves, ref)}
+        if (jax.tree.structure(state) != jax.tree.structure(want) or len(extra) != 1
+                or min(extra) < 0):
+            raise TypeError(f"state={_short(state)} is not a state (or a batch of states) of "
+                            f"{self.config.env_name}; pass the env state whose observation the "
+                            "policy acts on, as env.reset / env.step return it")
+        axes = extra.pop()
+        if axes not in self._masks:
+            one = lambda s: fn(s, self.env_params)
+            for _ in range(axes):
+                one = jax.vmap(one)
+            self._masks[axes] = jax.jit(one)
+        return self._masks[axes](state)
 
     def _check_carry(self, carry, obs):
         fix = ("start each episode from policy.initial_carry(batch_shape) and pass on the carry "
@@ -132,7 +183,8 @@ class Policy:
 
     def __repr__(self):
         return (f"Policy({self.config.env_name}, obs_shape={self.spec.obs_shape}, "
-                f"iteration={self.iteration}{', recurrent' if self.recurrent else ''})")
+                f"iteration={self.iteration}{', recurrent' if self.recurrent else ''}"
+                f"{', masked' if self.masked else ''})")
 
 
 def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: int,
@@ -202,11 +254,12 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
         return run_host
 
     def play(params, obs_stats, key):
-        def step(obs, k, carry):
-            return algorithm.policy_step(params, obs_stats, obs, carry, k, deterministic)
+        def step(obs, k, carry, mask=None):
+            return algorithm.policy_step(params, obs_stats, obs, carry, k, deterministic, mask)
 
         return run_episodes(step, algorithm.spec.env, algorithm.spec.env_params, key, episodes,
-                            bound, algorithm.initial_carry((episodes,)))
+                            bound, algorithm.initial_carry((episodes,)),
+                            action_mask=algorithm.spec.action_mask)
 
     key = jax.random.PRNGKey(seed)
     compiled = jax.jit(play).lower(params, obs_stats, key).compile()
@@ -266,6 +319,83 @@ def check_obs(obs, algorithm: Algorithm):
     return jnp.asarray(arr)
 
 
+def check_action_mask(action_mask, obs, algorithm: Algorithm):
+    """Checks the legal actions given with observations `obs` (as `check_obs` returns them).
+
+    Returns:
+      The mask as a bool jax array [*batch, num_actions] for a masked policy; None for an
+      unmasked one (which takes none).
+
+    Raises:
+      TypeError: a masked policy without a mask, an unmasked one with one, or a mask that is
+        not an array of bools or 0/1 numbers.
+      ValueError: a mask whose shape is not the observations' batch shape + (num_actions,),
+        or one that leaves an observation no legal action.
+    """
+    spec, name = algorithm.spec, algorithm.config.env_name
+    if not spec.masked:
+        if action_mask is None:
+            return None
+        raise TypeError(
+            f"action_mask given, but this policy was trained without an action mask "
+            f"({_no_mask(algorithm)}): it never learned to act among the legal actions only, "
+            "and jaxppo does not silently restrict it. Call it without action_mask, or train "
+            "with the mask (an env that defines action_mask(state, params), mask_actions unset "
+            "or true)")
+    batch = tuple(obs.shape)[:obs.ndim - len(spec.obs_shape)]
+    want = (*batch, spec.action_dim)
+    if action_mask is None:
+        raise TypeError(
+            f"this policy was trained with {name}'s action mask: pass the legal actions of "
+            f"each observation's state, action_mask=policy.action_mask(state) (bool {list(want)}, "
+            "true = legal; it calls policy.env.action_mask(state, policy.env_params), vmapped "
+            "over a batch of states). policy.evaluate() passes them itself")
+    try:
+        arr = action_mask if isinstance(action_mask, jax.Array) else np.asarray(action_mask)
+    except Exception:  # noqa: BLE001 - ragged lists and other objects numpy cannot hold
+        arr = None
+    if arr is None or not (arr.dtype == np.bool_ or np.issubdtype(arr.dtype, np.number)):
+        raise TypeError(f"action_mask={_short(action_mask)} is not an array of bools; pass "
+                        f"bool {list(want)} (true = legal), e.g. policy.action_mask(state)")
+    if tuple(arr.shape) != want:
+        raise ValueError(
+            f"action_mask has shape {tuple(arr.shape)}, but observations of batch shape {batch} "
+            f"need the legal actions {want}: one row of {spec.action_dim} per observation "
+            "(policy.action_mask(state) of the states they came from)")
+    if isinstance(arr, jax.core.Tracer):  # inside the caller's jit: values unknown here
+        return arr.astype(bool)
+    values = np.asarray(arr)
+    if values.dtype != np.bool_ and not np.all((values == 0) | (values == 1)):
+        raise TypeError(f"action_mask holds values other than 0 and 1 ({_short(values)}); pass "
+                        "bools, true = legal")
+    values = values.astype(bool)
+    empty = np.argwhere(~values.any(axis=-1))
+    if empty.size:
+        at = tuple(int(i) for i in empty[0])
+        raise ValueError(
+            f"action_mask leaves {len(empty)} observation(s) with no legal action (the first "
+            f"at index {at}), so the policy has no action to choose; every state an episode "
+            "continues from must have a legal action (a state with none should end it)")
+    return jnp.asarray(values)
+
+
+def masked_act(algorithm: Algorithm, params, obs_stats, raw_obs, key,
+               deterministic: bool = False, action_mask=None):
+    """`Algorithm.act` with a masked policy's legal actions [..., A] (None: unmasked); a
+    recurrent policy raises act's TypeError (it needs its carry)."""
+    if action_mask is None or algorithm.recurrent:
+        return algorithm.act(params, obs_stats, raw_obs, key, deterministic)
+    return algorithm.policy_step(params, obs_stats, raw_obs, (), key, deterministic,
+                                 action_mask)[0]
+
+
+def _no_mask(algorithm: Algorithm) -> str:
+    """Why a policy does not mask: its config said so, or its env gives no mask."""
+    if algorithm.config.mask_actions is False:
+        return "mask_actions=false"
+    return f"{algorithm.config.env_name} gives no action mask"
+
+
 def check_key(key) -> None:
     """TypeError unless `key` is one PRNG key (jax.random.PRNGKey(s) or jax.random.key(s))."""
     raw = jax.eval_shape(lambda: jax.random.PRNGKey(0))
@@ -289,7 +419,8 @@ def _short(x) -> str:
 
 def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = None,
                 env: Any = None, trust_config: bool = True, best: bool = False) -> Policy:
-    """The trained policy of a run folder as a callable `act(obs, key=None)`.
+    """The trained policy of a run folder as a callable `act(obs, key=None)` (with
+    `action_mask=` the legal actions, for a policy trained with the env's action mask).
 
     Args:
       run_dir: the run folder.

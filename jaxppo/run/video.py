@@ -82,7 +82,8 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
       max_steps: caps each episode (default: the env's time limit).
 
     Returns:
-      One `Episode` each, until it terminated or truncated or reached max_steps.
+      One `Episode` each, until it terminated or truncated or reached max_steps. A masked
+      policy acts among the legal actions of each state (the env's action mask).
 
     Raises:
       ValueError: max_steps is not an integer >= 1.
@@ -103,7 +104,8 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
         observations, rewards = [np.asarray(obs)], []
         for _ in range(bound):
             key, k_act, k_step = jax.random.split(key, 3)
-            action, carry = policy.step(obs, carry, None if deterministic else k_act)
+            mask = policy.action_mask(state) if policy.masked else None
+            action, carry = policy.step(obs, carry, None if deterministic else k_act, mask)
             obs, state, reward, terminated, truncated, info = step(k_step, state, action, params)
             rewards.append(float(reward))
             # The observation the step reached, before an auto-reset replaced it.

@@ -9,8 +9,9 @@ initialiser: cusolver_geqrf_ffi, cusolver_orgqr_ffi); `jax.export` checks that e
 jax's stable custom-call targets.
 
 Layouts: one device (jit), the envs split over 2 devices (pmap, with the collectives), a
-sweep (num_seeds=2 vmapped, one set of hyperparameters per seed), a PBT population split
-over 2 devices, and a recurrent policy over continuous actions on one device. Each lowers
+sweep (num_seeds=2 vmapped, one set of hyperparameters per seed), a sweep's members split
+over 2 devices (pmap, no collective), a PBT population split over 2 devices, and a recurrent
+policy over continuous actions on one device. Each lowers
 `init` and the chunk of iterations (with evaluations) that `ChunkRunner` compiles. The two
 devices are forced host devices, which XLA_FLAGS must set before jax starts, so the lowering
 runs in a subprocess: this file run as a script.
@@ -31,9 +32,14 @@ CASES = {  # case -> devices its program spans
     "one-device": 1,
     "pmap": DEVICES,
     "sweep": 1,
+    "seeds-split": DEVICES,
     "pbt-split": DEVICES,
     "recurrent-continuous": 1,
 }
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_to_all", "reduce_scatter", "collective_permute",
+               "collective_broadcast")
 
 
 def lower_for_cuda(fn, *args):
@@ -68,6 +74,7 @@ def _configs():
         "one-device": (base, Layout(), None),
         "pmap": (base, Layout(DEVICES), None),
         "sweep": (base.replace(num_seeds=2), Layout(), sweep),
+        "seeds-split": (base.replace(num_seeds=2), Layout(DEVICES, by_seed=True), sweep),
         "pbt-split": (pbt, Layout(DEVICES), sample_hparams(resolve(pbt).config)),
         "recurrent-continuous": (recurrent, Layout(), None),
     }
@@ -99,7 +106,8 @@ def _lower_case(config, layout, hp) -> dict:
         text = exported.mlir_module()
         out[name] = {"platforms": list(exported.platforms), "nr_devices": exported.nr_devices,
                      "custom_calls": custom_calls(text),
-                     "all_reduce": "stablehlo.all_reduce" in text}
+                     "all_reduce": "stablehlo.all_reduce" in text,
+                     "collectives": sorted({op for op in COLLECTIVES if f"stablehlo.{op}" in text})}
     return out
 
 
@@ -137,6 +145,14 @@ def test_pmap_chunk_holds_the_cross_device_reductions(lowered):
     statistics are all-reduced over the devices (the one-device program has none)."""
     assert lowered["pmap"]["chunk"]["all_reduce"]
     assert not lowered["one-device"]["chunk"]["all_reduce"]
+
+
+def test_seeds_split_chunk_has_no_collective(lowered):
+    """Seeds split over devices train independently: their program passes nothing between
+    devices (the envs-split one does, so the check can fail)."""
+    assert lowered["seeds-split"]["chunk"]["collectives"] == []
+    assert lowered["seeds-split"]["init"]["collectives"] == []
+    assert lowered["pmap"]["chunk"]["collectives"]
 
 
 def test_an_op_without_a_cuda_lowering_is_caught():

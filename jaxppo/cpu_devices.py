@@ -1,0 +1,97 @@
+"""One JAX CPU device per core, set when jaxppo is imported (before JAX's backend starts).
+
+JAX shows a CPU host as one device unless told otherwise, so a run would keep one core busy
+however many the machine has. `configure` (called first thing by `import jaxppo`) gives the
+CPU backend one device per core this process may run on (`os.sched_getaffinity`), and
+`jaxppo.resolve` lays seeds, PBT members or envs over them. It changes nothing when:
+
+* JAXPPO_CPU_DEVICES says otherwise: `1` (one device, as JAX's default) or `N` (N devices);
+* the user chose already: XLA_FLAGS holds --xla_force_host_platform_device_count, or
+  jax_num_cpu_devices is set;
+* the default platform is not the CPU (JAX_PLATFORMS / jax_platforms naming a GPU or TPU);
+* JAX's backend has started (the user ran JAX code before importing jaxppo): the device count
+  is fixed then, and a run that would have used more devices says how to get them.
+
+Only the CPU backend's device count is set: a machine with a GPU trains on its GPU(s).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+ENV_VAR = "JAXPPO_CPU_DEVICES"
+XLA_FLAG = "xla_force_host_platform_device_count"
+
+# What `configure` did: "set" (jaxppo chose `devices`), "off" (JAXPPO_CPU_DEVICES=1), "user"
+# (XLA_FLAGS or jax_num_cpu_devices), "platform" (not a CPU run), "started" (the backend was
+# already up), or "" (not called yet).
+status = {"action": "", "devices": 1}
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity; `taskset -c 0` gives 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def wanted(environ=os.environ) -> int:
+    """The CPU devices asked for: JAXPPO_CPU_DEVICES (a positive integer) or one per core."""
+    value = environ.get(ENV_VAR, "").strip()
+    if not value or value.lower() == "auto":
+        return cores()
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        warnings.warn(f"{ENV_VAR}={value!r} is not a positive integer (1 = one CPU device, N = N "
+                      "devices, unset = one per core); using one CPU device", stacklevel=3)
+        return 1
+    return n
+
+
+def plan(environ, num_cpu_devices: int, platforms: str | None) -> tuple[str, int]:
+    """(what to do, the devices wanted) from the environment, jax_num_cpu_devices (-1: unset)
+    and jax_platforms: "user" (XLA_FLAGS or jax_num_cpu_devices chose), "platform" (not a
+    CPU run), "off" (JAXPPO_CPU_DEVICES=1), else "set"."""
+    n = wanted(environ)
+    if XLA_FLAG in environ.get("XLA_FLAGS", "") or num_cpu_devices >= 0:
+        return "user", n
+    first = (environ.get("JAX_PLATFORMS") or platforms or "").split(",")[0].strip().lower()
+    if first not in ("", "cpu"):
+        return "platform", n
+    if n == 1 and environ.get(ENV_VAR, "").strip():
+        return "off", 1
+    return "set", n
+
+
+def configure() -> dict:
+    """Give JAX's CPU backend `wanted()` devices unless the user (or a started backend) has
+    fixed the count; returns `status`."""
+    import jax
+
+    action, n = plan(os.environ, jax.config.jax_num_cpu_devices, jax.config.jax_platforms)
+    if action == "set" and n > 1:
+        try:
+            jax.config.update("jax_num_cpu_devices", n)
+        except RuntimeError:  # the backend has started: its device count is fixed
+            action = "started"
+    status.update(action=action, devices=n)
+    return status
+
+
+def started_early_note(available: int, would_use: int) -> str | None:
+    """The one-line note for a run that would have used `would_use` CPU devices but finds
+    `available`, because JAX's backend started before jaxppo was imported; None otherwise."""
+    if status["action"] != "started" or would_use <= available:
+        return None
+    return (f"note: JAX's CPU backend started before jaxppo was imported, so it has {available} "
+            f"device(s); this run would use {would_use} (one per core). Import jaxppo before "
+            f"running any JAX code, or call jax.config.update('jax_num_cpu_devices', "
+            f"{would_use}) right after importing jax")
+
+
+configure()  # on import: `import jaxppo` imports this module before anything that uses JAX
