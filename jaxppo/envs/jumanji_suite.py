@@ -98,7 +98,8 @@ class JumanjiEnv:
       (Snake's [4], Knapsack's [items], Minesweeper's [rows, cols], flattened C order like
       the joint action), `action_mask(state, params)` gives it for the state's observation,
       and jaxppo masks the policy with it (`mask_actions`). It also stays in the observation
-      vector, as every leaf does.
+      vector, as every leaf does. A state whose mask allows nothing (Snake boxed in) allows
+      every action instead: Jumanji steps any action there, and each ends the episode.
     """
 
     def __init__(self, jumanji_env, name: str | None = None):
@@ -132,10 +133,13 @@ class JumanjiEnv:
             state, jnp.zeros((), jnp.int32), self._mask_of(timestep.observation))
 
     def _mask_of(self, observation):
-        """The observation's action mask as [n] bool, () when the env gives none."""
+        """The observation's action mask as [n] bool, () when the env gives none. A Jumanji
+        mask with no legal action (a Snake boxed in by its own body) still lets the env step
+        with any action, which ends the episode: every action is allowed there."""
         if not self._has_mask:
             return ()
-        return jnp.ravel(jnp.asarray(observation.action_mask)).astype(bool)
+        mask = jnp.ravel(jnp.asarray(observation.action_mask)).astype(bool)
+        return jnp.where(jnp.any(mask), mask, True)
 
     @property
     def action_mask(self):
