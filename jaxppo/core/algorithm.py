@@ -175,15 +175,16 @@ class Algorithm:
         a = networks.mode(self.discrete, dist) if deterministic else networks.sample(self.discrete, dist, key)
         return env_action(self.spec, a), carry
 
-    def act(self, params, obs_stats, raw_obs, key, deterministic: bool = False):
+    def act(self, params, obs_stats, raw_obs, key, deterministic: bool = False,
+            action_mask=None):
         """Actions for raw observations [..., *obs_shape] of a feed-forward policy (a
-        recurrent one needs its carry: `policy_step`)."""
+        recurrent one needs its carry: `policy_step`); `action_mask` as in `policy_step`."""
         if self.recurrent:
             raise TypeError(
                 "a recurrent policy needs its carry from step to step: use "
                 "policy_step(params, obs_stats, obs, carry, key) -> (action, carry), starting "
                 "each episode from initial_carry(batch_shape); evaluate() handles this itself")
-        return self.policy_step(params, obs_stats, raw_obs, (), key, deterministic)[0]
+        return self.policy_step(params, obs_stats, raw_obs, (), key, deterministic, action_mask)[0]
 
     def value(self, params, obs_stats, raw_obs, carry=()):
         """V(obs) given the carry before it (default: the start of an episode)."""

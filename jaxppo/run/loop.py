@@ -9,7 +9,6 @@ one jaxppo.run.folder.RunFolder.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import select
@@ -32,7 +31,7 @@ from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
 from jaxppo.program import auto_chunk
 from jaxppo.resolve import Layout, describe_layout
-from jaxppo.run.policy import check_action_mask, check_key, check_obs, evaluate_policy, masked_act
+from jaxppo.run.policy import check_action_mask, check_key, check_obs, evaluate_policy
 from jaxppo.run.folder import RunFolder
 from jaxppo.run.runner import Runner
 from jaxppo.process import __version__, process_uptime
@@ -662,7 +661,7 @@ def _result(runner: Runner, config: PPOConfig, folder, metrics: dict, *, iterati
         config=config, params=params, state=state, num_devices=runner.shards, hosts=runner.hosts,
         metrics=metrics, run_dir=folder.path if folder else None,
         compile_seconds=runner.compile_seconds, train_seconds=train_seconds, _algorithm=algo,
-        _policy_fn=jax.jit(functools.partial(masked_act, algo), static_argnames=("deterministic",)),
+        _policy_fn=jax.jit(algo.act, static_argnames=("deterministic",)),
         _value_fn=jax.jit(algo.value), iterations_done=iterations_done,
         completed=iterations_done >= config.num_iterations, resumed_from=resumed_from,
         host_failures=list(runner.host_failures), interrupted=interrupted, stopped=stopped,

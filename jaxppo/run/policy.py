@@ -379,16 +379,6 @@ def check_action_mask(action_mask, obs, algorithm: Algorithm):
     return jnp.asarray(values)
 
 
-def masked_act(algorithm: Algorithm, params, obs_stats, raw_obs, key,
-               deterministic: bool = False, action_mask=None):
-    """`Algorithm.act` with a masked policy's legal actions [..., A] (None: unmasked); a
-    recurrent policy raises act's TypeError (it needs its carry)."""
-    if action_mask is None or algorithm.recurrent:
-        return algorithm.act(params, obs_stats, raw_obs, key, deterministic)
-    return algorithm.policy_step(params, obs_stats, raw_obs, (), key, deterministic,
-                                 action_mask)[0]
-
-
 def _no_mask(algorithm: Algorithm) -> str:
     """Why a policy does not mask: its config said so, or its env gives no mask."""
     if algorithm.config.mask_actions is False:
