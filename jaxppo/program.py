@@ -200,26 +200,39 @@ def _population_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> 
     Member i is the same as on one device (its key is the i-th of the run's)."""
     layout = resolved.layout
     seeds = resolved.config.num_seeds
-    local = seeds // layout.shards
     # A member's envs are one shard.
     algo = Algorithm.create(dataclasses.replace(resolved, layout=Layout()))
-    batched = _is_batched(hp, seeds)
+    devices = _program_devices(layout)
+    init = _whole_runs_init(algo, layout, seeds, _is_batched(hp, seeds), devices)
+    compiled = jax.pmap(_population_chunk(algo, chunk_len, AXIS), axis_name=AXIS,
+                        in_axes=(0, None, None, None), devices=devices, donate_argnums=0)
+    return Program(algo, layout, init, compiled, population=True)
+
+
+def _own_slice(hp: HyperParams, batched: bool, first, local: int) -> HyperParams:
+    """The hyperparameters of a shard's runs first..first+local (a sweep's or a population's
+    batched ones), or the shared ones."""
+    if not batched:
+        return hp
+    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, first, local), hp)
+
+
+def _whole_runs_init(algo: Algorithm, layout: Layout, seeds: int, batched: bool,
+                     devices) -> Callable:
+    """init(root, hp) of runs (seeds, sweep or population members) split over the layout's
+    shards, num_seeds / shards whole runs each: run i's key is the i-th of the run's, its
+    hyperparameters the i-th of batched ones, as on one device."""
+    local = seeds // layout.shards
 
     def init_dev(root, hp, shard):
         first = shard * local
         keys = jax.lax.dynamic_slice_in_dim(jax.random.split(root, seeds), first, local)
-        if batched:
-            hp = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, first, local), hp)
-            return jax.vmap(lambda k, h: ppo.init(algo, k, h))(keys, hp)
-        return jax.vmap(lambda k: ppo.init(algo, k, hp))(keys)
+        return jax.vmap(lambda k, h: ppo.init(algo, k, h), in_axes=(0, 0 if batched else None))(
+            keys, _own_slice(hp, batched, first, local))
 
-    devices = _program_devices(layout)
     pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
     first = layout.first_shard
-    init = lambda root, hp: pinit(root, hp, jnp.arange(first, first + layout.local_devices))  # noqa: E731
-    compiled = jax.pmap(_population_chunk(algo, chunk_len, AXIS), axis_name=AXIS,
-                        in_axes=(0, None, None, None), devices=devices, donate_argnums=0)
-    return Program(algo, layout, init, compiled, population=True)
+    return lambda root, hp: pinit(root, hp, jnp.arange(first, first + layout.local_devices))
 
 
 def _seeds_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Program:
@@ -231,28 +244,16 @@ def _seeds_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Progr
     seeds = resolved.config.num_seeds
     local = seeds // layout.shards
     algo = Algorithm.create(dataclasses.replace(resolved, layout=Layout()))
-    hp_axis = 0 if _is_batched(hp, seeds) else None
-
-    def own(hp, first):
-        """This device's seeds' hyperparameters (a sweep's), or the shared ones."""
-        if hp_axis is None:
-            return hp
-        return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, first, local), hp)
-
-    def init_dev(root, hp, shard):
-        first = shard * local
-        keys = jax.lax.dynamic_slice_in_dim(jax.random.split(root, seeds), first, local)
-        return jax.vmap(lambda k, h: ppo.init(algo, k, h), in_axes=(0, hp_axis))(
-            keys, own(hp, first))
+    batched = _is_batched(hp, seeds)
 
     def chunk_dev(state, hp, start, stop):
         first = jax.lax.axis_index(AXIS) * local  # which device: no data crosses devices
         return jax.vmap(lambda s, h: chunk(algo, s, h, start, chunk_len, stop),
-                        in_axes=(0, hp_axis))(state, own(hp, first))
+                        in_axes=(0, 0 if batched else None))(
+            state, _own_slice(hp, batched, first, local))
 
     devices = _program_devices(layout)
-    pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
-    init = lambda root, hp: pinit(root, hp, jnp.arange(layout.local_devices))  # noqa: E731
+    init = _whole_runs_init(algo, layout, seeds, batched, devices)
     compiled = jax.pmap(chunk_dev, axis_name=AXIS, in_axes=(0, None, None, None),
                         devices=devices, donate_argnums=0)
     return Program(algo, layout, init, compiled, population=True)
