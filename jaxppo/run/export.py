@@ -63,7 +63,7 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
     `discretize_actions` an index; the JSON's `env_action_table` maps it). A policy trained
     with the env's action mask (`policy.masked`) takes the legal actions, bool [b,
     num_actions] (true = legal, at least one per row), right after the observations: inputs
-    (obs, action_mask[, carry][, seed | noise]); its actions are always legal ones.
+    `(obs, action_mask[, carry][, seed | noise])`; its actions are always legal ones.
 
     Args:
       source: a run folder or a `Policy`.
