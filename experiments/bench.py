@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -264,6 +265,10 @@ def side_by_side(work: Path, rounds_scale: float = 1.0) -> dict:
         ours = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
         ours_wall, ours_cpu = sum(r["wall_s"] for r in ours), sum(r["cpu_s"] for r in ours)
         ratio = res["ratio_jaxppo_over_purejaxrl"]
+        # Each round's jaxppo run against the PureJaxRL run just before it: on a shared machine
+        # whose speed drifts between rounds, these pairs are steadier than ratios of medians.
+        paired = [j["sps"] / p["sps"] for p, j in zip(res["rounds"]["purejaxrl"],
+                                                       res["rounds"]["jaxppo"])]
         busy = {"jaxppo": ours_cpu / max(ours_wall, 1e-9),
                 # the rest of the script's time: PureJaxRL's runs and ~1 s of version queries
                 "purejaxrl_approx": (cpu - ours_cpu) / max(wall - ours_wall, 1e-9)}
@@ -271,8 +276,11 @@ def side_by_side(work: Path, rounds_scale: float = 1.0) -> dict:
                      "jaxppo_layout": jaxppo_layout(extra), "cores_busy": busy,
                      "target_sps_ratio": target, "meets_target": ratio["sps"] >= target,
                      "medians": res["medians"], "ratio_jaxppo_over_purejaxrl": ratio,
+                     "sps_ratio_per_round": paired,
+                     "sps_ratio_paired_median": statistics.median(paired),
                      "per_round": res["rounds"]}
-        print(f"side by side: {name}: steps/s ratio {ratio['sps']:.2f} (target >= {target}); "
+        print(f"side by side: {name}: steps/s ratio {ratio['sps']:.2f} (target >= {target}; "
+              f"round by round {', '.join(f'{x:.2f}' for x in paired)}); "
               f"jaxppo: {out[name]['jaxppo_layout']}; cores busy: jaxppo {busy['jaxppo']:.2f}, "
               f"PureJaxRL {busy['purejaxrl_approx']:.2f}", file=sys.stderr, flush=True)
     return out
@@ -337,6 +345,7 @@ def main() -> int:
     out["side_by_side"] = side_by_side(work, args.side_by_side_rounds)
     out["all_cores"] = all_cores(rounds=max(1, round(args.side_by_side_rounds)))
     headline = {name: {"sps_ratio": case["ratio_jaxppo_over_purejaxrl"]["sps"],
+                       "sps_ratio_paired_median": case["sps_ratio_paired_median"],
                        "target": case["target_sps_ratio"], "layout": case["jaxppo_layout"],
                        "cores_busy": case["cores_busy"]}
                 for name, case in out["side_by_side"].items()
