@@ -3,7 +3,10 @@
 JAX shows a CPU host as one device unless told otherwise, so a run would keep one core busy
 however many the machine has. `configure` (called first thing by `import jaxppo`) gives the
 CPU backend one device per core this process may run on (`os.sched_getaffinity`), and
-`jaxppo.resolve` lays seeds, PBT members or envs over them. It changes nothing when:
+`jaxppo.resolve` lays seeds, PBT members or envs over them. In a Ray task or actor the cores
+are those Ray gave it (`num_cpus`), when fewer: Ray reserves CPUs without pinning the process,
+so its affinity is the whole node (a host learner, alone on its node, takes the node's CPUs:
+jaxppo.distributed.learner). It changes nothing when:
 
 * JAXPPO_CPU_DEVICES says otherwise: `1` (one device, as JAX's default) or `N` (N devices);
 * the user chose already: XLA_FLAGS holds --xla_force_host_platform_device_count, or
@@ -18,6 +21,7 @@ Only the CPU backend's device count is set: a machine with a GPU trains on its G
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 ENV_VAR = "JAXPPO_CPU_DEVICES"
@@ -30,18 +34,40 @@ status = {"action": "", "devices": 1}
 
 
 def cores() -> int:
-    """The cores this process may run on (its CPU affinity; `taskset -c 0` gives 1)."""
+    """The cores this process may run on: its CPU affinity (`taskset -c 0` gives 1), or in a
+    Ray worker the CPUs Ray gave its task or actor, if fewer."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        n = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+        n = max(1, os.cpu_count() or 1)
+    given = ray_cpus()
+    return min(n, given) if given else n
 
 
-def wanted(environ=os.environ) -> int:
-    """The CPU devices asked for: JAXPPO_CPU_DEVICES (a positive integer) or one per core."""
+def ray_cpus() -> int | None:
+    """The whole CPUs Ray assigned to this worker's task or actor (at least 1); None outside
+    a Ray worker (the driver included) or where it assigned none. Ray is only asked when the
+    process has imported it: jaxppo never imports Ray for this."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None
+    try:
+        from ray._private import worker
+
+        if not ray.is_initialized() or worker.global_worker.mode != worker.WORKER_MODE:
+            return None
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0)
+    except Exception:  # noqa: BLE001  (another Ray version: affinity alone, as without Ray)
+        return None
+    return max(1, int(cpus)) if cpus else None
+
+
+def wanted(environ=os.environ, num_cores: int | None = None) -> int:
+    """The CPU devices asked for: JAXPPO_CPU_DEVICES (a positive integer) or one per core
+    (`num_cores`, else `cores()`)."""
     value = environ.get(ENV_VAR, "").strip()
     if not value or value.lower() == "auto":
-        return cores()
+        return num_cores or cores()
     try:
         n = int(value)
     except ValueError:
@@ -80,6 +106,25 @@ def configure() -> dict:
         except RuntimeError:  # the backend has started: its device count is fixed
             action = "started"
     status.update(action=action, devices=n)
+    return status
+
+
+def refit(num_cores: int | None = None) -> dict:
+    """`configure` again for a process that knows its cores better than at import: one
+    device per core of `num_cores` (default `cores()`, e.g. after pinning), unless
+    JAXPPO_CPU_DEVICES says otherwise, as long as jaxppo chose the count and JAX's backend
+    has not started. Returns `status`."""
+    if status["action"] != "set":
+        return status
+    import jax
+
+    n = wanted(os.environ, num_cores)
+    if n != status["devices"]:
+        try:
+            jax.config.update("jax_num_cpu_devices", n)
+        except RuntimeError:  # the backend has started: its device count is fixed
+            return status
+        status["devices"] = n
     return status
 
 

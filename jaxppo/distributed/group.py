@@ -277,7 +277,8 @@ class HostGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=k),
             ).remote(self.config, self.hp, k, hosts, use_gpu,
-                     self.pin_cpus[k] if self.pin_cpus else None)
+                     self.pin_cpus[k] if self.pin_cpus else None,
+                     own_node=self.strategy == "STRICT_SPREAD")
             for k in range(hosts)]
         self.hosts = hosts
         self.host_info = self._get([a.info.remote() for a in self.learners], self.placement_timeout_s,

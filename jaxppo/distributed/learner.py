@@ -22,6 +22,7 @@ import jaxlib
 import ray
 from jax.experimental import multihost_utils
 
+from jaxppo import cpu_devices
 from jaxppo.distributed import loopback
 from jaxppo.distributed.cluster import quiet_library_logs
 from jaxppo.program import ChunkRunner, build_program
@@ -63,6 +64,15 @@ def _bind_gloo_to(ip: str) -> None:
         priority=0)
 
 
+def node_cores() -> int:
+    """The cores a learner may use: those this process may run on (its affinity) and, of
+    those, no more than its Ray node offers (`ray start --num-cpus`)."""
+    cores = len(os.sched_getaffinity(0))
+    node = ray.get_runtime_context().get_node_id()
+    offered = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("NodeID") == node]
+    return max(1, min(cores, int(offered[0]))) if offered and offered[0] >= 1 else cores
+
+
 class HostLearner:
     """Host `host_index` of `num_hosts`. The driver calls, in order: `info`, (host 0)
     `coordinator_address`, `initialize` on every host at once, `start`, then `train_chunk`
@@ -70,7 +80,7 @@ class HostLearner:
     """
 
     def __init__(self, config, hp, host_index: int, num_hosts: int, use_gpu: bool = False,
-                 cpus: list[int] | None = None):
+                 cpus: list[int] | None = None, own_node: bool = True):
         # Nothing here may touch a JAX backend: jax.distributed.initialize must come first.
         self.config = config
         self.hp = hp
@@ -83,12 +93,17 @@ class HostLearner:
         loopback.undo_worker_niceness()
         if cpus:
             loopback.pin_to_cpus(cpus)
+        # One CPU device per core of the node when the learner is the node's only one
+        # (placement STRICT_SPREAD), though Ray reserves a single CPU for it; else per CPU Ray
+        # gave it, as for any Ray actor.
+        cpu_devices.refit(node_cores() if own_node else None)
 
     def info(self) -> dict:
         ctx = ray.get_runtime_context()
         return {"host_index": self.host_index, "node_id": ctx.get_node_id(),
                 "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                "versions": versions(), "cpus": sorted(os.sched_getaffinity(0))}
+                "versions": versions(), "cpus": sorted(os.sched_getaffinity(0)),
+                "cpu_devices": cpu_devices.status["devices"]}
 
     def coordinator_address(self, port: int = 0) -> str:
         """host:port for jax.distributed's coordinator on this node: `port`, or a free one."""

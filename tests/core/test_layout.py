@@ -136,6 +136,28 @@ def test_import_gives_jax_one_cpu_device_per_core():
             assert "jax_num_cpu_devices" in note[0]
 
 
+def test_refit_follows_the_cores_left_after_pinning():
+    """A process pinned to fewer cores after `import jaxppo` (as a host learner is) gets one
+    device per core left, if its backend has not started; once it has, nothing changes (its
+    cores given back, it keeps the one device it started with)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs a machine of 2 or more cores")
+    code = ("import os, jax, jaxppo; from jaxppo import cpu_devices; "
+            f"before = cpu_devices.status['devices']; os.sched_setaffinity(0, {{{cores[0]}}}); "
+            "cpu_devices.refit(); n = jax.local_device_count(); "
+            f"os.sched_setaffinity(0, {set(cores)}); "
+            "cpu_devices.refit(); print('PROBE', before, n, jax.local_device_count(), "
+            "cpu_devices.status['devices'])")
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("JAXPPO_CPU_DEVICES", "XLA_FLAGS", "JAX_PLATFORMS")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, "JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("PROBE ")][-1]
+    assert line.split()[1:] == [str(len(cores)), "1", "1", "1"], line
+
+
 # ---------------------------------------------------------------------- seeds split over devices
 def _tiny():
     import jaxppo

@@ -428,6 +428,76 @@ def test_a_running_cluster_is_found_from_what_ray_start_records(cluster):
     assert chosen == address and "running on this machine, recorded by `ray start`" in how
 
 
+def _learner_info(cfg, pin: list[int] | None = None) -> dict:
+    """`info` of a host learner started as the group starts one (1 CPU reserved, its node to
+    itself), with jaxppo's default device count rather than the tests' one device."""
+    from jaxppo.distributed.learner import HostLearner
+
+    remote = ray.remote(HostLearner).options(
+        num_cpus=1, runtime_env={"env_vars": {"JAXPPO_CPU_DEVICES": "", "JAX_PLATFORMS": "cpu"}})
+    learner = remote.remote(cfg, None, 0, 1, False, pin)
+    try:
+        return ray.get(learner.info.remote(), timeout=120)
+    finally:
+        ray.kill(learner)
+
+
+def test_a_learner_gets_a_cpu_device_per_cpu_of_its_node(cluster):
+    """Ray reserves CPUs without pinning: a learner on a node started with --num-cpus=1 gets
+    one CPU device, not one per core of the machine (which would oversubscribe it); pinned to
+    one core, one too."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs a machine of 2 or more cores to tell the two apart")
+    info = _learner_info(tiny())
+    assert len(info["cpus"]) >= 2 and info["cpu_devices"] == 1, info
+    pinned = _learner_info(tiny(), pin=[cores[0]])
+    assert pinned["cpus"] == [cores[0]] and pinned["cpu_devices"] == 1, pinned
+
+
+RAY_CPUS_SCRIPT = textwrap.dedent("""
+    import json, os, ray
+    from jaxppo.distributed.learner import HostLearner
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"JAXPPO_CPU_DEVICES": "", "JAX_PLATFORMS": "cpu"}})
+
+    @ray.remote(max_calls=1)  # a fresh worker each: the count is fixed at jaxppo's import
+    def task():
+        from jaxppo import cpu_devices
+        return cpu_devices.status["devices"]
+
+    def learner(own_node):
+        a = ray.remote(HostLearner).options(num_cpus=1).remote(None, None, 0, 1,
+                                                                own_node=own_node)
+        return ray.get(a.info.remote())["cpu_devices"]
+
+    print("DEVICES", json.dumps({
+        "task 1 cpu": ray.get(task.options(num_cpus=1).remote()),
+        "task 2 cpus": ray.get(task.options(num_cpus=2).remote()),
+        "learner alone on its node": learner(True),
+        "learner sharing its node": learner(False)}))
+    ray.shutdown()
+""")
+
+
+def test_ray_tasks_get_a_cpu_device_per_cpu_reserved(tmp_path):
+    """On a node of 2 CPUs: a task reserving 1 gets one CPU device, reserving 2 two; a host
+    learner (1 CPU reserved) alone on its node takes the node's 2, one sharing it (a packed
+    placement) the 1 reserved."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a machine of 2 or more cores")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in
+           ("JAXPPO_CPU_DEVICES", "XLA_FLAGS")}
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", **LOOPBACK_ENV)
+    out = subprocess.run([sys.executable, "-c", RAY_CPUS_SCRIPT], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("DEVICES ")]
+    assert out.returncode == 0 and line, out.stderr[-3000:]
+    assert json.loads(line[-1].split(" ", 1)[1]) == {
+        "task 1 cpu": 1, "task 2 cpus": 2, "learner alone on its node": 2,
+        "learner sharing its node": 1}
+
+
 def test_coordinator_port_in_use_is_a_clear_error(cluster):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
