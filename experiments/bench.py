@@ -2,7 +2,8 @@
 
     make bench            # or: .venv/bin/python experiments/bench.py [--repeats 3]
 
-Writes experiments/results/bench-<date>.json and prints it. Measures:
+Writes experiments/results/bench-<date>.json (bench-<date>-<HHMM>.json for a later sitting that
+day) and prints it. Measures:
   * side by side with PureJaxRL (../shared/bench/side_by_side.py, which runs PureJaxRL's own
     ppo.py from ../shared/anchors/purejaxrl next to jaxppo at the same config, alternating
     fresh processes): the ratios jaxppo / PureJaxRL of steps/s, compile, whole process,
@@ -415,6 +416,8 @@ def _write(out: dict, work: Path, summary: dict) -> int:
     out["summary"] = summary
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"bench-{time.strftime('%Y-%m-%d')}.json"
+    if path.exists():  # a second sitting that day keeps the first
+        path = RESULTS / f"bench-{time.strftime('%Y-%m-%d-%H%M')}.json"
     path.write_text(json.dumps(out, indent=2))
     print(json.dumps(summary, indent=2))
     print(f"wrote {path}")
