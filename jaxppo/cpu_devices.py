@@ -33,14 +33,18 @@ XLA_FLAG = "xla_force_host_platform_device_count"
 status = {"action": "", "devices": 1}
 
 
-def cores() -> int:
-    """The cores this process may run on: its CPU affinity (`taskset -c 0` gives 1), or in a
-    Ray worker the CPUs Ray gave its task or actor, if fewer."""
+def affinity() -> int:
+    """The cores this process may run on (its CPU affinity; `taskset -c 0` gives 1)."""
     try:
-        n = max(1, len(os.sched_getaffinity(0)))
+        return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
-        n = max(1, os.cpu_count() or 1)
-    given = ray_cpus()
+        return max(1, os.cpu_count() or 1)
+
+
+def cores() -> int:
+    """The cores this process may use: its affinity, or in a Ray worker the CPUs Ray gave
+    its task or actor, if fewer."""
+    n, given = affinity(), ray_cpus()
     return min(n, given) if given else n
 
 

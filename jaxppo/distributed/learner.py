@@ -67,10 +67,10 @@ def _bind_gloo_to(ip: str) -> None:
 def node_cores() -> int:
     """The cores a learner may use: those this process may run on (its affinity) and, of
     those, no more than its Ray node offers (`ray start --num-cpus`)."""
-    cores = len(os.sched_getaffinity(0))
+    cores = cpu_devices.affinity()
     node = ray.get_runtime_context().get_node_id()
     offered = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("NodeID") == node]
-    return max(1, min(cores, int(offered[0]))) if offered and offered[0] >= 1 else cores
+    return min(cores, int(offered[0])) if offered and offered[0] >= 1 else cores
 
 
 class HostLearner:
