@@ -1,11 +1,17 @@
 """A user's own env in a module of its own, for tests/test_custom_env.py: importable as
 `custom_env_module:Corridor` (tests/ is on sys.path under pytest; a subprocess gets it
-through PYTHONPATH)."""
+through PYTHONPATH). `GatedCartPole` lets tests/run/test_interrupts.py hold a chunk running."""
+
+import os
+import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
+from gymnax.environments.classic_control.cartpole import CartPole
 
 
 @struct.dataclass
@@ -66,3 +72,30 @@ class ScaledCorridor(Corridor):
 def make_corridor():
     """A factory, for env="custom_env_module:make_corridor"."""
     return Corridor()
+
+
+GATE = "JAXPPO_TEST_GATE"
+
+
+def _wait_at_gate(reward):
+    """While the file named by $JAXPPO_TEST_GATE exists, mark it as reached (a file beside it
+    named `<gate>.reached`) and wait; a step then goes on only once the test removes it."""
+    gate = os.environ.get(GATE)
+    if gate and os.path.exists(gate):
+        Path(gate + ".reached").touch()
+        while os.path.exists(gate):
+            time.sleep(0.01)
+    return np.zeros_like(reward)
+
+
+class GatedCartPole(CartPole):
+    """gymnax's CartPole whose step waits while a gate file exists (see `_wait_at_gate`), so
+    that a test can hold a training chunk running for as long as it needs, whatever the
+    machine's speed: tests/run/test_interrupts.py signals a process whose chunk is held."""
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = super().step_env(key, state, action, params)
+        reward = reward + jax.pure_callback(
+            _wait_at_gate, jax.ShapeDtypeStruct(jnp.shape(reward), jnp.result_type(reward)),
+            reward, vmap_method="broadcast_all")
+        return obs, state, reward, done, info

@@ -18,9 +18,10 @@ from jaxppo.config import NetworkConfig, PPOConfig
 from jaxppo.run.checkpoints import find_latest
 
 ROOT = Path(__file__).resolve().parents[2]
-# Chunks of 4000 iterations of 64 env steps (a few seconds each here), a checkpoint at each
-# chunk's end, and far more iterations than a test waits for.
-CHUNK = 4000
+# Chunks of 50 iterations of 64 env steps and a checkpoint at each chunk's end, on a CartPole
+# whose steps wait while a gate file exists (tests/custom_env_module.py:GatedCartPole): a test
+# holds a chunk running for as long as it needs, so no verdict rests on how fast the machine is.
+CHUNK = 50
 SETTINGS = ["num_envs=4", "num_steps=16", "num_minibatches=2", "total_timesteps=20000000",
             f"log_every={CHUNK}", f"checkpoint_every={CHUNK}", "network.hidden_sizes=[16,16]"]
 ACK = "SIGINT: training stops after the running chunk and saves a checkpoint; Ctrl-C again"
@@ -31,13 +32,15 @@ class Train:
 
     def __init__(self, tmp_path: Path, cache: str | None, *args: str):
         self.run = tmp_path / "run"
+        self.gate = tmp_path / "gate"
         cmd = [sys.executable, "-m", "jaxppo", "train", "--no-progress", "--no-plot",
                "--set", f"compilation_cache_dir={cache or 'null'}"]
         if "--resume" not in args:
-            cmd += ["--env", "CartPole-v1", "--defaults", "--runs-dir", str(tmp_path),
-                    "--run-name", "run", "--set", *SETTINGS]
-        self.proc = subprocess.Popen(cmd + list(args), stderr=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            cmd += ["--env", "custom_env_module:GatedCartPole", "--defaults", "--runs-dir",
+                    str(tmp_path), "--run-name", "run", "--set", *SETTINGS]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+                   JAXPPO_TEST_GATE=str(self.gate))
+        self.proc = subprocess.Popen(cmd + list(args), stderr=subprocess.PIPE, text=True, env=env)
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -50,23 +53,28 @@ class Train:
         path = self.run / "metrics.jsonl"
         return path.read_text().count("\n") if path.exists() else 0
 
-    def wait_rows(self, n: int, timeout: float = 300) -> None:
+    def _wait(self, ready, what: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
-        while self.rows() < n:
+        while not ready():
             assert self.proc.poll() is None, self.err()
-            assert time.monotonic() < deadline, "no metrics came"
-            time.sleep(0.05)
+            assert time.monotonic() < deadline, f"{what} did not come:\n{self.err()}"
+            time.sleep(0.02)
 
-    def wait_next_chunk(self, timeout: float = 300) -> int:
-        """Wait until a chunk has ended, its checkpoint is written and the next chunk runs;
-        the rows written by then."""
-        self.wait_rows(CHUNK, timeout)
-        deadline = time.monotonic() + timeout
-        while not (self.run / "checkpoints" / str(CHUNK)).is_dir():
-            assert time.monotonic() < deadline, "no checkpoint came"
-            time.sleep(0.05)
-        time.sleep(1.0)  # the next chunk has started (it takes seconds)
-        return self.rows()
+    def hold_a_chunk(self) -> int:
+        """Once a first checkpoint is written, close the gate and wait until a chunk's env
+        steps wait at it: that chunk now runs until `release`. The rows written by then (every
+        earlier chunk's: the loop writes a chunk's rows before it starts the next)."""
+        self._wait(lambda: (self.run / "checkpoints" / str(CHUNK)).is_dir(), "a checkpoint")
+        self.gate.touch()
+        self._wait(Path(f"{self.gate}.reached").exists, "a chunk held at the gate")
+        rows = self.rows()
+        assert rows >= CHUNK and rows % CHUNK == 0, rows
+        return rows
+
+    def release(self) -> float:
+        """Open the gate (the held chunk goes on); when."""
+        self.gate.unlink()
+        return time.monotonic()
 
     def wait_line(self, text: str, timeout: float) -> float:
         """When a stderr line with `text` came (waiting for it up to `timeout` seconds)."""
@@ -90,17 +98,17 @@ class Train:
 
 
 def test_first_sigint_is_acknowledged_at_once_and_stops_after_the_chunk(tmp_path, compile_cache_dir):
-    """The acknowledgement comes while the chunk still runs (no new metric rows yet); the run
-    then stops at the chunk's end with a checkpoint there and exits 130."""
+    """The acknowledgement comes while the chunk is held running (no new metric rows, the
+    process alive); once the chunk is let go, the run stops at its end with a checkpoint there
+    and exits 130."""
     train = Train(tmp_path, compile_cache_dir)
-    rows = train.wait_next_chunk()
-    sent = time.monotonic()
+    rows = train.hold_a_chunk()
     train.proc.send_signal(signal.SIGINT)
-    acked = train.wait_line(ACK, timeout=30)
-    assert acked - sent < 2.0, train.err()
-    assert train.rows() == rows, "the acknowledgement waited for the chunk to end"
+    train.wait_line(ACK, timeout=60)
+    assert train.proc.poll() is None and train.rows() == rows, train.err()
+    released = train.release()
     assert train.finish() == 130, train.err()
-    assert train.wait_line("SIGINT stopped training", 0) - acked > 0.5  # the chunk went on
+    assert train.wait_line("SIGINT stopped training", 0) > released  # the chunk went on
     err = train.err()
     done = train.rows()
     assert done == rows + CHUNK
@@ -113,17 +121,15 @@ def test_first_sigint_is_acknowledged_at_once_and_stops_after_the_chunk(tmp_path
 
 
 def test_second_sigint_stops_at_once_and_the_folder_resumes(tmp_path, compile_cache_dir):
-    """A second Ctrl-C ends the process within moments, mid-chunk: exit 130, one message
-    naming the checkpoint kept and the resume command, no traceback; `--resume` then trains
-    the run to its end from that checkpoint."""
+    """A second Ctrl-C ends the process while its chunk is still held, mid-chunk: exit 130,
+    one message naming the checkpoint kept and the resume command, no traceback; `--resume`
+    then trains the run to its end from that checkpoint."""
     train = Train(tmp_path, compile_cache_dir)
-    rows = train.wait_next_chunk()
+    rows = train.hold_a_chunk()
     train.proc.send_signal(signal.SIGINT)
-    train.wait_line(ACK, timeout=30)
-    sent = time.monotonic()
+    train.wait_line(ACK, timeout=60)
     train.proc.send_signal(signal.SIGINT)
-    assert train.finish() == 130, train.err()
-    assert time.monotonic() - sent < 3.0
+    assert train.finish(timeout=60) == 130, train.err()  # with the gate still closed
     assert train.rows() == rows, "the second Ctrl-C waited for the chunk to end"
     err = train.err()
     assert "Traceback" not in err and "Exception ignored" not in err
@@ -132,6 +138,7 @@ def test_second_sigint_stops_at_once_and_the_folder_resumes(tmp_path, compile_ca
     assert find_latest(train.run)[1] == rows
     assert not (train.run / "summary.json").exists()
 
+    train.release()
     end = rows + CHUNK  # resume to a nearer end: one more chunk
     resumed = Train(tmp_path, compile_cache_dir, "--resume", str(train.run),
                     "--set", f"total_timesteps={end * 64}")
