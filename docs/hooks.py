@@ -8,17 +8,23 @@
   the build adds them to the site as `assets/results/<name>.png`, and a page's links to
   `../experiments/results/<name>.png` (right when the page is read on its own, in the
   repository) point there.
+* Each built page is checked for what renders wrong though the build passes (a stray code
+  fence, a section or paragraph cut mid-sentence, an accidental blockquote): a warning, which
+  `--strict` turns into a failed build.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+from html.parser import HTMLParser
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = "<!-- config-reference -->"
 RESULTS = ROOT / "experiments" / "results"
 RESULTS_LINK, RESULTS_SITE = "../experiments/results/", "assets/results/"
+LOG = logging.getLogger("mkdocs.plugins.jaxppo")
 
 ROLES = {
     "tunable": "tunable",  # a HyperParams leaf
@@ -82,3 +88,82 @@ def on_files(files, config):
 
 if __name__ == "__main__":
     print(config_reference(), end="")
+
+
+# ---------------------------------------------------------------------- rendering checks
+class _Blocks(HTMLParser):
+    """A page's rendered text as blocks: (tag, text) of each heading, paragraph, list item,
+    table cell and blockquote outside code, and the text outside code blocks and spans."""
+
+    BLOCKS = {"h1", "h2", "h3", "h4", "h5", "h6", "p", "li", "td", "th", "blockquote", "pre"}
+
+    def __init__(self):
+        super().__init__()
+        self.blocks: list[list] = []  # [tag, text, starts in code, ends in code]
+        self.loose_text: list[str] = []  # text outside <pre> and <code>
+        self._open: list[list] = []
+        self._code = 0
+        self._skip = 0  # a heading's permalink anchor
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.BLOCKS:
+            block = [tag, "", False, False]
+            self.blocks.append(block)
+            self._open.append(block)
+        if tag in ("pre", "code"):
+            self._code += 1
+        if tag == "a" and ("class", "headerlink") in attrs:
+            self._skip += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("pre", "code"):
+            self._code -= 1
+        if tag == "a" and self._skip:
+            self._skip -= 1
+        if tag in self.BLOCKS and self._open and self._open[-1][0] == tag:
+            self._open.pop()
+
+    def handle_data(self, data):
+        if self._skip:
+            return
+        if self._open and data.strip():
+            block = self._open[-1]
+            if not block[1].strip():
+                block[2] = bool(self._code)
+            block[1] += data
+            block[3] = bool(self._code)
+        elif self._open:
+            self._open[-1][1] += data
+        if not self._code:
+            self.loose_text.append(data)
+
+
+def rendering_problems(html: str) -> list[str]:
+    """What `mkdocs build --strict` lets through but a reader sees as broken: a code fence shown
+    as text, a section whose first paragraph starts mid-sentence, a paragraph that stops
+    mid-sentence, and a blockquote (the pages have none on purpose: a line that starts with
+    `>` renders as one)."""
+    parser = _Blocks()
+    parser.feed(html)
+    problems = []
+    if any("```" in text for text in parser.loose_text):
+        problems.append("a code fence (```) is shown as text: a fence without its pair")
+    # Text that starts or ends in code (`jaxppo plot RUN`, `Bases: ConfigError`) is left alone.
+    blocks = [(tag, " ".join(text.split()), starts, ends)
+              for tag, text, starts, ends in parser.blocks]
+    for (tag, text, _, _), (next_tag, next_text, starts, _) in zip(blocks, blocks[1:]):
+        if (tag in ("h2", "h3", "h4") and next_tag == "p" and next_text and not starts
+                and next_text[0] in "abcdefghijklmnopqrstuvwxyz(,;"):
+            problems.append(f"the section {text!r} starts mid-sentence: {next_text[:60]!r}")
+    for tag, text, _, ends in blocks:
+        if tag == "p" and text and not ends and text[-1] not in ".:!?)":
+            problems.append(f"a paragraph stops mid-sentence: ...{text[-60:]!r}")
+        if tag == "blockquote":
+            problems.append(f"a blockquote (a line starting with '>'?): {text[:60]!r}")
+    return problems
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    for problem in rendering_problems(html):
+        LOG.warning("%s: %s", page.file.src_path, problem)  # --strict makes it an error
+    return html

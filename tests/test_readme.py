@@ -78,9 +78,7 @@ def test_the_config_reference_names_every_field():
     libraries' names lists only fields that exist."""
     import re
 
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
-    hooks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hooks)
+    hooks = _docs_hooks()
     from jaxppo import PPOConfig
     from jaxppo.config_fields import keys
 
@@ -93,6 +91,32 @@ def test_the_config_reference_names_every_field():
     assert "| `lr` | `0.00025` | tunable |" in reference
     named = re.findall(r"^\| `([\w.]+)` \|", page, flags=re.MULTILINE)
     assert len(named) > 40 and not set(named) - set(every)
+
+
+def _docs_hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_the_rendering_check_finds_each_kind_of_broken_page():
+    """The check every docs build runs on each page (`make docs`, strict) finds what renders
+    wrong although the build passes, each kind once, and lets a clean page through."""
+    check = _docs_hooks().rendering_problems
+    clean = ("<h2>Metrics<a class='headerlink' href='#m'>¶</a></h2><p>Per iteration: "
+             "<code>kl</code> and <code>lr</code>.</p><pre><code>```yaml\nlr: 1\n```</code></pre>"
+             "<h2>Export</h2><p><code>jaxppo export RUN</code> writes a file:</p>"
+             "<p>Bases: <code>ConfigError</code></p>")
+    assert check(clean) == []
+    stray_fence = "<pre><code>jaxppo envs</code></pre><p>```</p><p>Next.</p>"
+    mid_start = "<h2>Metrics</h2><p>(of episodes that ended in the iteration).</p>"
+    mid_stop = "<p>because on a CPU a 256x256 MLP trains</p><h3>Recurrent policies</h3>"
+    quote = "<p>give the lr as points (every value</p><blockquote><p>0), as it says.</p></blockquote>"
+    for html, kind in [(stray_fence, "code fence"), (mid_start, "starts mid-sentence"),
+                       (mid_stop, "stops mid-sentence"), (quote, "blockquote")]:
+        problems = check(html)
+        assert any(kind in p for p in problems), (kind, problems)
 
 
 def _check_getting_started(namespace, tmp_path):
