@@ -110,14 +110,17 @@ def test_train_refuses_bad_arguments_before_writing_anything(tmp_path, kwargs, m
     ("under_file", r"^cannot make the run folder .*/f/run: .*/f is a file, not a folder"),
     ("int", r"^train\(run_dir=5\): run_dir must be the path of a run folder"),
     ("resume_int", r"^train\(resume=5\): resume must be the path of a run folder"),
+    ("too_long", r"^cannot make the run folder: the folder name ü+\.\.\. is 260 bytes long \(130 "
+                 r"characters\), more than the 255 bytes the file system under .* allows in a name"),
 ])
 def test_train_refuses_run_folders_that_cannot_be(tmp_path, where, match):
     (tmp_path / "f").write_text("x")
     kwargs = {"file": dict(run_dir=tmp_path / "f"), "under_file": dict(run_dir=tmp_path / "f" / "run"),
-              "int": dict(run_dir=5), "resume_int": dict(resume=5)}[where]
+              "int": dict(run_dir=5), "resume_int": dict(resume=5),
+              "too_long": dict(run_dir=tmp_path / ("ü" * 130))}[where]
     with pytest.raises(jaxppo.ConfigError, match=match):
         jaxppo.train(TINY, progress=False, **kwargs)
-    assert (tmp_path / "f").read_text() == "x"
+    assert (tmp_path / "f").read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 
 def test_make_train_refuses_bad_keys_and_hyperparams_before_tracing():

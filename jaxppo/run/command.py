@@ -18,6 +18,7 @@ from jaxppo.config_files import read_config_file
 from jaxppo.envs.make import check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.search.space import SEARCH_EXAMPLE
+from jaxppo.run.files import name_too_long
 from jaxppo.run.folder import fresh_run_dir
 
 PRECEDENCE = ("defaults < the packaged tuned config of the env (unless --defaults) < --config "
@@ -160,7 +161,12 @@ def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
         return config, f"{run_dir / 'config.yaml'} (resumed)", run_dir
     config, source = new_config(args)
     name = args.run_name or f"{config.env_name}{name_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
+    too_long = name_too_long(Path(args.runs_dir) / name)
+    if too_long:  # before the config's checks, which make no folder but take seconds
+        raise ConfigError(f"{too_long}: choose a shorter --run-name (put the details in the "
+                          "config, or in --runs-dir folders)")
     return config, source, fresh_run_dir(args.runs_dir, name)
+
 
 
 def searched(config: PPOConfig) -> PPOConfig:

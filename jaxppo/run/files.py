@@ -71,3 +71,23 @@ def open_append(path: str | Path):
     """`path` opened for appending text; a link there is an OSError (ELOOP), not followed."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     return os.fdopen(fd, "a")
+
+
+def name_too_long(path: str | Path) -> str | None:
+    """What is wrong when a name in `path` is longer than its file system allows (a limit in
+    bytes: 255 on most, so 127 characters such as 'ü' that take two bytes each); None if none is."""
+    path = Path(path).absolute()
+    existing = path.parent
+    while existing != existing.parent and not os.path.isdir(existing):  # False on any OSError
+        existing = existing.parent
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for name in path.parts:
+        size = len(os.fsencode(name))
+        if size > limit:
+            return (f"the folder name {name[:24]}... is {size} bytes long ({len(name)} "
+                    f"characters), more than the {limit} bytes the file system under "
+                    f"{existing} allows in a name")
+    return None

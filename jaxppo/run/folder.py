@@ -45,7 +45,7 @@ from jaxppo.envs.make import refuse_imports
 from jaxppo.envs.record import listed
 from jaxppo.errors import CheckpointError, ConfigError, RunFolderError
 from jaxppo.search import results
-from jaxppo.run.files import refuse_links
+from jaxppo.run.files import name_too_long, refuse_links
 from jaxppo.run.plots import plot_runs, plot_search
 from jaxppo.run.logs import METRICS_FILE, RunLog, read_metrics, strict_json
 from jaxppo.process import process_uptime
@@ -310,6 +310,10 @@ def check_run_dir(run_dir: str | Path) -> None:
     """ConfigError when no run folder can be made at `run_dir`: a file stands there, or where
     one of the folders above it would be (found before anything compiles or is written)."""
     path = Path(run_dir)
+    too_long = name_too_long(path)
+    if too_long:
+        raise ConfigError(f"cannot make the run folder: {too_long}; choose a shorter name "
+                          "(--runs-dir / --run-name, or run_dir=)")
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():
