@@ -152,7 +152,7 @@ def describe() -> str:
         "user": "CPU devices as XLA_FLAGS or jax_num_cpu_devices set them: jaxppo left them",
         "platform": "CPU devices left to JAX: the default platform is not the CPU",
         "started": (f"CPU devices left as they were: JAX's backend had started before jaxppo "
-                    f"was imported (jaxppo would have set {n}, one per core)"),
+                    f"was imported (jaxppo would have set {n}, {_chosen_by()})"),
     }.get(action, "CPU devices not configured by jaxppo (cpu_devices.configure has not run)")
 
 
