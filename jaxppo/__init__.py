@@ -4,8 +4,14 @@
     result = jaxppo.train(jaxppo.PPOConfig.tuned("CartPole-v1", num_seeds=8))
 
 Single-host training never imports Ray; `jaxppo.distributed` does, on demand.
-On a CPU host JAX gets one device per core, first thing (jaxppo.cpu_devices;
-JAXPPO_CPU_DEVICES=1 turns that off).
+
+`import jaxppo` sets JAX's CPU device count for the whole process: on a CPU host, one device
+per core (so `jax.devices()` lists as many for any JAX code in the process), which lets seeds
+and PBT members train on every core (about 2x for 16 seeds on 2 cores). It is left alone
+when JAX code ran before the import, when XLA_FLAGS or jax_num_cpu_devices set the count,
+off the CPU, and with JAXPPO_CPU_DEVICES=1 (N: N devices) in the environment.
+`jaxppo.cpu_devices.describe()` says what it did; a run's layout line says when it trains on
+these devices.
 """
 
 import jaxppo.cpu_devices  # noqa: F401  (first: before anything starts JAX's backend)

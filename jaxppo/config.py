@@ -4,9 +4,9 @@ Each field of `PPOConfig` and `NetworkConfig` is declared with `jaxppo.config_fi
 its type, default, one-line meaning, check and role. The role says what a field is to the
 compiled program:
 
-* tunable (`TUNABLE_FIELDS`): a `HyperParams` leaf (jaxppo.core.hyperparams builds the class
-  from these declarations), so a sweep is `jax.vmap` over a batch of them, a search draws
-  them, and a resume may change them;
+* tunable (`TUNABLE_FIELDS`): a `HyperParams` leaf (jaxppo.core.hyperparams writes them out,
+  in this order; a test holds them to these declarations), so a sweep is `jax.vmap` over a
+  batch of them, a search draws them, and a resume may change them;
 * shape (`LOCKED_FIELDS`): fixes shapes or the meaning of the saved state; changing one
   compiles a new program, so a resume keeps it and a search cannot vary it;
 * run-time only: everything else (cadence, logging, devices, evaluation).

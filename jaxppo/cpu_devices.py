@@ -16,6 +16,10 @@ jaxppo.distributed.learner). It changes nothing when:
   is fixed then, and a run that would have used more devices says how to get them.
 
 Only the CPU backend's device count is set: a machine with a GPU trains on its GPU(s).
+
+The count is the whole process's, so JAX code next to jaxppo sees it too (`jax.devices()`).
+`describe()` says what jaxppo did, and a run's layout line says when its CPU devices are
+jaxppo's (`layout_note`). Why a default and not an opt-in: docs/design.md, "CPU devices".
 """
 
 from __future__ import annotations
@@ -130,6 +134,47 @@ def refit(num_cores: int | None = None) -> dict:
             return status
         status["devices"] = n
     return status
+
+
+def describe() -> str:
+    """What jaxppo did to JAX's CPU device count, in one line, e.g. "2 CPU devices, one per
+    core: set by jaxppo on import (JAXPPO_CPU_DEVICES=1 before the import keeps JAX's one)".
+    `status` holds the same as data: `action` ("set", "off", "user", "platform", "started")
+    and `devices`."""
+    action, n = status["action"], status["devices"]
+    if action == "set":
+        if n == 1:  # JAXPPO_CPU_DEVICES=1 is "off": this is one core
+            return "one CPU device: jaxppo sets one per core, and this process may use one"
+        return (f"{n} CPU devices, {_chosen_by()}: set by jaxppo on import ({ENV_VAR}=1 "
+                "before the import keeps JAX's one)")
+    return {
+        "off": f"one CPU device, JAX's default: {ENV_VAR}=1 turned jaxppo's one per core off",
+        "user": "CPU devices as XLA_FLAGS or jax_num_cpu_devices set them: jaxppo left them",
+        "platform": "CPU devices left to JAX: the default platform is not the CPU",
+        "started": (f"CPU devices left as they were: JAX's backend had started before jaxppo "
+                    f"was imported (jaxppo would have set {n}, {_chosen_by()})"),
+    }.get(action, "CPU devices not configured by jaxppo (cpu_devices.configure has not run)")
+
+
+def layout_note(devices_used: int) -> str:
+    """What a run's layout line adds when it trains on more than one of the CPU devices jaxppo
+    set (`devices_used`: this host's), e.g. "; CPU devices: jaxppo's one per core
+    (JAXPPO_CPU_DEVICES=1 turns it off)"; "" otherwise."""
+    import jax
+
+    if (status["action"] != "set" or status["devices"] < 2 or devices_used < 2
+            or jax.default_backend() != "cpu"):
+        return ""
+    how = _chosen_by()
+    if how != "one per core":
+        return f"; CPU devices: {how}"
+    return f"; CPU devices: jaxppo's one per core ({ENV_VAR}=1 turns it off)"
+
+
+def _chosen_by() -> str:
+    """How the count jaxppo sets is chosen: "one per core" or "JAXPPO_CPU_DEVICES=N"."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    return "one per core" if not value or value.lower() == "auto" else f"{ENV_VAR}={value}"
 
 
 def started_early_note(available: int, would_use: int) -> str | None:

@@ -157,6 +157,26 @@ def test_vf_clip_param():
     assert "null to turn value clipping off" in msg
 
 
+# ------------------------------------------------------------------ HyperParams
+def test_hyperparams_declares_the_tunable_fields_in_order():
+    """HyperParams writes its leaves out (so editors know `hp.clip_param`); they are the
+    tunable declarations, in declaration order, which checkpoints and vmapped sweeps keep."""
+    import typing
+
+    import jax
+
+    from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES, TUNABLE_FIELDS
+    from jaxppo.core.hyperparams import HyperParams
+
+    assert list(HYPERPARAM_LEAVES.values()) == list(TUNABLE_FIELDS)
+    assert [f.name for f in dataclasses.fields(HyperParams)] == list(HYPERPARAM_LEAVES)
+    assert typing.get_type_hints(HyperParams) == {leaf: jax.Array for leaf in HYPERPARAM_LEAVES}
+    leaves = jax.tree_util.tree_flatten_with_path(HyperParams.from_config(PPOConfig()))[0]
+    assert [path[0].name for path, _ in leaves] == list(HYPERPARAM_LEAVES)
+    assert HyperParams.point_leaves == tuple(
+        leaf for leaf, name in HYPERPARAM_LEAVES.items() if name in SCHEDULES)
+
+
 # ------------------------------------------------------------------ network
 @pytest.mark.parametrize("sizes", [(), (64, 0), (-1,)])
 def test_hidden_sizes(sizes):

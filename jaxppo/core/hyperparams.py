@@ -1,8 +1,9 @@
 """The tunable scalars of a run (`HyperParams`) and their piecewise-linear schedules.
 
 `HyperParams` has one leaf per field that jaxppo.config declares tunable, in declaration
-order: a schedule (`lr`, `entropy_coeff`) becomes its points (`lr_points`, `entropy_points`),
-any other field its float32 value.
+order (`config.HYPERPARAM_LEAVES`; tests/test_config.py keeps the two the same): a schedule
+(`lr`, `entropy_coeff`) becomes its points (`lr_points`, `entropy_points`), any other field
+its float32 value.
 """
 
 from __future__ import annotations
@@ -31,7 +32,18 @@ class HyperParams:
     one is in TrainState.
     """
 
-    __annotations__ = {leaf: "jax.Array" for leaf in HYPERPARAM_LEAVES}
+    # In the order of config.HYPERPARAM_LEAVES, which checkpoints and sweeps keep.
+    lr_points: jax.Array  # [K, 2] learning-rate schedule
+    entropy_points: jax.Array  # [K, 2] entropy-coefficient schedule
+    clip_param: jax.Array  # PPO's ratio clip epsilon
+    vf_clip_param: jax.Array  # clip of the value change; 0 = unclipped
+    vf_coeff: jax.Array  # weight of the value loss
+    kl_coeff: jax.Array  # initial KL-penalty coefficient
+    kl_target: jax.Array  # the KL the coefficient adapts towards
+    max_grad_norm: jax.Array  # global-norm gradient clipping
+    gamma: jax.Array  # discount
+    gae_lambda: jax.Array  # GAE lambda
+
     # leaves holding schedule points ([K, 2]) and leaves holding one value
     point_leaves = tuple(leaf for leaf, name in HYPERPARAM_LEAVES.items() if name in SCHEDULES)
     scalar_leaves = tuple(leaf for leaf, name in HYPERPARAM_LEAVES.items() if name not in SCHEDULES)

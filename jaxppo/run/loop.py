@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, TrainState
+from jaxppo import cpu_devices
 from jaxppo.config import PPOConfig
 from jaxppo.errors import ActionMaskError, StopTraining, TrainingDivergedError, TrainingInterrupted
 from jaxppo.core.evaluation import EVAL_METRIC_KEYS
@@ -386,7 +387,8 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     rules = _StopRules(config, folder.previous_rows if folder else [])
     it, wall, last_row, stopped = start_iter, wall_offset, None, None
     if progress is not False:
-        print(f"layout: {layout_text(runner, config)}", file=sys.stderr, flush=True)
+        note = cpu_devices.layout_note(runner.shards // runner.hosts)
+        print(f"layout: {layout_text(runner, config)}{note}", file=sys.stderr, flush=True)
     with StopSignals.during_loop(folder, saver, config.num_iterations) as signals:
         try:
             while it < end_iter and stopped is None and not signals.stopping():

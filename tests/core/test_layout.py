@@ -136,6 +136,84 @@ def test_import_gives_jax_one_cpu_device_per_core():
             assert "jax_num_cpu_devices" in note[0]
 
 
+NOTE = "; CPU devices: jaxppo's one per core (JAXPPO_CPU_DEVICES=1 turns it off)"
+
+
+@pytest.mark.parametrize("action, devices, env_var, used, backend, expected", [
+    ("set", 2, None, 2, "cpu", NOTE),                   # jaxppo's devices, one per core
+    ("set", 3, "3", 3, "cpu", "; CPU devices: JAXPPO_CPU_DEVICES=3"),
+    ("set", 2, None, 1, "cpu", ""),                     # the run trains on one of them
+    ("set", 2, None, 2, "gpu", ""),                     # not a CPU run
+    ("off", 1, "1", 1, "cpu", ""),
+    ("user", 2, None, 2, "cpu", ""),                    # XLA_FLAGS: the user's own devices
+    ("started", 2, None, 1, "cpu", ""),
+])
+def test_layout_note_says_when_a_run_trains_on_jaxppos_cpu_devices(
+        monkeypatch, action, devices, env_var, used, backend, expected):
+    import jax
+
+    from jaxppo import cpu_devices
+
+    monkeypatch.setattr(cpu_devices, "status", {"action": action, "devices": devices})
+    if env_var is None:
+        monkeypatch.delenv("JAXPPO_CPU_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("JAXPPO_CPU_DEVICES", env_var)
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert cpu_devices.layout_note(used) == expected
+
+
+@pytest.mark.parametrize("action, devices, env_var, words", [
+    ("set", 2, None, ["2 CPU devices, one per core: set by jaxppo on import",
+                      "JAXPPO_CPU_DEVICES=1 before the import"]),
+    ("set", 3, "3", ["3 CPU devices, JAXPPO_CPU_DEVICES=3: set by jaxppo"]),
+    ("set", 1, None, ["one CPU device", "may use one"]),
+    ("off", 1, "1", ["one CPU device, JAX's default", "JAXPPO_CPU_DEVICES=1 turned"]),
+    ("user", 2, None, ["XLA_FLAGS or jax_num_cpu_devices", "jaxppo left them"]),
+    ("platform", 2, None, ["not the CPU"]),
+    ("started", 2, None, ["started before jaxppo was imported", "would have set 2"]),
+    ("", 1, None, ["has not run"]),
+])
+def test_describe_says_what_jaxppo_did_to_the_cpu_devices(monkeypatch, action, devices,
+                                                          env_var, words):
+    from jaxppo import cpu_devices
+
+    monkeypatch.setattr(cpu_devices, "status", {"action": action, "devices": devices})
+    if env_var is None:
+        monkeypatch.delenv("JAXPPO_CPU_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("JAXPPO_CPU_DEVICES", env_var)
+    text = cpu_devices.describe()
+    assert all(w in text for w in words), text
+
+
+def test_a_run_on_jaxppos_cpu_devices_says_so_in_its_layout_line(compile_cache_dir):
+    """In a fresh process with the default (one device per core): describe() says so, and a
+    run of 2 seeds, split over 2 of the devices, ends its layout line with where they come
+    from and how to turn them off; the layout it records (TrainResult.layout) stays what ran
+    where."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a machine of 2 or more cores")
+    cache = (f"jax.config.update('jax_compilation_cache_dir', {compile_cache_dir!r}); "
+             "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0); "
+             if compile_cache_dir else "")
+    run = ("print('DESCRIBE', cpu_devices.describe()); r = jaxppo.train(jaxppo.PPOConfig("
+           "num_envs=4, num_steps=8, total_timesteps=32, num_seeds=2, num_minibatches=1, "
+           "num_epochs=1, network=jaxppo.NetworkConfig((8,)), compilation_cache_dir=None), "
+           "progress=True, plot=False); print('RECORDED', r.layout)")
+    proc = _probe({}, cache, run)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    lines = dict(ln.split(" ", 1) for ln in out.splitlines() if ln.startswith(("DESCRIBE ",
+                                                                              "RECORDED ")))
+    cores = len(os.sched_getaffinity(0))
+    assert lines["DESCRIBE"].startswith(f"{cores} CPU devices, one per core: set by jaxppo")
+    where = "2 seeds over 2 CPU devices (1 each, no collectives)"
+    assert lines["RECORDED"] == where
+    assert [ln for ln in err.splitlines() if ln.startswith("layout:")] == [
+        f"layout: {where}{NOTE}"], err[-2000:]
+
+
 def test_refit_follows_the_cores_left_after_pinning():
     """A process pinned to fewer cores after `import jaxppo` (as a host learner is) gets one
     device per core left, if its backend has not started; once it has, nothing changes (its
