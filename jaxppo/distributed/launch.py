@@ -20,7 +20,8 @@ from jaxppo.core.hyperparams import HyperParams
 from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, TrainingDivergedError,
                            TrainingInterrupted)
 from jaxppo.run import command
-from jaxppo.run.loop import TrainResult, chunk_length
+from jaxppo.run.loop import chunk_length
+from jaxppo.run.result import TrainResult
 from jaxppo.run.train import EntryPoint, Start, train_with
 from jaxppo.distributed.cluster import (HOSTS_LOG, DistributedError, HostsOutput, connect,
                                         quiet_library_logs)

@@ -25,7 +25,8 @@ from jaxppo.errors import ConfigError
 from jaxppo.run import hostloop
 from jaxppo.run.hostloop import HostLoopRunner
 from jaxppo.program import ChunkRunner, build_program, train_function
-from jaxppo.run.loop import TrainResult, chunk_length, finish_run, open_folder, train_loop
+from jaxppo.run.loop import chunk_length, finish_run, open_folder, train_loop
+from jaxppo.run.result import TrainResult
 from jaxppo.run.policy import check_key
 from jaxppo.resolve import Layout, Resolved, note_partial_batch, resolve
 from jaxppo.run.folder import ResumePoint, begin_resume, check_start
