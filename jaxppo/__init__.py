@@ -21,7 +21,7 @@ from jaxppo.config import NetworkConfig, PPOConfig, tuned_env_names
 from jaxppo.errors import (ActionMaskError, CheckpointError, ConfigError, ExportError, RunFolderError,
                            StopTraining, TrainingDivergedError, TrainingInterrupted, VideoError)
 from jaxppo.run.export import export_policy
-from jaxppo.run.loop import TrainResult
+from jaxppo.run.result import TrainResult
 from jaxppo.run.policy import Policy, load_policy
 from jaxppo.resolve import Resolved, resolve
 from jaxppo.process import __version__

@@ -20,7 +20,7 @@ from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderE
 from jaxppo.run.plots import plot_runs, unplottable
 from jaxppo.run.policy import evaluate_policies, load_policies, load_policy
 from jaxppo.run.logs import read_metrics
-from jaxppo.run.loop import StopSignals
+from jaxppo.run.signals import StopSignals
 from jaxppo.run.train import train
 
 

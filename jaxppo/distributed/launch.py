@@ -5,6 +5,7 @@ and `train_from_command`, the driver behind `python -m jaxppo.distributed` and `
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -20,7 +21,8 @@ from jaxppo.core.hyperparams import HyperParams
 from jaxppo.errors import (CheckpointError, ConfigError, RunFolderError, TrainingDivergedError,
                            TrainingInterrupted)
 from jaxppo.run import command
-from jaxppo.run.loop import TrainResult, chunk_length
+from jaxppo.run.loop import chunk_length
+from jaxppo.run.result import TrainResult
 from jaxppo.run.train import EntryPoint, Start, train_with
 from jaxppo.distributed.cluster import (HOSTS_LOG, DistributedError, HostsOutput, connect,
                                         quiet_library_logs)
@@ -94,18 +96,16 @@ def train_distributed(
             start or keep the learners.
         TrainingDivergedError, TrainingInterrupted: as for `jaxppo.train`.
     """
-    options = dict(min_hosts=min_hosts, strategy=strategy, gpus_per_host=gpus_per_host,
-                   placement_timeout_s=placement_timeout_s, init_timeout_s=init_timeout_s,
-                   coordinator_port=coordinator_port, max_restarts=max_restarts,
-                   pin_cpus=pin_cpus, learner_env=learner_env, snapshot_every_s=snapshot_every_s)
-
     folder = run_dir if run_dir is not None else resume
     hosts_log = Path(folder) / HOSTS_LOG if folder is not None else None
-
-    def start_group(start: Start) -> HostGroup:
-        return _start_group(start, hosts, address, connect_timeout_s, progress, options,
-                            hosts_log)
-
+    group_options = dict(
+        min_hosts=min_hosts, strategy=strategy, gpus_per_host=gpus_per_host,
+        placement_timeout_s=placement_timeout_s, init_timeout_s=init_timeout_s,
+        coordinator_port=coordinator_port, max_restarts=max_restarts, pin_cpus=pin_cpus,
+        learner_env=learner_env, snapshot_every_s=snapshot_every_s)
+    start_group = functools.partial(
+        _start_group, hosts=hosts, address=address, connect_timeout_s=connect_timeout_s,
+        progress=progress, options=group_options, hosts_log=hosts_log)
     return train_with(start_group, _entry_point(hosts, min_hosts, hosts_log), config, hparams=hparams,
                       run_dir=run_dir, progress=progress, callback=callback, resume=resume,
                       stop_after_iterations=stop_after_iterations, plot=plot)

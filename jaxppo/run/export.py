@@ -86,6 +86,24 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
         of the run folder's own (config.yaml, params.msgpack, summary.json, checkpoints/...).
       CheckpointError, ConfigError, TypeError, ValueError: as `load_policy` raises them.
     """
+    _check_options(format, batch_size)
+    path, sample_path, metadata_path = _output_paths(source, format, path, seed_index,
+                                                     stochastic)
+    policy = source if isinstance(source, Policy) else load_policy(
+        source, seed_index=seed_index, step=step, env=env, trust_config=trust_config)
+    io = _signature(policy, batch_size)
+    files = _serialize(policy, format, io, stochastic)
+    metadata = _metadata(policy, format, io, path, sample_path, source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(files["deterministic"])
+    if sample_path is not None:
+        sample_path.write_bytes(files["sample"])
+    metadata_path.write_text(json.dumps(metadata, indent=2) + "\n")
+    return Exported(path, sample_path, metadata_path, metadata)
+
+
+def _check_options(format: str, batch_size: int | None) -> None:
+    """ExportError for an unknown format or a batch size that is not a whole number >= 1."""
     if format not in FORMATS:
         raise ExportError(f"format={format!r} is not an export format; use one of "
                           f"{', '.join(map(repr, FORMATS))}")
@@ -93,6 +111,12 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
                                    or batch_size < 1):
         raise ExportError(f"batch_size={batch_size!r} must be an integer >= 1, or None for a "
                           "symbolic batch dimension")
+
+
+def _output_paths(source: str | Path | Policy, format: str, path: str | Path | None,
+                  seed_index: int, stochastic: bool) -> tuple[Path, Path | None, Path]:
+    """The files to write (the function, its sampling variant when `stochastic`, the JSON),
+    checked not to be a run folder's own (`_check_outside_run`)."""
     if isinstance(source, Policy):
         name = source.config.env_name
     elif isinstance(source, (str, os.PathLike)):
@@ -109,9 +133,12 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
     if not isinstance(source, Policy):
         _check_outside_run(Path(source), path, [p for p in (metadata_path, sample_path) if p],
                            format)
-    policy = source if isinstance(source, Policy) else load_policy(
-        source, seed_index=seed_index, step=step, env=env, trust_config=trust_config)
-    io = _signature(policy, batch_size)
+    return path, sample_path, metadata_path
+
+
+def _serialize(policy: Policy, format: str, io: _Signature,
+               stochastic: bool) -> dict[str, bytes]:
+    """The exported functions' bytes: "deterministic", and "sample" when `stochastic`."""
     if format == "onnx" and io.carry is not None and "leaves" in io.carry:
         raise ExportError(
             f"the policy's carry is a pytree of {len(io.carry['leaves'])} arrays (a network "
@@ -128,13 +155,7 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
         if stochastic:
             files["sample"] = _onnx_bytes(_noise_sample_fn(policy), io.noise_in,
                                           ["obs", *carry_in, "noise"], ["action", *carry_out])
-    metadata = _metadata(policy, format, io, path, sample_path, source)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(files["deterministic"])
-    if sample_path is not None:
-        sample_path.write_bytes(files["sample"])
-    metadata_path.write_text(json.dumps(metadata, indent=2) + "\n")
-    return Exported(path, sample_path, metadata_path, metadata)
+    return files
 
 
 # A run folder's own files and folders (jaxppo.run.folder): an export never writes over them.

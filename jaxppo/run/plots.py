@@ -319,54 +319,93 @@ def make_figure(run_dirs, labels=None, title: str | None = None, smooth: int = 1
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     if isinstance(smooth, bool) or not isinstance(smooth, (int, np.integer)) or smooth < 1:
         raise ValueError(f"smooth={smooth!r} must be a whole number of iterations >= 1 "
                          "(1 = no smoothing)")
     run_dirs = list(run_dirs)
     labels = list(labels) if labels else run_labels(run_dirs)
+    data, bounds = _read_runs(run_dirs)
+    scale, unit = _time_unit(max((float(c[1][-1]) for _, c, _, _, _ in data if len(c[1])),
+                                 default=0.0))
+    fig, top, axes = _panels(run_dirs)
+    any_eval = False
+    for i, curve, ev, record, pbt in data:
+        any_eval |= _draw_run(axes, i, labels[i], curve, ev, record, pbt, bounds[i], smooth,
+                              scale)
+    _label_panels(axes, unit, smooth, any_eval)
+    handles, texts = axes[0].get_legend_handles_labels()
+    if handles:
+        # Below the panels, in as many columns as the labels' length allows: it cannot cover
+        # a curve or the y label, and the layout makes room for it.
+        ncol = max(1, min(len(texts), 150 // (max(map(len, texts)) + 6)))
+        top.legend(handles, texts, loc="outside lower center", ncol=ncol, fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return fig, axes
+
+
+def _read_runs(run_dirs: list) -> tuple[list[tuple], dict]:
+    """The curves of each run folder with metrics: (index, `return_curve`, `eval_curve`,
+    sweep record, whether PBT) and, by index, the run's `return_bounds`."""
     data, bounds = [], {}
     for i, run in enumerate(run_dirs):
         rows = read_metrics(run)
         if rows:
             data.append((i, return_curve(rows), eval_curve(rows), read_record(run), _is_pbt(rows)))
             bounds[i] = return_bounds(run)
-    scale, unit = _time_unit(max((float(c[1][-1]) for _, c, _, _, _ in data if len(c[1])),
-                                 default=0.0))
+    return data, bounds
 
-    # A PBT run (one folder) also gets its winning lineage's hyperparameters below the curves.
+
+def _panels(run_dirs: list):
+    """(fig, the (sub)figure that holds the panels and the legend, the two panels); a PBT run
+    (one folder) also gets its winning lineage's hyperparameters below the curves."""
+    import matplotlib.pyplot as plt
+
     lineage = pbt_lineage(run_dirs[0]) if len(run_dirs) == 1 else None
     if lineage is None:
         fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
-        top = fig
-    else:
-        fig = plt.figure(figsize=(12, 8.5), layout="constrained")
-        top, bottom = fig.subfigures(2, 1, height_ratios=[5, 3.2])
-        axes = top.subplots(1, 2)
-        _draw_lineage(bottom, lineage)
+        return fig, fig, axes
+    fig = plt.figure(figsize=(12, 8.5), layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[5, 3.2])
+    axes = top.subplots(1, 2)
+    _draw_lineage(bottom, lineage)
+    return fig, top, axes
+
+
+def _draw_run(axes, i: int, run_label: str, curve, ev, record: dict | None, pbt: bool,
+              bounds: tuple[float, float] | None, smooth: int, scale: float) -> bool:
+    """Run i's training return (mean and band over seeds or a PBT population's members, one
+    line per setting of a sweep) and its evaluations on both panels; whether it drew any
+    evaluation."""
+    steps, wall, curves = curve
     any_eval = False
-    for i, (steps, wall, curves), ev, record, pbt in data:
-        for label, idx, key in _groups(labels[i], curves.shape[0], None if pbt else record,
-                                       "members" if pbt else "seeds"):
-            seeds = moving_average(curves[idx], smooth)
-            mean, low, high = mean_interval(seeds)
-            # Never past what a return can be: the env's known range, else the seeds' own.
-            lo, hi = bounds[i] or (np.nanmin(seeds, initial=np.inf), np.nanmax(seeds, initial=-np.inf))
-            low, high = np.clip(low, lo, hi), np.clip(high, lo, hi)
-            for ax, x, xi in ((axes[0], steps, 0), (axes[1], wall / scale, 1)):
-                (line,) = ax.plot(x, mean, label=label if xi == 0 else "_nolegend_",
-                                  gid=f"train:{i}{key}")
-                if len(idx) > 1:
-                    band = ax.fill_between(x, low, high, alpha=0.2, color=line.get_color())
-                    band.set_gid(f"train-band:{i}{key}")
-                if ev is not None and ev[0].size:
-                    any_eval = True
-                    ex = ev[xi] if xi == 0 else ev[xi] / scale
-                    ax.plot(ex, ev[2][idx].mean(axis=0), linestyle="--", marker="o",
-                            markersize=3, color=line.get_color(), label="_nolegend_",
-                            gid=f"eval:{i}{key}")
+    for label, idx, key in _groups(run_label, curves.shape[0], None if pbt else record,
+                                   "members" if pbt else "seeds"):
+        seeds = moving_average(curves[idx], smooth)
+        mean, low, high = mean_interval(seeds)
+        # Never past what a return can be: the env's known range, else the seeds' own.
+        lo, hi = bounds or (np.nanmin(seeds, initial=np.inf), np.nanmax(seeds, initial=-np.inf))
+        low, high = np.clip(low, lo, hi), np.clip(high, lo, hi)
+        for ax, x, xi in ((axes[0], steps, 0), (axes[1], wall / scale, 1)):
+            (line,) = ax.plot(x, mean, label=label if xi == 0 else "_nolegend_",
+                              gid=f"train:{i}{key}")
+            if len(idx) > 1:
+                band = ax.fill_between(x, low, high, alpha=0.2, color=line.get_color())
+                band.set_gid(f"train-band:{i}{key}")
+            if ev is not None and ev[0].size:
+                any_eval = True
+                ex = ev[xi] if xi == 0 else ev[xi] / scale
+                ax.plot(ex, ev[2][idx].mean(axis=0), linestyle="--", marker="o",
+                        markersize=3, color=line.get_color(), label="_nolegend_",
+                        gid=f"eval:{i}{key}")
+    return any_eval
+
+
+def _label_panels(axes, unit: str, smooth: int, any_eval: bool) -> None:
+    """The panels' titles, axis labels, grid and tick format."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
     axes[0].set_title("return vs env steps")
     axes[1].set_title("return vs wall-clock time")
     axes[0].set_xlabel("env steps")
@@ -378,15 +417,6 @@ def make_figure(run_dirs, labels=None, title: str | None = None, smooth: int = 1
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
         ax.xaxis.set_major_formatter(FuncFormatter(compact_number))
-    handles, texts = axes[0].get_legend_handles_labels()
-    if handles:
-        # Below the panels, in as many columns as the labels' length allows: it cannot cover
-        # a curve or the y label, and the layout makes room for it.
-        ncol = max(1, min(len(texts), 150 // (max(map(len, texts)) + 6)))
-        top.legend(handles, texts, loc="outside lower center", ncol=ncol, fontsize=8)
-    if title:
-        fig.suptitle(title)
-    return fig, axes
 
 
 def _is_pbt(rows: list[dict]) -> bool:

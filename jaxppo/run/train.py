@@ -1,4 +1,5 @@
-"""`jaxppo.train`: check the config, build the program for this host's devices, run the loop.
+"""`jaxppo.train`: check the config, build the program for this host's devices, run the loop;
+and `jaxppo.make_train`: one member's whole training as a pure function to jit and vmap.
 
 Every entry point (`train`, `jaxppo.distributed.train_distributed`) goes through
 `train_with`: the checks, the resume, the run folder and the run loop are the same; only the
@@ -13,73 +14,25 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.search import sweep
 from jaxppo.core.algorithm import Algorithm, TrainState
-from jaxppo.core.hyperparams import (HyperParams, describe_schedule, reanchor_points,
-                                     schedule_value)
-from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES, PPOConfig
+from jaxppo.core.hyperparams import HyperParams
+from jaxppo.config import PPOConfig
 from jaxppo.errors import ConfigError
 from jaxppo.run import hostloop
 from jaxppo.run.hostloop import HostLoopRunner
 from jaxppo.program import ChunkRunner, build_program, train_function
-from jaxppo.run.loop import TrainResult, chunk_length, finish_run, open_folder, train_loop
+from jaxppo.run.loop import chunk_length, finish_run, open_folder, train_loop
 from jaxppo.run.policy import check_key
 from jaxppo.resolve import Layout, Resolved, note_partial_batch, resolve
 from jaxppo.run.folder import ResumePoint, begin_resume, check_start
 from jaxppo.run.logs import check_wandb
+from jaxppo.run.result import TrainResult
 from jaxppo.run.runner import Runner
+from jaxppo.run.schedules import continue_schedules, schedule_record
 from jaxppo.process import enable_compilation_cache
-
-
-@dataclass
-class Start:
-    """Where a run starts, once every check has passed: what a runner factory is given.
-
-    Attributes:
-        resolved: the run's resolved config and layout.
-        hp: the hyperparameters it trains with ([num_seeds] leaves for a sweep).
-        restored: a resumed run's unsharded state (numpy); None for a new run.
-        iteration: the iteration the state is at (0 for a new run).
-        wall_offset: a resumed run's wall time so far, in seconds.
-        sweep_record: sweep.json's record of a sweep's members, or None.
-    """
-
-    resolved: Resolved
-    hp: HyperParams
-    restored: TrainState | None = None
-    iteration: int = 0
-    wall_offset: float = 0.0
-    sweep_record: dict | None = None
-
-
-RunnerFactory = Callable[[Start], Runner]
-
-
-@dataclass(frozen=True)
-class EntryPoint:
-    """What differs between the functions that start a run (`train`, `train_distributed`).
-
-    Attributes:
-        caller: the function's name, for the messages.
-        command: the command that continues a run (`<command> --resume RUN_DIR`).
-        layout: the layout the config resolves on (`jaxppo.resolve.resolve`).
-        check: more checks of the resolved run, before anything starts.
-        label: the run's name in the progress, `{env}` standing for the env's name
-            (default: the env's name).
-        plot_label: the run's name in curve.png, likewise.
-        summary: more entries for summary.json, from the result.
-    """
-
-    caller: str
-    command: str
-    layout: Layout | str | None = "local"
-    check: Callable[[Resolved], None] | None = None
-    label: str | None = None
-    plot_label: str | None = None
-    summary: Callable[[TrainResult], dict] | None = None
 
 
 def train(
@@ -149,13 +102,79 @@ def train(
                       trust_config=trust_config)
 
 
-def _local_runner(start: Start) -> Runner:
-    """The chunk on this host's devices, or a gymnasium env's host loop."""
-    resolved, hp = start.resolved, start.hp
-    if resolved.host_loop:
-        return HostLoopRunner(resolved, hp, start.restored)
-    program = build_program(resolved, hp, chunk_length(resolved.config))
-    return ChunkRunner(program, hp, jax.random.PRNGKey(resolved.config.seed), start.restored)
+def make_train(config: PPOConfig, hparams: HyperParams | None = None):
+    """A pure `train_fn(key, hparams=None) -> (final TrainState, metrics [num_iterations])`.
+
+    Nothing in it touches Python state, so a user can `jax.jit` it and `jax.vmap` it over
+    keys (seeds) and over a batched `HyperParams` (a sweep of lr, clip_param, ...).
+    """
+    algo = Algorithm.create(resolve(config))
+    note_partial_batch(algo.config)
+    if algo.config.pbt is not None or algo.config.search is not None:
+        raise ConfigError(
+            "make_train builds one member's train function, but this config's "
+            f"{'pbt' if algo.config.pbt is not None else 'search'} trains a population in one "
+            "program: use jaxppo.train(config) (or drop it and jax.vmap train_fn over a "
+            "HyperParams.stack yourself)")
+    if hparams is not None:
+        check_hparams(hparams, 1, "make_train(config, hparams)")
+    hp = hparams if hparams is not None else HyperParams.from_config(algo.config)
+    train_hp = train_function(algo)
+
+    def train_fn(key, hparams: HyperParams | None = None):
+        _check_train_key(key)
+        if hparams is not None:
+            check_hparams(hparams, 1, "train_fn(key, hparams)")
+        return train_hp(key, hp if hparams is None else hparams)
+
+    return train_fn
+
+
+@dataclass
+class Start:
+    """Where a run starts, once every check has passed: what a runner factory is given.
+
+    Attributes:
+        resolved: the run's resolved config and layout.
+        hp: the hyperparameters it trains with ([num_seeds] leaves for a sweep).
+        restored: a resumed run's unsharded state (numpy); None for a new run.
+        iteration: the iteration the state is at (0 for a new run).
+        wall_offset: a resumed run's wall time so far, in seconds.
+        sweep_record: sweep.json's record of a sweep's members, or None.
+    """
+
+    resolved: Resolved
+    hp: HyperParams
+    restored: TrainState | None = None
+    iteration: int = 0
+    wall_offset: float = 0.0
+    sweep_record: dict | None = None
+
+RunnerFactory = Callable[[Start], Runner]
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """What differs between the functions that start a run (`train`, `train_distributed`).
+
+    Attributes:
+        caller: the function's name, for the messages.
+        command: the command that continues a run (`<command> --resume RUN_DIR`).
+        layout: the layout the config resolves on (`jaxppo.resolve.resolve`).
+        check: more checks of the resolved run, before anything starts.
+        label: the run's name in the progress, `{env}` standing for the env's name
+            (default: the env's name).
+        plot_label: the run's name in curve.png, likewise.
+        summary: more entries for summary.json, from the result.
+    """
+
+    caller: str
+    command: str
+    layout: Layout | str | None = "local"
+    check: Callable[[Resolved], None] | None = None
+    label: str | None = None
+    plot_label: str | None = None
+    summary: Callable[[TrainResult], dict] | None = None
 
 
 def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig | None, *,
@@ -213,6 +232,15 @@ def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig 
         runner.close()
 
 
+def _local_runner(start: Start) -> Runner:
+    """The chunk on this host's devices, or a gymnasium env's host loop."""
+    resolved, hp = start.resolved, start.hp
+    if resolved.host_loop:
+        return HostLoopRunner(resolved, hp, start.restored)
+    program = build_program(resolved, hp, chunk_length(resolved.config))
+    return ChunkRunner(program, hp, jax.random.PRNGKey(resolved.config.seed), start.restored)
+
+
 def _checked_start(entry: EntryPoint, config: PPOConfig, run_dir, point: ResumePoint | None,
                    hparams: HyperParams | None, stop_after_iterations: int | None) -> Start:
     """Every check, then the hyperparameters and (resuming) the checkpoint's state."""
@@ -232,105 +260,6 @@ def _checked_start(entry: EntryPoint, config: PPOConfig, run_dir, point: ResumeP
             _abstract_state(resolved, start.hp), resolved.config)
         print("\n".join(notes), file=sys.stderr, flush=True)
     return start
-
-
-def schedule_record(hp: HyperParams, config: PPOConfig) -> dict:
-    """What a checkpoint records of the schedules a run trains with (`continue_schedules`
-    reads it back): HyperParams' point leaves as lists; nothing for PBT, whose
-    exploit/explore steps rebuild its schedules from the config."""
-    if config.pbt is not None:
-        return {}
-    return {"schedules": {leaf: np.asarray(getattr(hp, leaf), np.float32).tolist()
-                          for leaf in HyperParams.point_leaves}}
-
-
-def continue_schedules(hp: HyperParams, meta: dict, config: PPOConfig, *, given: bool,
-                       from_record: bool, labels: list[str] | None = None
-                       ) -> tuple[HyperParams, list[str]]:
-    """The schedules (lr, entropy_coeff) a resumed run continues with, and lines saying what
-    they do from the checkpoint on.
-
-    A schedule that the resume leaves as it was continues as the checkpoint recorded it; if
-    total_timesteps changed it is re-anchored at the checkpoint's step
-    (`jaxppo.core.hyperparams.reanchor_points`): its value there is kept and the rest is
-    stretched to the new total. A schedule the resume changes (a new lr in the config, or
-    `hparams` passed to train) is used as given, over the run's env steps. PBT rebuilds its
-    searched schedules itself and is left as it is.
-
-    Args:
-        hp: the hyperparameters as configured (config, sweep.json, or `hparams`).
-        meta: the checkpoint's record (its config, env steps and recorded schedules).
-        config: the config the run continues with.
-        given: `hp` was passed to train by the caller.
-        from_record: `hp` comes from the folder's sweep.json.
-        labels: a sweep's member labels, to name members in the lines.
-    """
-    saved = meta.get("config") or {}
-    step, total = int(meta.get("env_steps", 0)), config.total_timesteps
-    old_total = int(saved.get("total_timesteps", total))
-    if config.pbt is not None:
-        return hp, [f"resuming at env step {step:,} of {total:,}"]
-    now, recorded = config.to_dict(), meta.get("schedules") or {}
-    legacy = HyperParams.from_config(config.replace(total_timesteps=old_total))
-    changes, notes, before = {}, [], {}
-    for leaf in HyperParams.point_leaves:
-        name = HYPERPARAM_LEAVES[leaf]
-        fields = (name, SCHEDULES[name])
-        changed = given or (not from_record and any(
-            f in saved and saved[f] != now[f] for f in fields))
-        if changed:
-            notes.append((name, "as now configured"))
-            continue
-        base = np.asarray(getattr(hp if from_record else legacy, leaf), np.float32)
-        if leaf in recorded and np.shape(recorded[leaf]) == base.shape:
-            base = np.asarray(recorded[leaf], np.float32)
-        before[name] = base
-        if old_total != total:
-            base = reanchor_points(base, step, old_total, total)
-        changes[leaf] = jnp.asarray(base)
-    hp = hp.replace(**changes)
-    head = f"resuming at env step {step:,} of {total:,}"
-    if old_total != total:
-        head += (f" (total_timesteps was {old_total:,}: each schedule goes on from its value "
-                 "at the checkpoint, stretched to the new total)")
-    lines = [head + ":"]
-    why = dict(notes)
-    for leaf in HyperParams.point_leaves:
-        name = HYPERPARAM_LEAVES[leaf]
-        for text in _describe(np.asarray(getattr(hp, leaf)), step, total, labels):
-            lines.append(f"  {name}: {text}" + (f" ({why[name]})" if name in why else ""))
-    lr = before.get("lr")
-    if old_total != total and lr is not None and _fading(lr, step):
-        lines.append(
-            f"  (the lr schedule had nearly run out; to train the extension with a fresh "
-            f"anneal give it as points from here, e.g. --set 'lr=[[{step}, {_first_lr(lr):g}], "
-            f"[{total}, {_first_lr(lr) / 100:g}]]')")
-    return hp, lines
-
-
-def _describe(points: np.ndarray, step: int, total: int, labels) -> list[str]:
-    """One description per distinct schedule of `points` ([K, 2], or [N, K, 2] for a sweep
-    whose members are named by `labels`)."""
-    if points.ndim == 2:
-        return [describe_schedule(points, step, total)]
-    texts: dict[str, list[str]] = {}
-    for i, p in enumerate(points):
-        texts.setdefault(describe_schedule(p, step, total), []).append(
-            labels[i] if labels else f"seed {i}")
-    if len(texts) == 1:
-        return list(texts)
-    return [f"{text} [{', '.join(dict.fromkeys(who))}]" for text, who in texts.items()]
-
-
-def _fading(lr: np.ndarray, step: int) -> bool:
-    """Whether every lr schedule in `lr` is below a tenth of its first value at `step`."""
-    pts = lr.reshape(-1, *lr.shape[-2:])
-    return all(float(schedule_value(jnp.asarray(p), jnp.asarray(step, jnp.float32)))
-               < 0.1 * float(np.max(p[:, 1])) for p in pts)
-
-
-def _first_lr(lr: np.ndarray) -> float:
-    return float(np.max(lr.reshape(-1, *lr.shape[-2:])[0, :, 1]))
 
 
 def _abstract_state(resolved: Resolved, hp: HyperParams) -> Any:
@@ -372,34 +301,6 @@ def prepare(config: PPOConfig, run_dir, point: ResumePoint | None, stop_after_it
     check_start(run_dir, point, resolved.config, resume_command)
     enable_compilation_cache(resolved.config.compilation_cache_dir)
     return resolved
-
-
-def make_train(config: PPOConfig, hparams: HyperParams | None = None):
-    """A pure `train_fn(key, hparams=None) -> (final TrainState, metrics [num_iterations])`.
-
-    Nothing in it touches Python state, so a user can `jax.jit` it and `jax.vmap` it over
-    keys (seeds) and over a batched `HyperParams` (a sweep of lr, clip_param, ...).
-    """
-    algo = Algorithm.create(resolve(config))
-    note_partial_batch(algo.config)
-    if algo.config.pbt is not None or algo.config.search is not None:
-        raise ConfigError(
-            "make_train builds one member's train function, but this config's "
-            f"{'pbt' if algo.config.pbt is not None else 'search'} trains a population in one "
-            "program: use jaxppo.train(config) (or drop it and jax.vmap train_fn over a "
-            "HyperParams.stack yourself)")
-    if hparams is not None:
-        check_hparams(hparams, 1, "make_train(config, hparams)")
-    hp = hparams if hparams is not None else HyperParams.from_config(algo.config)
-    train_hp = train_function(algo)
-
-    def train_fn(key, hparams: HyperParams | None = None):
-        _check_train_key(key)
-        if hparams is not None:
-            check_hparams(hparams, 1, "train_fn(key, hparams)")
-        return train_hp(key, hp if hparams is None else hparams)
-
-    return train_fn
 
 
 def check_hparams(hp, num_seeds: int, where: str = "train(config, hparams)") -> None:

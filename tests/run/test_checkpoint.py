@@ -218,7 +218,7 @@ def test_stop_at_return_stops_at_the_evaluation_that_reaches_it(stopped_copy):
 
 
 def test_stop_rules_use_the_mean_over_seeds_and_count_evaluations():
-    from jaxppo.run.loop import _StopRules
+    from jaxppo.run.stop_rules import StopRules
 
     def rows(it, evals=(), returns=()):
         out = [{"iteration": it, "seed": s, "eval_return_mean": e, "episode_return_mean": r}
@@ -227,7 +227,7 @@ def test_stop_rules_use_the_mean_over_seeds_and_count_evaluations():
 
     cfg = CFG.replace(num_seeds=2, stop_at_return=100.0, stop_after_no_improvement=2)
     earlier = rows(2, (10.0, 30.0))  # a resumed run's evaluations count
-    rules = _StopRules(cfg, earlier)
+    rules = StopRules(cfg, earlier)
     assert rules.best == 20.0 and rules.best_iter == 2
     assert rules.after_chunk(rows(4, (90.0, 109.0))) is None  # mean 99.5 < 100
     assert rules.improved and rules.best_record() == {
@@ -237,10 +237,10 @@ def test_stop_rules_use_the_mean_over_seeds_and_count_evaluations():
     assert rules.after_chunk(rows(8, (99.0, 99.0))) == (
         "no better eval return (mean over 2 seeds) in 2 evaluations (the best, 99.5, was at "
         "iteration 4)")
-    assert _StopRules(cfg, earlier).after_chunk(rows(4, (100.0, 100.0))) == (
+    assert StopRules(cfg, earlier).after_chunk(rows(4, (100.0, 100.0))) == (
         "the eval return 100.0 (mean over 2 seeds) reached stop_at_return=100 at iteration 4")
     # without evaluation: the training return, once every seed has one
-    train_rules = _StopRules(cfg.replace(eval_every=0, stop_after_no_improvement=0), [])
+    train_rules = StopRules(cfg.replace(eval_every=0, stop_after_no_improvement=0), [])
     assert train_rules.after_chunk(rows(1, returns=(500.0, math.nan))) is None
     assert train_rules.after_chunk(rows(2, returns=(120.0, 90.0))) == (
         "the training return 105.0 (mean over 2 seeds) reached stop_at_return=100 at iteration 2")

@@ -15,7 +15,7 @@ import jaxppo
 from jaxppo import cli
 from jaxppo.search import sweep
 from jaxppo.config import PPOConfig
-from jaxppo.run.loop import _Reporter
+from jaxppo.run.progress import Reporter
 from jaxppo.run.plots import make_figure, run_labels
 from jaxppo.run.logs import read_metrics
 
@@ -81,12 +81,12 @@ def test_progress_names_members_by_hyperparameter(sweep_run):
     assert len(lines) == 2  # one chunk in each call
     assert "best lr=" in lines[-1] and "worst lr=" in lines[-1]
 
-    reporter = _Reporter(TINY, 6, progress=False, member_labels=["lr=0.0001", "lr=0.001", "lr=0.001"])
+    reporter = Reporter(TINY, 6, progress=False, member_labels=["lr=0.0001", "lr=0.001", "lr=0.001"])
     rows = [{"iteration": 1, "seed": s, "episode_return_mean": v}
             for s, v in enumerate([10.0, 30.0, 50.0])]
     reporter.update(1, rows, 100.0)
     assert reporter.return_text() == "best lr=0.001: 40.0, worst lr=0.0001: 10.0"
-    plain = _Reporter(TINY.replace(num_seeds=1), 6, progress=False)
+    plain = Reporter(TINY.replace(num_seeds=1), 6, progress=False)
     plain.update(1, [{"iteration": 1, "episode_return_mean": 7.0}], 100.0)
     assert plain.return_text() == "7.0"
 

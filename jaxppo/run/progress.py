@@ -1,0 +1,114 @@
+"""Progress between a run's chunks (`Reporter`): a rich bar on a terminal, a plain line per
+chunk otherwise, with the recent return, steps/s, the ETA and the last evaluation."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import numpy as np
+
+from jaxppo import cpu_devices
+from jaxppo.config import PPOConfig
+
+
+class Reporter:
+    """Progress between chunks: a rich bar on a terminal, a plain line otherwise; both show
+    the recent return, steps/s, the ETA and the last evaluation. The return is the mean over
+    seeds; for a sweep (member_labels) the best and the worst setting instead, each the mean
+    of the members with that label, e.g. "best lr=0.001: 480.2, worst lr=0.0001: 21.0"."""
+
+    def __init__(self, config: PPOConfig, n_iter: int, progress: bool | None, start: int = 0,
+                 label: str | None = None, member_labels: list[str] | None = None):
+        self.n_iter = n_iter
+        self.start = start
+        self.config = config
+        self.label = label or config.env_name
+        self.member_labels = member_labels
+        self.member_return: dict[int, float] = {}  # seed index -> recent return
+        self.interactive = sys.stderr.isatty() if progress is None else progress
+        self.quiet = progress is False
+        self.last_return = float("nan")
+        self.last_eval = "-"
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if self.interactive and not self.quiet:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            columns = [
+                TextColumn(f"[bold]{self.label}[/]"), BarColumn(bar_width=16),
+                MofNCompleteColumn(), TextColumn("return {task.fields[ret]}"),
+                TextColumn("{task.fields[sps]} steps/s"),
+            ]
+            if config.eval_every:
+                columns.append(TextColumn("eval {task.fields[eval]}"))
+            columns += [TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+            self.bar = Progress(*columns)
+            self.task = self.bar.add_task("train", total=n_iter, completed=start, ret="   -  ",
+                                          sps="-", eval="-")
+            self.bar.start()
+
+    def show_layout(self, text: str, devices_used: int) -> None:
+        """Where the run trains (`jaxppo.run.loop.layout_text`), before the first chunk, and
+        whether its CPU devices are jaxppo's per-core ones (`cpu_devices.layout_note`)."""
+        if not self.quiet:
+            note = cpu_devices.layout_note(devices_used)
+            print(f"layout: {text}{note}", file=sys.stderr, flush=True)
+
+    def _by_setting(self, per_seed: dict[int, float]) -> list[tuple[float, str]]:
+        """(value, label) per distinct member label, best first; members that share a label
+        (seeds of one setting) are averaged."""
+        groups: dict[str, list[float]] = {}
+        for s, v in per_seed.items():
+            groups.setdefault(self.member_labels[s], []).append(v)
+        return sorted(((float(np.mean(v)), k) for k, v in groups.items()), reverse=True)
+
+    def return_text(self) -> str:
+        """The return the progress shows: the mean over seeds, or a sweep's best and worst."""
+        if not self.member_labels:
+            return f"{self.last_return:.1f}"
+        ranked = self._by_setting(self.member_return)
+        if not ranked:
+            return "-"
+        (best, best_lab), (worst, worst_lab) = ranked[0], ranked[-1]
+        if len(ranked) == 1:
+            return f"{best_lab}: {best:.1f}"
+        return f"best {best_lab}: {best:.1f}, worst {worst_lab}: {worst:.1f}"
+
+    def update(self, done_iters: int, rows: list[dict], sps: float):
+        rets = [r["episode_return_mean"] for r in rows if math.isfinite(r["episode_return_mean"])]
+        if rets:
+            self.last_return = float(np.mean(rets[-max(1, self.config.num_seeds) * 10:]))
+        if self.member_labels:
+            for s in range(len(self.member_labels)):
+                own = [r["episode_return_mean"] for r in rows if r.get("seed", 0) == s
+                       and math.isfinite(r["episode_return_mean"])]
+                if own:
+                    self.member_return[s] = float(np.mean(own[-10:]))
+        evals = [r for r in rows if math.isfinite(r.get("eval_return_mean", float("nan")))]
+        if evals:
+            last = evals[-1]["iteration"]
+            at_last = [r for r in evals if r["iteration"] == last]
+            if self.member_labels:
+                value, lab = self._by_setting(
+                    {r.get("seed", 0): r["eval_return_mean"] for r in at_last})[0]
+                self.last_eval = f"best {lab}: {value:.1f}@{last}"
+            else:
+                self.last_eval = f"{np.mean([r['eval_return_mean'] for r in at_last]):.1f}@{last}"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done_iters, ret=self.return_text(),
+                            sps=f"{sps:,.0f}", eval=self.last_eval)
+        elif not self.quiet:
+            steps = done_iters * self.config.batch_size
+            elapsed = time.perf_counter() - self.t0
+            eta = elapsed / max(done_iters - self.start, 1) * (self.n_iter - done_iters)
+            ev = f"  eval {self.last_eval}" if self.config.eval_every else ""
+            print(f"[{self.label}] iter {done_iters}/{self.n_iter}  "
+                  f"steps {steps:,}  return {self.return_text()}{ev}  {sps:,.0f} steps/s  "
+                  f"ETA {eta:.0f}s", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()
