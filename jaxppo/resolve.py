@@ -25,12 +25,13 @@ from jaxppo.core import networks
 from jaxppo import cpu_devices
 from jaxppo.config import (NetworkConfig, PPOConfig, divisors, is_auto_devices,
                            require_config)
-from jaxppo.envs.make import EnvSpec, make_env
+from jaxppo.envs.make import make_env
+from jaxppo.envs.spec import EnvSpec
 from jaxppo.envs.record import listed
 from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import eval_max_steps
 from jaxppo.envs.gymnasium_env import check_config as check_host_loop_config
-from jaxppo.envs.transforms import resolve_transforms
+from jaxppo.envs.transforms import reward_hooks
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,15 @@ class Layout:
 
 @dataclass(frozen=True)
 class Resolved:
-    """A checked config and what it derives: the env, the network, the device layout."""
+    """A checked config and what it derives: the env, the network, the device layout, the
+    reward hooks."""
 
     config: PPOConfig
     spec: EnvSpec
     network: Any  # a flax module with __call__(obs, carry, reset) -> (dist, value, carry)
     layout: Layout
     eval_max_steps: int | None  # bound on an evaluation episode; None if the env has none
+    reward_hooks: tuple = ()  # the config's reward hooks (jaxppo.envs.transforms), in order
 
     def with_layout(self, layout: Layout | None) -> "Resolved":
         """The same run on another layout (None: one device), checked for it."""
@@ -127,8 +130,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     config = require_config(config).validate()
     given_size, config = config.minibatch_size, _sized_minibatches(config)
     _check_backend()
-    if config.transforms:
-        resolve_transforms(config.transforms)
+    hooks = tuple(reward_hooks(config))  # every transform entry checked
     spec = make_env(config)
     _check_for_env(config, spec)
     network = networks.make_network(config, spec)
@@ -157,7 +159,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     if config.eval_every or config.eval_max_steps is not None or hasattr(
             spec.env_params, "max_steps_in_episode"):
         bound = eval_max_steps(config, spec.env_params)
-    return Resolved(config, spec, network, layout, bound)
+    return Resolved(config, spec, network, layout, bound, hooks)
 
 
 def _sized_minibatches(config: PPOConfig) -> PPOConfig:

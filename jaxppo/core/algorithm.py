@@ -17,7 +17,7 @@ from flax import struct
 
 from jaxppo.core import networks
 from jaxppo.config import PPOConfig
-from jaxppo.envs.make import env_action, flatten_obs
+from jaxppo.envs.spec import env_action, flatten_obs
 from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import eval_max_steps, run_episodes
 from jaxppo.core.networks import DistParams
@@ -124,6 +124,7 @@ class Algorithm:
     shards: int = 1
     axis_name: str | None = None
     max_eval_steps: int | None = None  # the resolved evaluation bound (None: none known)
+    reward_hooks: tuple = ()  # the config's reward hooks (jaxppo.envs.transforms), in order
     # sync="batch" over several shards: this setup as one shard holding every env, which
     # runs the update on the all-gathered rollouts; None otherwise.
     whole_batch: Algorithm | None = None
@@ -137,7 +138,8 @@ class Algorithm:
         algo = cls(config=resolved.config, spec=resolved.spec, network=resolved.network,
                    recurrent=resolved.recurrent, discrete=resolved.spec.discrete,
                    local_envs=resolved.local_envs, shards=resolved.layout.shards,
-                   axis_name=axis_name, max_eval_steps=resolved.eval_max_steps)
+                   axis_name=axis_name, max_eval_steps=resolved.eval_max_steps,
+                   reward_hooks=resolved.reward_hooks)
         if algo.config.sync == "batch" and axis_name is not None:
             whole = dataclasses.replace(algo, axis_name=None, shards=1,
                                         local_envs=algo.config.num_envs)

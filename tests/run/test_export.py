@@ -229,7 +229,7 @@ def test_onnx_continuous_matches_load_policy(runs, tmp_path):
 def _jax_sample(policy, obs, noise):
     """jaxppo's sample for given Gaussian noise (what `policy(obs, key)` does with its own)."""
     from jaxppo.core import networks
-    from jaxppo.envs.make import env_action
+    from jaxppo.envs.spec import env_action
 
     algo = policy.algorithm
     obs_in = algo.obs_in(policy.obs_stats, jnp.asarray(obs))
