@@ -29,8 +29,8 @@ from jaxppo.config import PPOConfig
 from jaxppo.errors import ActionMaskError, StopTraining, TrainingDivergedError, TrainingInterrupted
 from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
-from jaxppo.program import auto_chunk
-from jaxppo.resolve import Layout, describe_layout
+from jaxppo.program.build import auto_chunk
+from jaxppo.program.layout import Layout, describe_layout
 from jaxppo.run.policy import check_action_mask, check_key, check_obs, evaluate_policy
 from jaxppo.run.folder import RunFolder
 from jaxppo.run.runner import Runner

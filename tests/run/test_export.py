@@ -47,7 +47,7 @@ def _random_obs(n, dim, scale=2.0, seed=0):
 def _handmade(config, seed=1):
     """A policy with random params (not PPO's tiny policy-head init, so actions differ from
     state to state) and observation statistics far from the identity."""
-    algo = Algorithm.create(config)
+    algo = Algorithm.create(jaxppo.resolve(config))
     params = algo.network.init(jax.random.PRNGKey(seed), jnp.zeros((1, algo.spec.obs_dim)))
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
