@@ -229,7 +229,7 @@ def jaxppo_layout(extra: list[str]) -> str:
     device per core of this process), or make_train's single device."""
     import jaxppo
     from jaxppo.cpu_devices import wanted
-    from jaxppo.resolve import auto_layout, describe_layout
+    from jaxppo.program.layout import auto_layout, describe_layout
 
     args = dict(zip(extra[::2], extra[1::2]))
     seeds = int(args.get("--seeds", 1))

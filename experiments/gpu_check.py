@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import jaxppo
 from jaxppo.envs.make import make_env
 from jaxppo.core.hyperparams import HyperParams
-from jaxppo.program import build_program
+from jaxppo.program.build import build_program
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

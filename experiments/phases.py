@@ -40,8 +40,9 @@ import jaxppo
 from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.core.hyperparams import HyperParams
-from jaxppo.program import ChunkRunner, build_program
-from jaxppo.resolve import resolve
+from jaxppo.run.runner import ChunkRunner
+from jaxppo.program.build import build_program
+from jaxppo.program.resolved import resolve
 
 n_dev, N = spec["devices"], spec["iterations"]
 cfg = jaxppo.PPOConfig(

@@ -138,7 +138,7 @@ import jax, jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 import jaxppo
 from jaxppo.core.hyperparams import HyperParams
-from jaxppo.program import build_program
+from jaxppo.program.build import build_program
 cfg = jaxppo.PPOConfig.from_dict(json.loads(sys.argv[1])).replace(num_devices=2, compilation_cache_dir=None)
 hp = HyperParams.from_config(cfg)
 prog = build_program(jaxppo.resolve(cfg, "local"), hp, 1)
@@ -194,13 +194,13 @@ def all_reduce_times(sizes: list[int]) -> dict:
 def num_params(cfg: dict) -> int:
     import jax
 
-    from jaxppo import PPOConfig
+    from jaxppo import PPOConfig, resolve
     from jaxppo.core import ppo
     from jaxppo.core.algorithm import Algorithm
     from jaxppo.core.hyperparams import HyperParams
 
     config = PPOConfig.from_dict(cfg)
-    algo = Algorithm.create(config)
+    algo = Algorithm.create(resolve(config))
     state = jax.eval_shape(lambda k, h: ppo.init(algo, k, h), jax.random.PRNGKey(0),
                            HyperParams.from_config(config))
     return int(sum(x.size for x in jax.tree.leaves(state.params)))

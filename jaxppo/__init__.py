@@ -23,7 +23,7 @@ from jaxppo.errors import (ActionMaskError, CheckpointError, ConfigError, Export
 from jaxppo.run.export import export_policy
 from jaxppo.run.result import TrainResult
 from jaxppo.run.policy import Policy, load_policy
-from jaxppo.resolve import Resolved, resolve
+from jaxppo.program.resolved import Resolved, resolve
 from jaxppo.process import __version__
 from jaxppo.run.train import make_train, train
 

@@ -327,7 +327,7 @@ def is_flax_module(v) -> bool:
 
 def network_module(name, v) -> None:
     """None, "module:Class" or a flax.linen.Module object (what it names is checked where it
-    is built: jaxppo.core.networks.user_module)."""
+    is built: jaxppo.program.user_network.user_module)."""
     if v is None or is_flax_module(v):
         return
     if isinstance(v, str) and v.partition(":")[0] and v.partition(":")[2]:

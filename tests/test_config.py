@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from jaxppo.config import TUNED_DIR, ConfigError, NetworkConfig, PPOConfig
-from jaxppo.resolve import note_partial_batch, resolve
+from jaxppo.program.resolved import note_partial_batch, resolve
 
 BASE = PPOConfig(num_envs=4, num_steps=16, num_minibatches=4, total_timesteps=1024)
 
@@ -539,7 +539,7 @@ def test_minibatch_size_must_cut_the_batch_into_whole_minibatches(changes, match
 def test_minibatch_size_named_in_a_per_device_split_error():
     """The per-device rule of recurrent minibatches, on the num_minibatches minibatch_size
     gives, names minibatch_size."""
-    from jaxppo.resolve import Layout
+    from jaxppo.program.layout import Layout
 
     cfg = BASE.replace(num_envs=8, minibatch_size=16, network=NetworkConfig(recurrent_size=8))
     resolved = resolve(cfg)  # one device: 8 envs / 8 minibatches
@@ -788,13 +788,14 @@ def test_memory_errors_name_the_field_that_needs_the_memory(tmp_path, capsys, mo
     from the command line: one paragraph that lists the largest parts with their sizes and
     the fields behind them and advises lowering the one that dominates (never num_envs
     here), exit 2, no traceback, no run folder."""
-    from jaxppo import cli, program
+    from jaxppo import cli
+    from jaxppo.program import build, memory
 
     def compiling(*args, **kw):
         raise AssertionError("compiled before the memory check")
 
-    monkeypatch.setattr(program, "free_memory", lambda: FREE)
-    monkeypatch.setattr(program, "initialise_and_compile", compiling)
+    monkeypatch.setattr(memory, "free_memory", lambda: FREE)
+    monkeypatch.setattr(build, "initialise_and_compile", compiling)
     settings = [setting] + (["eval_every=10"] if setting.startswith("eval") else [])
     assert cli.main(["train", "--env", "CartPole-v1", "--set", *settings, "--runs-dir",
                      str(tmp_path / "runs"), "--no-progress"]) == 2

@@ -16,7 +16,7 @@ from jaxppo.errors import ConfigError
 
 from jaxppo.config import TUNED_DIR, PPOConfig, tuned_env_names
 from jaxppo.envs.make import make_env
-from jaxppo.resolve import resolve
+from jaxppo.program.resolved import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted(TUNED_DIR.glob("*.yaml"))

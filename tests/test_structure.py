@@ -73,9 +73,17 @@ def test_leaf_modules_import_nothing_from_jaxppo_but_errors():
 # envs know nothing of the algorithm; a run knows nothing of Ray or the CLI.
 FORBIDDEN = {
     "core": ("run", "search", "distributed", "cli", "program"),
-    "envs": ("core", "run", "search", "distributed", "cli", "program", "resolve"),
+    "envs": ("core", "run", "search", "distributed", "cli", "program"),
+    "program": ("run", "distributed", "cli"),
     "run": ("distributed", "cli"),
 }
+
+# core/ is a layer: it imports only the leaves below it (errors, the config and the modules
+# the config is declared with) and, of envs/, the spec of an env (envs/spec.py: EnvSpec, the
+# observation and action helpers, running the reward hooks `resolve` built). Building envs,
+# importing a user's network module and resolving a config all happen above it.
+CORE_MAY_IMPORT = {"jaxppo.errors", "jaxppo.config", "jaxppo.config_fields", "jaxppo.config_files",
+                   "jaxppo.envs.spec"}
 
 
 def test_folders_import_only_what_their_layer_may():
@@ -86,6 +94,14 @@ def test_folders_import_only_what_their_layer_may():
         for d in deps:
             top = d.split(".")[1] if d != "jaxppo" else ""
             assert top not in FORBIDDEN[parts[1]], f"{m} imports {d}"
+
+
+def test_core_imports_only_the_leaves_below_it():
+    for m, deps in _imports().items():
+        if m.startswith("jaxppo.core."):
+            above = {d for d in deps
+                     if d not in CORE_MAY_IMPORT and not d.startswith("jaxppo.core")}
+            assert not above, f"{m} imports {sorted(above)}, above core/"
 
 
 def _listed(path: str) -> str:
@@ -113,7 +129,8 @@ def test_code_layout_lists_every_module_below_what_it_imports():
             m = m.rsplit(".", 1)[0]
         return m
 
-    packages = {"jaxppo", "jaxppo.core", "jaxppo.envs", "jaxppo.run", "jaxppo.search"}
+    packages = {"jaxppo", "jaxppo.core", "jaxppo.envs", "jaxppo.program", "jaxppo.run",
+                "jaxppo.search"}
     missing = sorted(m for m in graph if m not in packages and entry(m) not in rank)
     assert not missing, f"modules missing from docs/design.md's Code layout: {missing}"
     for m, deps in graph.items():

@@ -1,5 +1,6 @@
-"""What a PPO run is built from: the frozen `Algorithm` struct of what `resolve` derived, the
-state types the step functions (jaxppo.core.ppo) carry, and acting with the policy.
+"""What a PPO run is built from: the frozen `Algorithm` struct of what `jaxppo.resolve`
+derived, the state types the step functions (jaxppo.core.ppo) carry, and acting with the
+policy.
 
 One Algorithm for every network. A network is `apply(params, obs, carry, reset) -> (dist,
 value, carry)`: feed-forward ones keep an empty carry; a recurrent one (a GRU core) carries
@@ -17,11 +18,10 @@ from flax import struct
 
 from jaxppo.core import networks
 from jaxppo.config import PPOConfig
-from jaxppo.envs.make import env_action, flatten_obs
+from jaxppo.envs.spec import env_action, flatten_obs
 from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import eval_max_steps, run_episodes
 from jaxppo.core.networks import DistParams
-from jaxppo.resolve import Resolved, resolve
 from jaxppo.core.running_stats import RunningStats, normalize
 
 
@@ -124,20 +124,23 @@ class Algorithm:
     shards: int = 1
     axis_name: str | None = None
     max_eval_steps: int | None = None  # the resolved evaluation bound (None: none known)
+    reward_hooks: tuple = ()  # the config's reward hooks (jaxppo.envs.transforms), in order
     # sync="batch" over several shards: this setup as one shard holding every env, which
     # runs the update on the all-gathered rollouts; None otherwise.
     whole_batch: Algorithm | None = None
 
     @classmethod
-    def create(cls, resolved: Resolved | PPOConfig, axis_name: str | None = None) -> Algorithm:
-        """The setup of a resolved config (a PPOConfig is resolved here), its envs split over
-        the layout's shards along the pmap axis `axis_name`."""
+    def create(cls, resolved, axis_name: str | None = None) -> Algorithm:
+        """The setup of a resolved config (what `jaxppo.resolve(config)` returns), its envs
+        split over the layout's shards along the pmap axis `axis_name`."""
         if isinstance(resolved, PPOConfig):
-            resolved = resolve(resolved)
+            raise TypeError("Algorithm.create takes a resolved config: "
+                            "Algorithm.create(jaxppo.resolve(config))")
         algo = cls(config=resolved.config, spec=resolved.spec, network=resolved.network,
                    recurrent=resolved.recurrent, discrete=resolved.spec.discrete,
                    local_envs=resolved.local_envs, shards=resolved.layout.shards,
-                   axis_name=axis_name, max_eval_steps=resolved.eval_max_steps)
+                   axis_name=axis_name, max_eval_steps=resolved.eval_max_steps,
+                   reward_hooks=resolved.reward_hooks)
         if algo.config.sync == "batch" and axis_name is not None:
             whole = dataclasses.replace(algo, axis_name=None, shards=1,
                                         local_envs=algo.config.num_envs)

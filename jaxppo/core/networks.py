@@ -374,7 +374,8 @@ class CustomNetwork:
 
     The params are the module's own variables (`module.init(key, obs, carry, reset)`), not
     nested under this adapter, so a module laid out as a built-in network initialises to the
-    same numbers. `jaxppo.resolve` checks the contract (`check_custom_network`).
+    same numbers. `jaxppo.resolve` checks the contract
+    (`jaxppo.program.user_network.check_custom_network`).
     """
 
     module: nn.Module
@@ -415,51 +416,11 @@ class CustomNetwork:
         return DistParams(mean, log_std)
 
 
-def user_module(net) -> nn.Module:
-    """The flax module a NetworkConfig's `module` gives: the object itself, or the class
-    "module:Class" names, checked to be a flax.linen.Module subclass before it is called with
-    `kwargs` (a config may name code only as a class of the kind expected).
-
-    Raises:
-      ConfigError: the import fails, the name is not a flax.linen.Module subclass, or its
-        constructor rejects the kwargs.
-    """
-    from jaxppo.envs.make import import_attribute
-
-    if isinstance(net.module, nn.Module):
-        return net.module
-    path = net.module
-    obj = import_attribute(path, "network.module")
-    if not (isinstance(obj, type) and issubclass(obj, nn.Module)):
-        kind = "class" if isinstance(obj, type) else ("function" if callable(obj) else type(obj).__name__)
-        raise ConfigError(
-            f"network.module={path!r} is a {kind} {getattr(obj, '__name__', '')}, not a "
-            "flax.linen.Module subclass: a config may name only a flax module class as its "
-            "network (jaxppo calls nothing else a config names); define the network as "
-            "`class ActorCritic(flax.linen.Module)`")
-    kwargs = {k: _tupled(v) for k, v in net.kwargs.items()}
-    try:
-        return obj(**kwargs)
-    except Exception as e:  # noqa: BLE001 - any constructor failure is the config's
-        call = f"{obj.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
-        raise ConfigError(f"network.module={path!r}: {call} raised {type(e).__name__}: "
-                          f"{str(e)[:200]}; network.kwargs are the module's constructor "
-                          "arguments") from None
-
-
-def _tupled(v):
-    """A config file's lists as tuples (what a flax module's fields usually hold)."""
-    if isinstance(v, list):
-        return tuple(_tupled(x) for x in v)
-    if isinstance(v, dict):
-        return {k: _tupled(x) for k, x in v.items()}
-    return v
-
-
-def make_custom_network(config, spec) -> CustomNetwork:
-    """The config's own module under the network contract, recurrent when its
-    `initial_carry` gives a carry with arrays (unchecked: `check_custom_network` checks)."""
-    module = _with_env_fields(user_module(config.network), spec)
+def make_custom_network(config, spec, module: nn.Module) -> CustomNetwork:
+    """The config's own module (`module`, built from `network.module` outside core/) under the
+    network contract, recurrent when its `initial_carry` gives a carry with arrays
+    (unchecked: `check_custom_network` checks)."""
+    module = _with_env_fields(module, spec)
     recurrent = False
     if callable(getattr(module, "initial_carry", None)):
         try:
@@ -503,12 +464,14 @@ def resolve_torso(config, spec) -> str:
     return torso
 
 
-def make_network(config, spec) -> nn.Module:
+def make_network(config, spec, module: nn.Module | None = None) -> nn.Module:
     """The config's network for an env.
 
     Args:
       config: the PPOConfig (its `network` fields).
       spec: the env's EnvSpec.
+      module: the user's flax module that `network.module` names, built (`resolve` imports
+        it); needed only when the config has one.
 
     Returns:
       An ActorCritic, or a RecurrentActorCritic when `network.recurrent_size > 0`, or the
@@ -516,11 +479,11 @@ def make_network(config, spec) -> nn.Module:
 
     Raises:
       ConfigError: a CNN torso for observations that are not images, or a user's module
-        that cannot be imported or built.
+        whose initial_carry fails.
     """
     net = config.network
     if net.custom:
-        return make_custom_network(config, spec)
+        return make_custom_network(config, spec, module)
     common = dict(
         action_dim=spec.action_dim,
         discrete=spec.discrete,

@@ -25,8 +25,7 @@ from jaxppo.core.losses import (Batch, map_dist, map_samples, ppo_loss_terms,
                                 unstack_shared_log_std, update_kl_coeff)
 from jaxppo.core.networks import DistParams
 from jaxppo.core.running_stats import RunningStats
-from jaxppo.envs import transforms
-from jaxppo.envs.make import env_action, flatten_obs
+from jaxppo.envs.spec import apply_reward_hooks, env_action, flatten_obs, init_reward_hooks
 
 
 # ---------------------------------------------------------------------- init
@@ -81,7 +80,7 @@ def init_state(algo: Algorithm, key: jax.Array, k_params: jax.Array, hp: HyperPa
         env_steps=jnp.asarray(0, jnp.int32),
         iteration=jnp.asarray(0, jnp.int32),
         carry=carry,
-        hook_state=transforms.init_reward_hooks(cfg, spec),
+        hook_state=init_reward_hooks(algo.reward_hooks, spec),
         hparams=hp if cfg.pbt is not None else None,
         population=PopulationRecord.create() if cfg.pbt is not None else None,
     )
@@ -205,8 +204,8 @@ def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_value
     value targets [T, E], the global moments of targets, residuals and advantages).
     """
     cfg = algo.config
-    rewards, hook_state = transforms.apply_reward_hooks(
-        cfg, state.hook_state, traj, traj.reward, algo.axis_name)
+    rewards, hook_state = apply_reward_hooks(
+        algo.reward_hooks, state.hook_state, traj, traj.reward, algo.axis_name)
     return_stats = state.return_stats
     if cfg.normalize_rewards:
         return_stats = collectives.merge_gathered(return_stats, rollout_stats["returns"],

@@ -30,8 +30,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.errors import ConfigError
-from jaxppo.program import join_parts, shard_state
-from jaxppo.resolve import Layout, Resolved
+from jaxppo.program.shards import join_parts, shard_state
+from jaxppo.program.layout import Layout
+from jaxppo.program.resolved import Resolved
 from jaxppo.distributed.cluster import (DistributedError, HostsConfigError, HostsOutput,
                                         NotEnoughNodesError, _node_summary, joined_cluster)
 from jaxppo.distributed.learner import HostLearner, versions

@@ -25,8 +25,9 @@ from jax.experimental import multihost_utils
 from jaxppo import cpu_devices
 from jaxppo.distributed import loopback
 from jaxppo.distributed.cluster import quiet_library_logs
-from jaxppo.program import ChunkRunner, build_program
-from jaxppo.resolve import resolve
+from jaxppo.run.runner import ChunkRunner
+from jaxppo.program.build import build_program
+from jaxppo.program.resolved import resolve
 from jaxppo.process import __version__, enable_compilation_cache
 
 logger = logging.getLogger("jaxppo.distributed")

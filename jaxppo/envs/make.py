@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,52 +23,8 @@ from jaxppo.envs.brax_suite import make_brax_env, registered_brax_envs
 from jaxppo.envs.craftax_suite import make_craftax_env, registered_craftax_envs
 from jaxppo.envs.jumanji_suite import make_jumanji_env, registered_jumanji_envs
 from jaxppo.envs.xminigrid_suite import make_xminigrid_env, registered_xminigrid_envs
+from jaxppo.envs.spec import EnvSpec
 from jaxppo.envs.transforms import box_bounds, wrap_env
-
-
-class EnvSpec(NamedTuple):
-    """An environment and what the networks need to know about it.
-
-    Attributes:
-      env: the env (gymnax API), transforms included.
-      env_params: the params its reset and step take.
-      obs_shape: one observation's shape.
-      discrete: Discrete actions (else a Box).
-      action_dim: the number of actions (discrete) or the action vector's size.
-      action_low, action_high: a Box's bounds [action_dim] (None for discrete actions).
-      action_mask: `action_mask(state, params) -> bool [action_dim]` (true = legal) of one
-        env's state, when the policy masks illegal actions (`env_action_mask`); else None.
-    """
-
-    env: Any
-    env_params: Any
-    obs_shape: tuple[int, ...]
-    discrete: bool
-    action_dim: int  # number of actions (discrete) or action vector size (continuous)
-    action_low: np.ndarray | None  # continuous bounds, broadcast to [action_dim]
-    action_high: np.ndarray | None
-    action_mask: Any = None
-
-    @property
-    def masked(self) -> bool:
-        """True when the policy's illegal actions are masked (the env gives a mask)."""
-        return self.action_mask is not None
-
-    def masks(self, env_state) -> jax.Array | None:
-        """The action masks [E, action_dim] of a batch of env states [E, ...] (None when
-        unmasked)."""
-        if self.action_mask is None:
-            return None
-        return jax.vmap(self.action_mask, in_axes=(0, None))(env_state, self.env_params)
-
-    @property
-    def obs_dim(self) -> int:
-        return int(np.prod(self.obs_shape))
-
-    @property
-    def host_loop(self) -> bool:
-        """True when the env steps in Python (a gymnasium env: jaxppo.run.hostloop runs it)."""
-        return bool(getattr(self.env, "host_loop", False))
 
 
 def registered_env_names() -> list[str]:
@@ -520,19 +476,3 @@ def _param_fields(params) -> set[str]:
     if dataclasses.is_dataclass(params):
         return {f.name for f in dataclasses.fields(params)}
     return set()
-
-
-def env_action(spec: EnvSpec, action: jax.Array) -> jax.Array:
-    """A policy action [...] or [..., action_dim] as env.step takes it (clipped to bounds)."""
-    if spec.discrete:
-        return action
-    action = jnp.clip(action, spec.action_low, spec.action_high)
-    if spec.env.action_space(spec.env_params).shape == ():
-        return action[..., 0]
-    return action
-
-
-def flatten_obs(obs: jax.Array, obs_shape: tuple[int, ...]) -> jax.Array:
-    """[..., *obs_shape] -> [..., prod(obs_shape)] float32."""
-    lead = obs.shape[: obs.ndim - len(obs_shape)]
-    return obs.reshape(lead + (-1,)).astype(jnp.float32)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxppo.envs import spec as env_spec
 from jaxppo.errors import ConfigError
 
 
@@ -415,30 +416,13 @@ def wrap_env(env, config):
 
 def init_reward_hooks(config, spec) -> tuple:
     """Initial hook states, one per reward hook; () when there are none."""
-    return tuple(h.init(spec) for h in reward_hooks(config))
+    return env_spec.init_reward_hooks(reward_hooks(config), spec)
 
 
 def apply_reward_hooks(config, hook_state: tuple, traj, rewards, axis_name=None):
-    """Runs the config's reward hooks in order over the rollout batch.
-
-    Args:
-      config: the PPOConfig.
-      hook_state: one state per hook (`init_reward_hooks`).
-      traj: the batch, leading axes [T, E].
-      rewards: [T, E], the env's rewards.
-      axis_name: the pmap axis of a batch split over devices, or None.
-
-    Returns:
-      (rewards [T, E], the new hook_state).
-    """
-    hooks = reward_hooks(config)
-    if not hooks:
-        return rewards, hook_state
-    new_states = []
-    for hook, st in zip(hooks, hook_state):
-        st, rewards = hook(st, traj._replace(reward=rewards), axis_name)
-        new_states.append(st)
-    return rewards, tuple(new_states)
+    """Runs the config's reward hooks in order over the rollout batch
+    (`jaxppo.envs.spec.apply_reward_hooks`); returns (rewards [T, E], the new hook_state)."""
+    return env_spec.apply_reward_hooks(reward_hooks(config), hook_state, traj, rewards, axis_name)
 
 
 def box_bounds(space, dim: int) -> tuple[np.ndarray, np.ndarray]:

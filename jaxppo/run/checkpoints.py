@@ -3,7 +3,7 @@
 A checkpoint is RUN_DIR/checkpoints/<iteration>/ written by orbax's CheckpointManager: the
 TrainState pytree (params, optimizer state, kl_coeff, normalisation statistics, rng,
 counters, env state and episode trackers, as numpy arrays in the unsharded layout of
-jaxppo.program: every env in global order, with a leading [seeds] axis when num_seeds > 1)
+jaxppo.program.shards: every env in global order, with a leading [seeds] axis when num_seeds > 1)
 plus a JSON record (iteration, env steps, devices, hosts, seeds, the run's config and a
 digest of every array). A run saved on any number of devices or hosts resumes on any other.
 Orbax writes each step into a temporary folder and renames it when complete, so a crash

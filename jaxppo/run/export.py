@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.core import networks
-from jaxppo.envs.make import env_action
+from jaxppo.envs.spec import env_action
 from jaxppo.errors import ExportError
 from jaxppo.run.checkpoints import CHECKPOINT_DIR
 from jaxppo.run.folder import LOCK_FILE

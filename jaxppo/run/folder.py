@@ -2,7 +2,7 @@
 
     RUN_DIR/config.yaml        the run's config (rewritten on resume only if it changed)
     RUN_DIR/metrics.jsonl      one row per iteration (and seed), appended as training goes
-    RUN_DIR/checkpoints/<it>/  the whole TrainState, unsharded (see jaxppo.program)
+    RUN_DIR/checkpoints/<it>/  the whole TrainState, unsharded (see jaxppo.program.shards)
     RUN_DIR/params.msgpack     the trained params and observation statistics
     RUN_DIR/summary.json       final return, evaluation, speed (per member, for a sweep)
     RUN_DIR/best/              with eval_every: params.msgpack of the best evaluation so far
@@ -462,7 +462,8 @@ def check_start(run_dir, point: ResumePoint | None, config: PPOConfig, resume_co
 def check_resumable(saved: dict, config: PPOConfig, run_dir: str | Path) -> None:
     """Check that `config` keeps every locked field of the saved run's config `saved`.
 
-    The number of devices or hosts may change: the state is saved unsharded (jaxppo.program).
+    The number of devices or hosts may change: the state is saved unsharded
+    (jaxppo.program.shards).
 
     Raises:
         ConfigError: naming the field, the saved and the new value.

@@ -30,10 +30,10 @@ import numpy as np
 from jaxppo.core import ppo
 from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, Transition, TrainState
 from jaxppo.core.hyperparams import HyperParams
-from jaxppo.envs.make import env_action
+from jaxppo.envs.spec import env_action
 from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS
-from jaxppo.resolve import Resolved
+from jaxppo.program.resolved import Resolved
 
 
 def _env_seeds(key: jax.Array, n: int) -> list[int]:

@@ -21,8 +21,8 @@ from jaxppo.config import PPOConfig
 from jaxppo.errors import ActionMaskError, StopTraining, TrainingDivergedError, TrainingInterrupted
 from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
-from jaxppo.program import auto_chunk
-from jaxppo.resolve import Layout, describe_layout
+from jaxppo.program.build import auto_chunk
+from jaxppo.program.layout import Layout, describe_layout
 from jaxppo.run.folder import RunFolder
 from jaxppo.run.progress import Reporter
 from jaxppo.run.result import TrainResult
@@ -216,7 +216,7 @@ def _result(runner: Runner, config: PPOConfig, folder, metrics: dict, *, iterati
 
 
 def layout_text(runner: Runner, config: PPOConfig) -> str:
-    """Where the runner trains, in one line (`jaxppo.resolve.describe_layout`)."""
+    """Where the runner trains, in one line (`jaxppo.program.layout.describe_layout`)."""
     layout = getattr(runner, "layout", None)
     if layout is None:  # a runner over hosts, or the gymnasium host loop
         if runner.hosts > 1:

@@ -33,8 +33,8 @@ from jaxppo.envs.make import check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.core.evaluation import EpisodeStats, run_episodes, summarize
 from jaxppo.run.hostloop import evaluate_host
-from jaxppo.program import free_memory
-from jaxppo.resolve import Resolved, resolve
+from jaxppo.program.memory import free_memory
+from jaxppo.program.resolved import Resolved, resolve
 from jaxppo.core.running_stats import RunningStats
 
 

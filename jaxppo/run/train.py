@@ -23,10 +23,12 @@ from jaxppo.config import PPOConfig
 from jaxppo.errors import ConfigError
 from jaxppo.run import hostloop
 from jaxppo.run.hostloop import HostLoopRunner
-from jaxppo.program import ChunkRunner, build_program, train_function
+from jaxppo.run.runner import ChunkRunner
+from jaxppo.program.build import build_program, train_function
 from jaxppo.run.loop import chunk_length, finish_run, open_folder, train_loop
 from jaxppo.run.policy import check_key
-from jaxppo.resolve import Layout, Resolved, note_partial_batch, resolve
+from jaxppo.program.layout import Layout
+from jaxppo.program.resolved import Resolved, note_partial_batch, resolve
 from jaxppo.run.folder import ResumePoint, begin_resume, check_start
 from jaxppo.run.logs import check_wandb
 from jaxppo.run.result import TrainResult
@@ -160,7 +162,7 @@ class EntryPoint:
     Attributes:
         caller: the function's name, for the messages.
         command: the command that continues a run (`<command> --resume RUN_DIR`).
-        layout: the layout the config resolves on (`jaxppo.resolve.resolve`).
+        layout: the layout the config resolves on (`jaxppo.resolve`).
         check: more checks of the resolved run, before anything starts.
         label: the run's name in the progress, `{env}` standing for the env's name
             (default: the env's name).
@@ -282,7 +284,7 @@ def prepare(config: PPOConfig, run_dir, point: ResumePoint | None, stop_after_it
         point: the checkpoint a resumed run continues from; None for a new run.
         stop_after_iterations: the iterations this call may run (None: to the end).
         resume_command: the command that continues a run, for the messages.
-        layout: the layout to resolve the config on (`jaxppo.resolve.resolve`).
+        layout: the layout to resolve the config on (`jaxppo.resolve`).
 
     Returns:
         The resolved run.

@@ -14,8 +14,9 @@ import numpy as np  # noqa: E402
 
 import jaxppo  # noqa: E402
 from jaxppo.core.hyperparams import HyperParams  # noqa: E402
-from jaxppo.program import build_program  # noqa: E402
-from jaxppo.resolve import Layout, resolve  # noqa: E402
+from jaxppo.program.build import build_program  # noqa: E402
+from jaxppo.program.layout import Layout  # noqa: E402
+from jaxppo.program.resolved import resolve  # noqa: E402
 
 
 EQUIVALENCE = jaxppo.PPOConfig(

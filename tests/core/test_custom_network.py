@@ -19,7 +19,7 @@ from jaxppo import cli
 from jaxppo.config import ConfigError, NetworkConfig, PPOConfig
 from jaxppo.core.networks import MLP, _dense
 from jaxppo.examples.networks import LayerNormActorCritic, LSTMActorCritic
-from jaxppo.resolve import resolve
+from jaxppo.program.resolved import resolve
 
 BASE = PPOConfig(
     env="CartPole-v1", num_envs=4, num_steps=16, total_timesteps=3 * 64, num_minibatches=2,

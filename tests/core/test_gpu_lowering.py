@@ -58,7 +58,8 @@ def custom_calls(module_text: str) -> list[str]:
 def _configs():
     import jaxppo
     from jaxppo.core.hyperparams import HyperParams
-    from jaxppo.resolve import Layout, resolve
+    from jaxppo.program.layout import Layout
+    from jaxppo.program.resolved import resolve
     from jaxppo.search.sweep import sample_hparams
 
     base = jaxppo.PPOConfig(
@@ -86,8 +87,8 @@ def _lower_case(config, layout, hp) -> dict:
     import jax.numpy as jnp
 
     from jaxppo.core.hyperparams import HyperParams
-    from jaxppo.program import build_program
-    from jaxppo.resolve import resolve
+    from jaxppo.program.build import build_program
+    from jaxppo.program.resolved import resolve
 
     run = resolve(config, layout)
     hp = HyperParams.from_config(run.config) if hp is None else hp

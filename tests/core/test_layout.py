@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from jaxppo.config import PPOConfig
-from jaxppo.resolve import MIN_ENVS_PER_DEVICE, Layout, auto_layout, describe_layout
+from jaxppo.program.layout import MIN_ENVS_PER_DEVICE, Layout, auto_layout, describe_layout
 
 
 # ---------------------------------------------------------------------- the auto choice
@@ -117,7 +117,7 @@ def test_import_gives_jax_one_cpu_device_per_core():
     """In fresh processes: one device per core (the default), N with JAXPPO_CPU_DEVICES=N,
     the user's XLA_FLAGS kept, and a backend started before the import left as it is, with
     a note at the run that would have used more devices."""
-    early = ("from jaxppo.resolve import resolve; "
+    early = ("from jaxppo.program.resolved import resolve; "
              "resolve(jaxppo.PPOConfig(num_seeds=4, num_envs=4), 'local')")
     cases = {  # name -> (process, expected devices, expected action)
         "default": (_probe({}), len(os.sched_getaffinity(0)), "set"),

@@ -29,7 +29,7 @@ def test_cnn_torso_is_chosen_for_image_observations_and_runs():
     cfg = jaxppo.PPOConfig(env="Breakout-MinAtar", num_envs=4, num_steps=8, num_minibatches=2,
                            num_epochs=1, total_timesteps=32, compilation_cache_dir=None,
                            network=jaxppo.NetworkConfig((16,), activation="relu"))
-    algo = Algorithm.create(cfg)
+    algo = Algorithm.create(jaxppo.resolve(cfg))
     assert algo.network.torso == "cnn"
     hp = HyperParams.from_config(cfg)
     state = jax.jit(ppo.init, static_argnums=0)(algo, jax.random.PRNGKey(0), hp)
@@ -37,7 +37,7 @@ def test_cnn_torso_is_chosen_for_image_observations_and_runs():
     assert conv.shape == (3 * 3 * 4, 16)  # a 3x3 conv over 4 channels, 16 out
     state, m = jax.jit(ppo.iteration, static_argnums=0)(algo, state, hp)
     assert np.isfinite(float(m["policy_loss"]))
-    assert Algorithm.create(cfg.replace(env="CartPole-v1")).network.torso == "mlp"
+    assert Algorithm.create(jaxppo.resolve(cfg.replace(env="CartPole-v1"))).network.torso == "mlp"
 
 
 def test_pooled_cnn_torso_equals_conv_then_average_pool_then_dense():
@@ -66,7 +66,7 @@ def test_pooled_cnn_torso_equals_conv_then_average_pool_then_dense():
 def test_cnn_torso_on_flat_observations_is_a_config_error():
     cfg = jaxppo.PPOConfig(env="CartPole-v1", network=jaxppo.NetworkConfig(torso="cnn"))
     try:
-        Algorithm.create(cfg)
+        Algorithm.create(jaxppo.resolve(cfg))
     except jaxppo.ConfigError as e:
         assert "network.torso='cnn' needs image observations" in str(e)
     else:
@@ -108,7 +108,7 @@ def _batch_with_log_std(log_std):
 
 
 def test_minibatches_keep_a_per_sample_log_std_with_its_sample_and_share_a_vector_one():
-    algo = Algorithm.create(PENDULUM)
+    algo = Algorithm.create(jaxppo.resolve(PENDULUM))
     idx = jnp.array([[2, 0, 3], [1, 3, 0]])  # [T/M, E]: each env's own time indices
     per = ppo.gather_minibatch(
         algo, _batch_with_log_std(lambda t: jnp.stack([t / 100, -t / 100], -1)), idx)
@@ -126,7 +126,7 @@ def test_state_dependent_std_batch_replays_the_rollout_and_trains(recurrent):
     net = jaxppo.NetworkConfig((16,), state_dependent_std=True, log_std_init=-0.5,
                                recurrent_size=8 if recurrent else 0)
     cfg = PENDULUM.replace(network=net)
-    algo = Algorithm.create(cfg)
+    algo = Algorithm.create(jaxppo.resolve(cfg))
     hp = HyperParams.from_config(cfg)
     state = jax.jit(ppo.init, static_argnums=0)(algo, jax.random.PRNGKey(0), hp)
     rolled, traj = jax.jit(ppo.rollout, static_argnums=0)(algo, state, hp)

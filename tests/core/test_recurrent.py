@@ -13,7 +13,7 @@ from jaxppo.core.collectives import minibatch_indices
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.core.losses import ppo_loss_terms
 from jaxppo.core.networks import ActorCritic, RecurrentActorCritic, log_prob
-from jaxppo.resolve import Layout
+from jaxppo.program.layout import Layout
 
 # MemoryChain with memory_length=3: the context bit is shown only at the start and must be
 # recalled 3 steps later for +1 (a wrong answer gives -1), so any memoryless policy averages 0.
@@ -25,7 +25,7 @@ MEMORY = jaxppo.PPOConfig(
 
 
 def _algo(cfg=MEMORY):
-    algo = Algorithm.create(cfg)
+    algo = Algorithm.create(jaxppo.resolve(cfg))
     return algo, HyperParams.from_config(algo.config)
 
 

@@ -1003,7 +1003,8 @@ def test_jaxppo_search_hosts_runs_the_multi_host_driver_on_a_search(tmp_path, ca
 
     code = main(["search", "--hosts", "2", "--env", "CartPole-v1", "--runs-dir", str(tmp_path)])
     assert code == 2 and "needs a `search`" in capsys.readouterr().err  # before any cluster
-    from jaxppo.resolve import Layout, resolve
+    from jaxppo.program.layout import Layout
+    from jaxppo.program.resolved import resolve
 
     cfg = tiny(num_seeds=6, search={"lr": {"uniform": [1e-4, 1e-2]}}, pbt={"interval": 1})
     with pytest.raises(jaxppo.ConfigError, match="members over 4 hosts"):

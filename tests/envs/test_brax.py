@@ -180,7 +180,7 @@ def test_gymnax_training_never_imports_brax():
     code = textwrap.dedent("""
         import sys
         import jaxppo
-        from jaxppo.resolve import resolve
+        from jaxppo.program.resolved import resolve
         assert "brax" not in sys.modules
         cfg = jaxppo.PPOConfig(num_envs=2, num_steps=8, num_minibatches=2, num_epochs=1,
                                total_timesteps=16, network=jaxppo.NetworkConfig((8,)),

@@ -697,10 +697,10 @@ def test_a_program_too_big_for_the_memory_is_refused_before_it_runs(tmp_path, mo
     """XLA's figure for the compiled program against the free memory (here 1 KiB; the
     estimate before compiling is left out to reach it): a ConfigError with the need, the free
     memory, the largest parts with their fields, and the field to lower; no folder."""
-    from jaxppo import program
+    from jaxppo.program import memory
 
-    monkeypatch.setattr(program, "free_memory", lambda: 1024)
-    monkeypatch.setattr(program, "check_memory_estimate", lambda *args: None)
+    monkeypatch.setattr(memory, "free_memory", lambda: 1024)
+    monkeypatch.setattr(memory, "check_memory_estimate", lambda *args: None)
     with pytest.raises(ConfigError, match=r"the training program needs about [\d.]+ KiB of working "
                                           r"memory beyond its state, but 1\.0 KiB is free on .*"
                                           r"\(network\.hidden_sizes=\[16, 16\]: 755 parameters per "

@@ -119,7 +119,7 @@ def test_algorithm_evaluate_with_a_hand_made_policy(bias, deterministic, expecte
     cfg = PPOConfig(env=ENV, env_kwargs={"min_len": 5, "max_len": 5}, num_envs=4, num_steps=16,
                     network=NetworkConfig((8,)), eval_episodes=6,
                     eval_deterministic=deterministic, compilation_cache_dir=None).validate()
-    algo = Algorithm.create(cfg)
+    algo = Algorithm.create(jaxppo.resolve(cfg))
     params = algo.network.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)))
     head = params["params"]["policy_head"]
     params["params"]["policy_head"] = {"kernel": jnp.zeros_like(head["kernel"]),

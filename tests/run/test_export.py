@@ -47,7 +47,7 @@ def _random_obs(n, dim, scale=2.0, seed=0):
 def _handmade(config, seed=1):
     """A policy with random params (not PPO's tiny policy-head init, so actions differ from
     state to state) and observation statistics far from the identity."""
-    algo = Algorithm.create(config)
+    algo = Algorithm.create(jaxppo.resolve(config))
     params = algo.network.init(jax.random.PRNGKey(seed), jnp.zeros((1, algo.spec.obs_dim)))
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(seed + 1), len(leaves))
@@ -229,7 +229,7 @@ def test_onnx_continuous_matches_load_policy(runs, tmp_path):
 def _jax_sample(policy, obs, noise):
     """jaxppo's sample for given Gaussian noise (what `policy(obs, key)` does with its own)."""
     from jaxppo.core import networks
-    from jaxppo.envs.make import env_action
+    from jaxppo.envs.spec import env_action
 
     algo = policy.algorithm
     obs_in = algo.obs_in(policy.obs_stats, jnp.asarray(obs))

@@ -49,7 +49,7 @@ def _legal(actions, masks) -> bool:
 
 def _unmasked_policy():
     """An untrained policy of the same env trained without its mask (mask_actions=false)."""
-    algo = Algorithm.create(jaxppo.PPOConfig(env=ENV, mask_actions=False))
+    algo = Algorithm.create(jaxppo.resolve(jaxppo.PPOConfig(env=ENV, mask_actions=False)))
     params = algo.network.init(jax.random.PRNGKey(0), np.zeros((1, OBS), np.float32))
     return Policy(algo, params, RunningStats.create((OBS,)))
 

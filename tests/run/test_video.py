@@ -33,7 +33,7 @@ def cartpole_run(tmp_path_factory):
 
 
 def _handmade(config):
-    algo = Algorithm.create(config)
+    algo = Algorithm.create(jaxppo.resolve(config))
     params = algo.network.init(jax.random.PRNGKey(0), jnp.zeros((1, algo.spec.obs_dim)))
     return Policy(algo, params, RunningStats.create((algo.spec.obs_dim,)))
 

@@ -17,9 +17,9 @@ import yaml
 import jaxppo
 from jaxppo.core.algorithm import PopulationRecord
 from jaxppo.errors import ConfigError
-from jaxppo.program import build_program
+from jaxppo.program.build import build_program
 from jaxppo.search.pbt import LEARNER_FIELDS, Explorer
-from jaxppo.resolve import resolve
+from jaxppo.program.resolved import resolve
 from jaxppo.search.sweep import sample_hparams
 
 SEARCH = {"lr": {"loguniform": [1e-4, 1e-2]}, "clip_param": {"uniform": [0.1, 0.3]},

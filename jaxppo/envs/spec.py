@@ -1,0 +1,102 @@
+"""What the policy and the PPO step know of an env: its `EnvSpec` (the env with its params,
+observation shape, action space and action mask), observations flattened for the network, and
+the policy's actions as the env takes them; and the config's reward hooks (built by
+jaxppo.envs.transforms) run over a rollout. `jaxppo.envs.make` builds the spec; jaxppo.core
+reads it and imports nothing else of envs/.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class EnvSpec(NamedTuple):
+    """An environment and what the networks need to know about it.
+
+    Attributes:
+      env: the env (gymnax API), transforms included.
+      env_params: the params its reset and step take.
+      obs_shape: one observation's shape.
+      discrete: Discrete actions (else a Box).
+      action_dim: the number of actions (discrete) or the action vector's size.
+      action_low, action_high: a Box's bounds [action_dim] (None for discrete actions).
+      action_mask: `action_mask(state, params) -> bool [action_dim]` (true = legal) of one
+        env's state, when the policy masks illegal actions (`env_action_mask`); else None.
+    """
+
+    env: Any
+    env_params: Any
+    obs_shape: tuple[int, ...]
+    discrete: bool
+    action_dim: int  # number of actions (discrete) or action vector size (continuous)
+    action_low: np.ndarray | None  # continuous bounds, broadcast to [action_dim]
+    action_high: np.ndarray | None
+    action_mask: Any = None
+
+    @property
+    def masked(self) -> bool:
+        """True when the policy's illegal actions are masked (the env gives a mask)."""
+        return self.action_mask is not None
+
+    def masks(self, env_state) -> jax.Array | None:
+        """The action masks [E, action_dim] of a batch of env states [E, ...] (None when
+        unmasked)."""
+        if self.action_mask is None:
+            return None
+        return jax.vmap(self.action_mask, in_axes=(0, None))(env_state, self.env_params)
+
+    @property
+    def obs_dim(self) -> int:
+        return int(np.prod(self.obs_shape))
+
+    @property
+    def host_loop(self) -> bool:
+        """True when the env steps in Python (a gymnasium env: jaxppo.run.hostloop runs it)."""
+        return bool(getattr(self.env, "host_loop", False))
+
+
+def env_action(spec: EnvSpec, action: jax.Array) -> jax.Array:
+    """A policy action [...] or [..., action_dim] as env.step takes it (clipped to bounds)."""
+    if spec.discrete:
+        return action
+    action = jnp.clip(action, spec.action_low, spec.action_high)
+    if spec.env.action_space(spec.env_params).shape == ():
+        return action[..., 0]
+    return action
+
+
+def flatten_obs(obs: jax.Array, obs_shape: tuple[int, ...]) -> jax.Array:
+    """[..., *obs_shape] -> [..., prod(obs_shape)] float32."""
+    lead = obs.shape[: obs.ndim - len(obs_shape)]
+    return obs.reshape(lead + (-1,)).astype(jnp.float32)
+
+
+def init_reward_hooks(hooks, spec: EnvSpec) -> tuple:
+    """Initial states of `hooks` (jaxppo.envs.transforms.RewardHook), one each; () for none."""
+    return tuple(h.init(spec) for h in hooks)
+
+
+def apply_reward_hooks(hooks, hook_state: tuple, traj, rewards, axis_name=None):
+    """Runs reward hooks in order over the rollout batch.
+
+    Args:
+      hooks: the config's reward hooks (jaxppo.envs.transforms.reward_hooks).
+      hook_state: one state per hook (`init_reward_hooks`).
+      traj: the batch, leading axes [T, E].
+      rewards: [T, E], the env's rewards.
+      axis_name: the pmap axis of a batch split over devices, or None.
+
+    Returns:
+      (rewards [T, E], the new hook_state).
+    """
+    if not hooks:
+        return rewards, hook_state
+    new_states = []
+    for hook, st in zip(hooks, hook_state):
+        st, rewards = hook(st, traj._replace(reward=rewards), axis_name)
+        new_states.append(st)
+    return rewards, tuple(new_states)

@@ -1,0 +1,243 @@
+"""`resolve(config)`: everything a run derives from its config, worked out and checked once.
+
+`resolve` validates the config (`PPOConfig.validate`: each field's declared check, then the
+rules between fields), once per run. What needs more than the config (the env and its
+spaces, the transforms, the network's torso, the devices the envs are split over, the bound
+on an evaluation episode) is worked out here too, by `train`, `make_train`, `load_policy` and
+the multi-host entry; the rest of the package takes the `Resolved` it returns and checks
+nothing again. The device layout comes from jaxppo.program.layout, a user's network module
+from jaxppo.program.user_network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxppo.core import networks
+from jaxppo.config import NetworkConfig, PPOConfig, require_config
+from jaxppo.envs.make import make_env
+from jaxppo.envs.spec import EnvSpec
+from jaxppo.envs.record import listed
+from jaxppo.errors import ConfigError
+from jaxppo.core.evaluation import eval_max_steps
+from jaxppo.envs.gymnasium_env import check_config as check_host_loop_config
+from jaxppo.envs.transforms import reward_hooks
+from jaxppo.program.layout import (Layout, check_minibatches, check_split, describe_layout,
+                                   host_layout, local_layout, splits_population)
+from jaxppo.program.user_network import check_custom_network, user_module
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A checked config and what it derives: the env, the network, the device layout, the
+    reward hooks."""
+
+    config: PPOConfig
+    spec: EnvSpec
+    network: Any  # a flax module with __call__(obs, carry, reset) -> (dist, value, carry)
+    layout: Layout
+    eval_max_steps: int | None  # bound on an evaluation episode; None if the env has none
+    reward_hooks: tuple = ()  # the config's reward hooks (jaxppo.envs.transforms), in order
+
+    def with_layout(self, layout: Layout | None) -> "Resolved":
+        """The same run on another layout (None: one device), checked for it."""
+        layout = layout or Layout()
+        check_split(self.config, layout)
+        check_minibatches(self.config, self.recurrent, layout)
+        return dataclasses.replace(self, layout=layout)
+
+    @property
+    def host_loop(self) -> bool:
+        """True when the env steps in Python (gymnasium): `jaxppo.run.hostloop` runs the run."""
+        return self.spec.host_loop
+
+    @property
+    def recurrent(self) -> bool:
+        """True when the network carries a state from step to step (a GRU core, or a user's
+        module with an initial_carry)."""
+        return networks.is_recurrent(self.network)
+
+    @property
+    def num_iterations(self) -> int:
+        return self.config.num_iterations
+
+    @property
+    def splits_population(self) -> bool:
+        """True when the shards hold different members of a PBT population (each member's
+        envs all on one shard) rather than parts of every member's envs."""
+        return splits_population(self.config, self.layout)
+
+    @property
+    def splits_seeds(self) -> bool:
+        """True when the shards hold different seeds (or sweep members), whole."""
+        return self.layout.by_seed and self.layout.shards > 1
+
+    @property
+    def local_envs(self) -> int:
+        """Envs on each shard (device) of the layout (of each member on it)."""
+        if self.splits_population or self.splits_seeds:
+            return self.config.num_envs
+        return self.config.num_envs // self.layout.shards
+
+    @property
+    def layout_text(self) -> str:
+        """What the layout does, in one line (`describe_layout`)."""
+        return describe_layout(self.config, self.layout)
+
+
+def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
+    """Check `config` completely and derive what a run needs; ConfigError otherwise.
+
+    layout: None (one device: `make_train`, `load_policy`), "local" (config.num_devices of
+    this host's devices, default all), "hosts" (the same on every process of a
+    `jax.distributed` group) or a `Layout`.
+    """
+    config = require_config(config).validate()
+    given_size, config = config.minibatch_size, _sized_minibatches(config)
+    _check_backend()
+    hooks = tuple(reward_hooks(config))  # every transform entry checked
+    spec = make_env(config)
+    _check_for_env(config, spec)
+    module = user_module(config.network) if config.network.custom else None
+    network = networks.make_network(config, spec, module)
+    if config.network.custom:
+        check_custom_network(config, spec, network)
+    if spec.host_loop:  # one process, one device (jaxppo.run.hostloop)
+        check_host_loop_config(config, layout)
+        layout = None
+    recurrent = networks.is_recurrent(network)
+    if layout is None:
+        layout = Layout()
+    elif layout == "local":
+        layout = local_layout(config, recurrent)
+    elif layout == "hosts":
+        layout = host_layout(config, recurrent)
+    check_split(config, layout)
+    try:
+        check_minibatches(config, recurrent, layout)
+    except ConfigError as e:
+        if given_size is None:
+            raise
+        raise ConfigError(f"minibatch_size={given_size} makes num_minibatches="
+                          f"{config.num_minibatches} ({config.batch_size} / {given_size}): "
+                          f"{e}") from None
+    bound = None
+    if config.eval_every or config.eval_max_steps is not None or hasattr(
+            spec.env_params, "max_steps_in_episode"):
+        bound = eval_max_steps(config, spec.env_params)
+    return Resolved(config, spec, network, layout, bound, hooks)
+
+
+def _sized_minibatches(config: PPOConfig) -> PPOConfig:
+    """A config sized by minibatch_size as the same config sized by num_minibatches (num_envs
+    * num_steps / minibatch_size), which is what the rest of the package reads."""
+    if config.minibatch_size is None:
+        return config
+    return config.replace(num_minibatches=config.batch_size // config.minibatch_size,
+                          minibatch_size=None)
+
+
+def note_partial_batch(config: PPOConfig) -> None:
+    """Say once, where a run starts training, that a budget which is not a whole number of
+    batches is rounded down (loading a policy or a worker's own resolve says nothing)."""
+    if config.total_timesteps % config.batch_size:
+        warnings.warn(
+            f"total_timesteps={config.total_timesteps} is not a multiple of the batch "
+            f"(num_envs*num_steps = {config.batch_size}): the run does {config.num_iterations} "
+            f"iteration(s) = {config.num_iterations * config.batch_size} env steps per seed",
+            stacklevel=3)
+
+
+def _check_backend() -> None:
+    """JAX's backend starts, or a ConfigError that says why (JAX's own error for a platform
+    this machine lacks, e.g. JAX_PLATFORMS=cuda without a GPU, can be a bare AssertionError)."""
+    try:
+        jax.devices()
+    except Exception as e:  # noqa: BLE001 - any failure here means the same to the user
+        platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or ""
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ConfigError(
+            "JAX cannot start a backend" + (f" for JAX_PLATFORMS={platforms!r}" if platforms else "")
+            + f" ({reason}). Unset JAX_PLATFORMS (or set it to cpu) to train on this machine's "
+            "CPU, or install jax for that platform (e.g. pip install 'jax[cuda12]' for an NVIDIA "
+            "GPU)") from None
+
+
+def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
+    """Options that mean nothing for this env are errors, not silently ignored."""
+    net = config.network
+    if spec.discrete:
+        given = [f"network.{name}={getattr(net, name)!r}" for name, default in
+                 (("state_dependent_std", False), ("log_std_init", 0.0))
+                 if getattr(net, name) != default]
+        if given:
+            raise ConfigError(
+                f"{' and '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to the "
+                "Gaussian of continuous actions, but "
+                f"{config.env_name} has {spec.action_dim} discrete actions; remove "
+                f"{'them' if len(given) > 1 else 'it'}")
+    steps = getattr(spec.env_params, "max_steps_in_episode", None)
+    if steps is not None and (not _is_real(steps) or steps < 1):
+        raise ConfigError(
+            f"max_steps_in_episode={_plain_value(steps)!r} (env_kwargs/env_params) must be >= "
+            f"1: it is the episode's time limit in steps (the {config.env_name} default is "
+            f"{_default_limit(config)})")
+    _check_conv_options(config, spec)
+
+
+def _is_real(v) -> bool:
+    """A real number (Python, numpy or a 0-d array), not a bool or a string."""
+    return (np.ndim(v) == 0 and not isinstance(v, (bool, str, bytes))
+            and np.issubdtype(np.asarray(v).dtype, np.number))
+
+
+def _plain_value(v):
+    return v.item() if hasattr(v, "item") and np.ndim(v) == 0 else v
+
+
+def _check_conv_options(config: PPOConfig, spec: EnvSpec) -> None:
+    """network.conv_* only shape a CNN torso, a kernel wider than the image is padding, and
+    pooling must leave at least one pixel."""
+    net, default = config.network, NetworkConfig()
+    torso = networks.resolve_torso(config, spec)
+    if torso != "cnn":
+        given = [f"network.{name}={listed(getattr(net, name))!r}"
+                 for name in ("conv_channels", "conv_kernel", "conv_pool")
+                 if getattr(net, name) != getattr(default, name)]
+        if given:
+            why = ("network.torso is 'mlp'" if net.torso == "mlp" else
+                   f"{config.env_name}'s observations {spec.obs_shape} are not images [H, W, C], "
+                   "so network.torso='auto' is the MLP")
+            raise ConfigError(
+                f"{' and '.join(given)} only {'shape' if len(given) > 1 else 'shapes'} a CNN "
+                f"torso, but {why}; remove "
+                f"{'them' if len(given) > 1 else 'it'}")
+        return
+    side = max(spec.obs_shape[:2])
+    if net.conv_kernel > side:
+        raise ConfigError(
+            f"network.conv_kernel={net.conv_kernel} is wider than {config.env_name}'s "
+            f"{spec.obs_shape[0]}x{spec.obs_shape[1]} images (each window would be mostly "
+            f"padding); use a kernel of at most {side}, e.g. 3")
+    h, w = spec.obs_shape[:2]
+    for _ in net.conv_channels:
+        h, w = h // net.conv_pool, w // net.conv_pool
+    if min(h, w) < 1:
+        raise ConfigError(
+            f"network.conv_pool={net.conv_pool} after each of {len(net.conv_channels)} conv "
+            f"layer(s) shrinks {config.env_name}'s {spec.obs_shape[0]}x{spec.obs_shape[1]} "
+            "images to nothing; use fewer conv layers or a smaller conv_pool")
+
+
+def _default_limit(config: PPOConfig):
+    try:
+        return int(make_env(config.replace(env_kwargs={}, env_params=None)).env_params.max_steps_in_episode)
+    except Exception:  # noqa: BLE001 - only for the message
+        return "unknown"
