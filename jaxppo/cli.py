@@ -440,8 +440,6 @@ def _train(args) -> int:
     except (ConfigError, CheckpointError) as e:
         return command.fail(e)
     print(f"config: {source}; run folder: {run_dir}", file=sys.stderr)
-    print("compiling the training program (a few seconds; cached for the next run) ...",
-          file=sys.stderr, flush=True)
     # SIGINT/SIGTERM: the first stops after the running chunk, a second at once (exit 130/143).
     with StopSignals(exit_at_once=True, command=f"jaxppo {args.command}"):
         try:

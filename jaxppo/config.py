@@ -147,7 +147,7 @@ class PPOConfig:
                           check=cf.integer(1), section="batch shape")
     num_steps: int = field(128, "rollout length per env per iteration", role=SHAPE,
                            check=cf.integer(1))
-    total_timesteps: int = field(500_000, "env steps per seed",
+    total_timesteps: int = field(500_000, "env steps per seed (rounded down to whole batches)",
                                  check=cf.integer(1, most=(MAX_TIMESTEPS, _LAST_STEP)))
     num_epochs: int = field(4, "passes over each batch", check=cf.integer(1))
     num_minibatches: int = field(4, "minibatches per epoch", check=cf.integer(1))

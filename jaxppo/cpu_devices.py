@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
+
+from jaxppo.errors import warn
 
 ENV_VAR = "JAXPPO_CPU_DEVICES"
 XLA_FLAG = "xla_force_host_platform_device_count"
@@ -81,8 +82,8 @@ def wanted(environ=os.environ, num_cores: int | None = None) -> int:
     except ValueError:
         n = 0
     if n < 1:
-        warnings.warn(f"{ENV_VAR}={value!r} is not a positive integer (1 = one CPU device, N = N "
-                      "devices, unset = one per core); using one CPU device", stacklevel=3)
+        warn(f"{ENV_VAR}={value!r} is not a positive integer (1 = one CPU device, N = N "
+             "devices, unset = one per core); using one CPU device")
         return 1
     return n
 

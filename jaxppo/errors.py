@@ -64,3 +64,17 @@ class ExportError(RuntimeError):
 class VideoError(RuntimeError):
     """A video that cannot be made: an env jaxppo cannot draw, or a format whose writer is
     missing; the message names the envs and formats that work, or the install."""
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """`warnings.warn` attributed to the first caller outside jaxppo: the user's own line
+    (`train(...)` in their script), not the jaxppo module that noticed the problem."""
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 2  # stacklevel 2: the caller of warn
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

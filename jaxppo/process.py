@@ -1,13 +1,14 @@
 """Process-level facts and settings: the package version, process uptime, the persistent
-compilation cache. A leaf module (imports nothing from jaxppo)."""
+compilation cache. A leaf module (imports only jaxppo.errors)."""
 
 from __future__ import annotations
 
 import os
 import time
-import warnings
 
 import jax
+
+from jaxppo.errors import warn
 
 __version__ = "0.1.0"
 
@@ -44,9 +45,8 @@ def enable_compilation_cache(path: str | None) -> None:
     except OSError as e:
         writable, reason = False, e.strerror or str(e)
     if not writable:
-        warnings.warn(f"the compilation cache is off for this run: {path} cannot be used ({reason}); "
-                      "set compilation_cache_dir to a writable folder, or null to silence this",
-                      stacklevel=2)
+        warn(f"the compilation cache is off for this run: {path} cannot be used ({reason}); "
+             "set compilation_cache_dir to a writable folder, or null to silence this")
         return
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -321,9 +322,11 @@ def test_bad_train_input_in_process_exits_2_and_creates_nothing(tmp_path, capsys
                       "--runs-dir", str(runs), "--no-progress", "--no-plot")
     assert code == 2, err
     # The error is the last line; checks that need the env come after the "config: ...;
-    # run folder: ..." and "compiling ..." lines (nothing is compiled or written then).
+    # run folder: ..." line, and every check before "compiling ..." (nothing is compiled or
+    # written then).
     lines = err.strip().splitlines()
-    assert lines[-1].startswith("error: ") and "Traceback" not in err and len(lines) <= 3, err
+    assert lines[-1].startswith("error: ") and "Traceback" not in err and len(lines) <= 2, err
+    assert "compiling" not in err, err
     for w in words:
         assert w in lines[-1], (w, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no runs dir, no ../escape
@@ -388,3 +391,16 @@ def test_plot_of_a_run_with_a_damaged_config_yaml_draws_with_a_note(tmp_path, ca
         code, err = _main(capsys, "plot", str(run), "-o", str(tmp_path / "o.png"))
     assert code == 0 and (tmp_path / "o.png").stat().st_size > 0, err
     assert "Traceback" not in err
+
+
+def test_compiling_is_said_once_the_checks_pass_with_the_time_it_took(tmp_path, capsys):
+    """Not a promise of seconds before the checks, but a line once they have passed and the
+    time compiling took (a line per step when stderr is not a terminal, as here)."""
+    code, err = _main(capsys, "train", "--env", "CartPole-v1", "--set", *TINY_SET,
+                      "--runs-dir", str(tmp_path), "--run-name", "r", "--no-plot")
+    assert code == 0, err
+    lines = err.splitlines()
+    i = lines.index("compiling the training program ...")
+    assert lines[0].startswith("config: ") and i == 1, err
+    assert re.fullmatch(r"compiling the training program \.\.\. done in \d+\.\d s", lines[i + 1]), err
+    assert lines[i + 2].startswith("layout: "), err

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 import yaml
 
@@ -597,6 +599,16 @@ def test_total_timesteps_beyond_the_int32_counter_is_refused_and_a_partial_batch
     with pytest.warns(UserWarning, match=r"total_timesteps=1000 is not a multiple of the batch "
                                          r"\(num_envs\*num_steps = 64\): the run does 15 iteration\(s\) = 960"):
         note_partial_batch(resolve(BASE.replace(total_timesteps=1000)).config)
+    with warnings.catch_warnings():  # 1e5 + 10 loses 10 steps (0.01%): nothing is said
+        warnings.simplefilter("error")
+        note_partial_batch(resolve(BASE.replace(total_timesteps=100_010)).config)
+
+
+def test_warnings_point_at_the_users_line(recwarn):
+    """A warning from deep inside jaxppo is attributed to the caller's own line."""
+    note_partial_batch(resolve(BASE.replace(total_timesteps=1000)).config)
+    (w,) = [w for w in recwarn if "not a multiple of the batch" in str(w.message)]
+    assert w.filename == __file__, w.filename
 
 
 # ------------------------------------------------------------------ config files and --set text

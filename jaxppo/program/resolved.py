@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ from jaxppo.config import NetworkConfig, PPOConfig, require_config
 from jaxppo.envs.make import make_env
 from jaxppo.envs.spec import EnvSpec
 from jaxppo.envs.record import listed
-from jaxppo.errors import ConfigError
+from jaxppo.errors import ConfigError, warn
 from jaxppo.core.evaluation import eval_max_steps
 from jaxppo.envs.gymnasium_env import check_config as check_host_loop_config
 from jaxppo.envs.transforms import reward_hooks
@@ -146,13 +145,13 @@ def _sized_minibatches(config: PPOConfig) -> PPOConfig:
 
 def note_partial_batch(config: PPOConfig) -> None:
     """Say once, where a run starts training, that a budget which is not a whole number of
-    batches is rounded down (loading a policy or a worker's own resolve says nothing)."""
-    if config.total_timesteps % config.batch_size:
-        warnings.warn(
-            f"total_timesteps={config.total_timesteps} is not a multiple of the batch "
-            f"(num_envs*num_steps = {config.batch_size}): the run does {config.num_iterations} "
-            f"iteration(s) = {config.num_iterations * config.batch_size} env steps per seed",
-            stacklevel=3)
+    batches is rounded down, when that drops more than 1% of it: a round budget such as 1e6
+    rounded to whole batches of a tuned config is what the user asked for, and says nothing
+    (loading a policy or a worker's own resolve says nothing either)."""
+    if config.total_timesteps % config.batch_size > 0.01 * config.total_timesteps:
+        warn(f"total_timesteps={config.total_timesteps} is not a multiple of the batch "
+             f"(num_envs*num_steps = {config.batch_size}): the run does {config.num_iterations} "
+             f"iteration(s) = {config.num_iterations * config.batch_size} env steps per seed")
 
 
 def _check_backend() -> None:

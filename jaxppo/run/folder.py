@@ -30,7 +30,6 @@ import logging
 import math
 import os
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_
 from jaxppo.config import LOCKED_FIELDS, PPOConfig
 from jaxppo.envs.make import refuse_imports
 from jaxppo.envs.record import listed
-from jaxppo.errors import CheckpointError, ConfigError, RunFolderError
+from jaxppo.errors import CheckpointError, ConfigError, RunFolderError, warn
 from jaxppo.search import results
 from jaxppo.run.files import name_too_long, refuse_links
 from jaxppo.run.plots import plot_runs, plot_search
@@ -149,8 +148,8 @@ class RunFolder:
             try:
                 plot_runs([self.path], self.path / "curve.png", labels=[label or name], title=title)
             except (OSError, ValueError) as e:
-                warnings.warn(f"curve.png was not written ({_reason(e)}); draw it later with "
-                              f"`jaxppo plot {self.path}`", stacklevel=2)
+                warn(f"curve.png was not written ({_reason(e)}); draw it later with "
+                     f"`jaxppo plot {self.path}`")
         if self.log.wandb is not None:  # the summary and curve.png to W&B
             self.log.wandb.finish(info, self.path / "curve.png" if plot else None)
         return info
@@ -167,7 +166,7 @@ class RunFolder:
             try:
                 plot_search(rec, self.path / results.PLOT_FILE)
             except (OSError, ValueError) as e:
-                warnings.warn(f"{results.PLOT_FILE} was not written ({_reason(e)})", stacklevel=3)
+                warn(f"{results.PLOT_FILE} was not written ({_reason(e)})")
 
     def close(self) -> None:
         """Wait for a checkpoint still being written, then release the folder. When another

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxppo.errors import warn
 from jaxppo.run.logs import read_metrics
 from jaxppo.search.results import SEARCH_FILE, lineage
 from jaxppo.search.sweep import SWEPT_CONFIG_FIELDS, fmt_value, read_record
@@ -225,8 +226,8 @@ def _flat_config(run) -> dict:
     except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
         data = e
     if not isinstance(data, dict):  # the legend then names the folder; the curves need no config
-        warnings.warn(f"{path} is not a readable config (a mapping of fields); the legend "
-                      "leaves out its config fields", stacklevel=2)
+        warn(f"{path} is not a readable config (a mapping of fields); the legend "
+             "leaves out its config fields")
         return {}
     flat = {}
     for k, v in data.items():

@@ -1,10 +1,13 @@
 """Progress between a run's chunks (`Reporter`): a rich bar on a terminal, a plain line per
-chunk otherwise, with the recent return, steps/s, the ETA and the last evaluation."""
+chunk otherwise, with the recent return, steps/s, the ETA and the last evaluation; and the
+note while the program compiles (`compiling`)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+import threading
 import time
 
 import numpy as np
@@ -112,3 +115,38 @@ class Reporter:
     def close(self):
         if self.bar is not None:
             self.bar.stop()
+
+
+@contextlib.contextmanager
+def compiling(progress: bool | None, what: str = "the training program"):
+    """Say that `what` compiles, once every check has passed: on a terminal one line that counts
+    the seconds, otherwise a line at the start; then how long it took. Nothing when progress is
+    False. Compiling takes from a second to a minute (a CNN, a GRU, many seeds with evaluation
+    on 2 cores), and the persistent cache makes a rerun of the same program quick."""
+    if progress is False:
+        yield
+        return
+    live, t0, done = sys.stderr.isatty(), time.perf_counter(), threading.Event()
+
+    def tick():
+        while not done.wait(1.0):
+            print(f"\rcompiling {what} ... {time.perf_counter() - t0:.0f} s", end="",
+                  file=sys.stderr, flush=True)
+
+    ticker = threading.Thread(target=tick, name="jaxppo-compiling", daemon=True)
+    print(f"compiling {what} ...", end="" if live else "\n", file=sys.stderr, flush=True)
+    if live:
+        ticker.start()
+    try:
+        yield
+    except BaseException:  # the error's own message follows on a line of its own
+        done.set()
+        if live:
+            print(file=sys.stderr, flush=True)
+        raise
+    done.set()
+    if live:
+        ticker.join()
+    start = "\r" if live else ""
+    print(f"{start}compiling {what} ... done in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr, flush=True)

@@ -31,6 +31,7 @@ from jaxppo.program.layout import Layout
 from jaxppo.program.resolved import Resolved, note_partial_batch, resolve
 from jaxppo.run.folder import ResumePoint, begin_resume, check_start
 from jaxppo.run.logs import check_wandb
+from jaxppo.run.progress import compiling
 from jaxppo.run.result import TrainResult
 from jaxppo.run.runner import Runner
 from jaxppo.run.schedules import continue_schedules, schedule_record
@@ -209,7 +210,8 @@ def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig 
             point.close()
     config = start.resolved.config
     env = {"env": config.env_name}
-    runner = make_runner(start)
+    with compiling(progress):
+        runner = make_runner(start)
     try:
         # Every check has passed: from here on the run folder may be written to.
         folder = open_folder(run_dir, config, start.iteration if point is not None else None)
