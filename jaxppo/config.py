@@ -555,15 +555,26 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+# How config.yaml records a reward hook given as a Python function (by its name only).
+FUNCTION_HOOK = "reward_hook_function"
+
+
+def function_hooks(entries) -> list[str]:
+    """The names of the reward hooks in a config's transforms that are Python functions."""
+    return [e[FUNCTION_HOOK] for e in transforms_to_list(entries)
+            if isinstance(e, dict) and set(e) == {FUNCTION_HOOK}]
+
+
 def transforms_to_list(entries) -> list:
     """JSON/YAML-friendly form of a config's transforms: transform objects become their
-    `to_config()` ({name: kwargs}, or their name), functions their name."""
+    `to_config()` ({name: kwargs}, or their name), a reward hook written as a function
+    {FUNCTION_HOOK: its name} (a record of it that no file can turn back into code)."""
     out = []
     for entry in entries or ():
         if hasattr(entry, "to_config"):
             out.append(entry.to_config())
         elif callable(entry) and not isinstance(entry, type):
-            out.append(getattr(entry, "__name__", repr(entry)))
+            out.append({FUNCTION_HOOK: getattr(entry, "__name__", repr(entry))})
         elif isinstance(entry, tuple):
             out.append(list(entry))
         else:

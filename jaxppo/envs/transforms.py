@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxppo.config import FUNCTION_HOOK
 from jaxppo.envs import spec as env_spec
 from jaxppo.errors import ConfigError
 
@@ -80,7 +81,7 @@ class FunctionHook(RewardHook):
         return self.fn(hook_state, traj)
 
     def to_config(self):
-        return self.name
+        return {FUNCTION_HOOK: self.name}
 
 
 def _dataclass_config(t):
@@ -367,6 +368,15 @@ def resolve_transforms(entries) -> list:
         if callable(entry) and not isinstance(entry, type):
             out.append(FunctionHook(entry))
             continue
+        if isinstance(entry, dict) and set(entry) == {FUNCTION_HOOK}:
+            raise ConfigError(
+                f"transforms: the reward hook {entry[FUNCTION_HOOK]!r} was a Python function, which "
+                "a config file records by name only and cannot turn back into code. Give the "
+                "function again from Python (jaxppo.train(config.replace(transforms=[...]), "
+                "resume=RUN_DIR) with the function in its place), or make it a transform of its "
+                "own (jaxppo.envs.transforms.register_transform) to use it from files and the "
+                "command line. Acting with the policy needs no reward hook: load_policy, "
+                "`jaxppo eval` and `jaxppo export` leave it out")
         if isinstance(entry, str):
             name, kwargs = entry, {}
         elif isinstance(entry, dict) and len(entry) == 1:

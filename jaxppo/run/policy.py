@@ -28,7 +28,8 @@ import numpy as np
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir, load_params_dict,
                                load_run_config)
-from jaxppo.config import LOCKED_FIELDS, MAX_TIMESTEPS, check_seed
+from jaxppo.config import (FUNCTION_HOOK, LOCKED_FIELDS, MAX_TIMESTEPS, check_seed, function_hooks,
+                           transforms_to_list)
 from jaxppo.envs.make import check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.core.evaluation import EpisodeStats, run_episodes, summarize
@@ -574,7 +575,12 @@ def _restore_checkpoint(run_dir: Path, step: int | None):
 
 
 def _resolve_recorded(config, run_dir: Path, env, trust_config: bool) -> Resolved:
-    """The folder's config resolved, with `env` (when given) in place of the recorded env."""
+    """The folder's config resolved, with `env` (when given) in place of the recorded env,
+    and without the reward hooks recorded as Python functions: acting needs no reward hook."""
+    if function_hooks(config.transforms):
+        config = config.replace(transforms=[
+            t for t in transforms_to_list(config.transforms)
+            if not (isinstance(t, dict) and set(t) == {FUNCTION_HOOK})])
     if env is not None:
         config = config.replace(env=env)
     else:

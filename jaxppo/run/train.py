@@ -19,8 +19,8 @@ import numpy as np
 from jaxppo.search import sweep
 from jaxppo.core.algorithm import Algorithm, TrainState
 from jaxppo.core.hyperparams import HyperParams
-from jaxppo.config import PPOConfig
-from jaxppo.errors import ConfigError
+from jaxppo.config import PPOConfig, function_hooks
+from jaxppo.errors import ConfigError, warn
 from jaxppo.run import hostloop
 from jaxppo.run.hostloop import HostLoopRunner
 from jaxppo.run.runner import ChunkRunner
@@ -297,6 +297,13 @@ def prepare(config: PPOConfig, run_dir, point: ResumePoint | None, stop_after_it
     """
     resolved = resolve(config, layout)
     note_partial_batch(resolved.config)
+    hooks = function_hooks(resolved.config.transforms)
+    if hooks and run_dir is not None and point is None:
+        warn(f"the reward hook(s) {', '.join(map(repr, hooks))} are Python functions, which "
+             f"{Path(run_dir) / 'config.yaml'} records by name only: the policy loads, evaluates "
+             "and exports without them, but resuming needs them again from Python "
+             "(jaxppo.train(config, resume=RUN_DIR) with the same transforms); to resume from "
+             "the command line, make each a transform (jaxppo.envs.transforms.register_transform)")
     check_wandb(resolved.config)  # the wandb package, when the config logs to W&B
     if stop_after_iterations is not None and (
             not isinstance(stop_after_iterations, int) or stop_after_iterations < 1):

@@ -249,3 +249,29 @@ def test_training_with_discretized_actions_saves_a_policy_of_discrete_actions(tm
     assert action.dtype == jnp.int32 and 0 <= int(action[0]) < 5
     stats = policy.evaluate(episodes=2)
     assert -2000 < stats["return_mean"] < 0
+
+
+def scale(state, traj):  # a reward hook written as a plain function
+    return state, 0.5 * traj.reward
+
+
+def test_a_function_hook_leaves_a_folder_whose_policy_loads_and_that_resumes_from_python(tmp_path):
+    """config.yaml records a function hook by name only: training says so; load_policy and
+    evaluation leave it out (acting needs none); a resume from the file alone is refused with
+    the fix, and one that gives the function again continues the run."""
+    cfg = jaxppo.PPOConfig(env="CartPole-v1", num_envs=4, num_steps=8, num_minibatches=2,
+                           num_epochs=1, total_timesteps=4 * 8 * 2, transforms=[scale],
+                           network=jaxppo.NetworkConfig((8,)), compilation_cache_dir=None)
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match=r"the reward hook\(s\) 'scale' are Python functions, "
+                                         r"which .*config.yaml records by name only"):
+        jaxppo.train(cfg, run_dir=run, progress=False, plot=False, stop_after_iterations=1)
+    recorded = jaxppo.PPOConfig.from_file(run / "config.yaml")
+    assert transforms_to_list(recorded.transforms) == [{"reward_hook_function": "scale"}]
+    policy = jaxppo.load_policy(run)
+    assert len(policy.evaluate(episodes=2, max_steps=20)["returns"]) == 2
+    with pytest.raises(jaxppo.ConfigError, match=r"the reward hook 'scale' was a Python function.*"
+                                                  r"Acting with the policy needs no reward hook"):
+        jaxppo.train(None, resume=run, progress=False, plot=False)
+    result = jaxppo.train(cfg, resume=run, progress=False, plot=False)
+    assert result.completed and result.iterations_done == 2
