@@ -336,7 +336,8 @@ def network_module(name, v) -> None:
     if isinstance(v, str):
         why = (" (a config records a network object it cannot name importably by a description:"
                " its class was defined in __main__ or inside a function, or it was built with "
-               "arguments a config file cannot hold)")
+               "arguments a config file cannot hold; load such a run's policy with "
+               "jaxppo.load_policy(run_dir, network=YourNetwork(...)))")
     raise ConfigError(
         f"{name}={short_repr(v)} must be the import path \"module:Class\" of a flax.linen.Module "
         f"subclass (e.g. \"jaxppo.examples.networks:LayerNormActorCritic\"), a module object in "

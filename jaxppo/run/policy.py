@@ -30,6 +30,7 @@ from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_
                                load_run_config)
 from jaxppo.config import (FUNCTION_HOOK, LOCKED_FIELDS, MAX_TIMESTEPS, check_seed, function_hooks,
                            transforms_to_list)
+from jaxppo.config_fields import is_flax_module
 from jaxppo.envs.make import check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.core.evaluation import EpisodeStats, run_episodes, summarize
@@ -409,7 +410,8 @@ def _short(x) -> str:
 
 
 def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = None,
-                env: Any = None, trust_config: bool = True, best: bool = False) -> Policy:
+                env: Any = None, trust_config: bool = True, best: bool = False,
+                network: Any = None) -> Policy:
     """The trained policy of a run folder as a callable `act(obs, key=None)` (with
     `action_mask=` the legal actions, for a policy trained with the env's action mask).
 
@@ -425,6 +427,9 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
         the suites' envs ("brax:...", ...) import nothing of the folder's; `env=` is yours.
       best: the best-evaluated params (RUN_DIR/best/, kept by a run with eval_every)
         instead of the newest; the Policy's `iteration` is the evaluation's.
+      network: your own flax module object (as given to `PPOConfig(network=...)`), for runs
+        of a network that config.yaml can only name (its class defined in `__main__`, a
+        notebook or a function); the params must fit it, as SB3's `custom_objects`.
 
     Returns:
       The `Policy`.
@@ -436,16 +441,17 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
         refuses to import.
       TypeError, ValueError: a run_dir, step or seed_index of the wrong kind or range.
     """
-    saved = _load_saved(run_dir, step, env, trust_config, best)
+    saved = _load_saved(run_dir, step, env, trust_config, best, network)
     return saved.policy(seed_index)
 
 
 def load_policies(run_dir: str | Path, *, step: int | None = None, env: Any = None,
-                  trust_config: bool = True, best: bool = False) -> list[Policy]:
+                  trust_config: bool = True, best: bool = False,
+                  network: Any = None) -> list[Policy]:
     """The trained policy of every seed of a run folder, in seed order (one for a one-seed
     run), read from one restore and sharing one Algorithm (`evaluate_policies` evaluates them
     with one compiled program). Arguments and errors as `load_policy`'s."""
-    saved = _load_saved(run_dir, step, env, trust_config, best)
+    saved = _load_saved(run_dir, step, env, trust_config, best, network)
     return [saved.policy(i) for i in range(saved.seeds)]
 
 
@@ -468,15 +474,15 @@ class _Saved:
         return _policy_of(self, seed_index)
 
 
-def _load_saved(run_dir, step, env, trust_config, best: bool = False) -> _Saved:
+def _load_saved(run_dir, step, env, trust_config, best: bool = False, network=None) -> _Saved:
     run_dir = _run_folder(run_dir, step)
     if best:
-        return _load_best(run_dir, step, env, trust_config)
+        return _load_best(run_dir, step, env, trust_config, network)
     state, meta, step = _restore_checkpoint(run_dir, step)
     # The fields that fix the policy must agree with the checkpoint's record (the rest, such as
     # a total_timesteps changed by a resume that stopped before its next checkpoint, need not).
     config = load_run_config(run_dir, meta, fields=LOCKED_FIELDS)
-    algorithm = Algorithm.create(_resolve_recorded(config, run_dir, env, trust_config))
+    algorithm = Algorithm.create(_resolve_recorded(config, run_dir, env, trust_config, network))
     if state is not None:
         params, obs_stats = state["params"], state["obs_stats"]
         seeds = int(meta.get("num_seeds", 1))
@@ -489,7 +495,7 @@ def _load_saved(run_dir, step, env, trust_config, best: bool = False) -> _Saved:
                   None if meta is None else int(meta["iteration"]), env is not None)
 
 
-def _load_best(run_dir: Path, step, env, trust_config) -> _Saved:
+def _load_best(run_dir: Path, step, env, trust_config, network=None) -> _Saved:
     """The params of RUN_DIR/best/ (the best evaluation) with the run's config.yaml."""
     from jaxppo.run.folder import BEST_DIR, BEST_RECORD
 
@@ -511,7 +517,7 @@ def _load_best(run_dir: Path, step, env, trust_config) -> _Saved:
                               "says which evaluation best/ holds. Load the newest params "
                               "instead (without best=True / --best)") from None
     config = load_run_config(run_dir, None, fields=LOCKED_FIELDS)
-    algorithm = Algorithm.create(_resolve_recorded(config, run_dir, env, trust_config))
+    algorithm = Algorithm.create(_resolve_recorded(config, run_dir, env, trust_config, network))
     saved = load_params_dict(path)
     return _Saved(run_dir, algorithm, saved["params"], saved["obs_stats"],
                   algorithm.config.num_seeds, str(path), iteration, env is not None)
@@ -574,9 +580,15 @@ def _restore_checkpoint(run_dir: Path, step: int | None):
     return state, meta, step
 
 
-def _resolve_recorded(config, run_dir: Path, env, trust_config: bool) -> Resolved:
-    """The folder's config resolved, with `env` (when given) in place of the recorded env,
-    and without the reward hooks recorded as Python functions: acting needs no reward hook."""
+def _resolve_recorded(config, run_dir: Path, env, trust_config: bool, network=None) -> Resolved:
+    """The folder's config resolved, with `env` and `network` (when given) in place of the
+    recorded ones, and without the reward hooks recorded as Python functions: acting needs no
+    reward hook."""
+    if network is not None:
+        if not is_flax_module(network):
+            raise TypeError(f"network={network!r} must be a flax.linen.Module object, as given "
+                            "to PPOConfig(network=...) when the run trained")
+        config = config.replace(network=network)
     if function_hooks(config.transforms):
         config = config.replace(transforms=[
             t for t in transforms_to_list(config.transforms)
@@ -591,7 +603,7 @@ def _resolve_recorded(config, run_dir: Path, env, trust_config: bool) -> Resolve
         check_recorded_env(config, run_dir, (
             f"Pass the env: jaxppo.load_policy({str(run_dir)!r}, env=YourEnv()) (or "
             f"`jaxppo eval {run_dir} --env module:Class`)"))
-    if not trust_config:
+    if not trust_config and network is None:
         refuse_imports(None, f"{run_dir}/config.yaml", network=config.network, fix=(
             "Its policy is that module's network, so it loads only with the module: if you "
             "trust the folder, load it with trust_config=True (without --no-imports)"))

@@ -20,6 +20,8 @@ from jaxppo.search import sweep
 from jaxppo.core.algorithm import Algorithm, TrainState
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.config import PPOConfig, function_hooks
+from jaxppo.config_fields import is_flax_module
+from jaxppo.envs.record import network_record
 from jaxppo.errors import ConfigError, warn
 from jaxppo.run import hostloop
 from jaxppo.run.hostloop import HostLoopRunner
@@ -274,6 +276,28 @@ def _abstract_state(resolved: Resolved, hp: HyperParams) -> Any:
     return jax.eval_shape(program.init, jax.random.PRNGKey(resolved.config.seed), hp)
 
 
+def _note_unnamed_code(config: PPOConfig, run_dir, point: ResumePoint | None) -> None:
+    """Say, when a new run folder starts, what of the run's own code its config.yaml can only
+    name: a reward hook written as a function, a network class no other process can import."""
+    if run_dir is None or point is not None:
+        return
+    where = Path(run_dir) / "config.yaml"
+    hooks = function_hooks(config.transforms)
+    if hooks:
+        warn(f"the reward hook(s) {', '.join(map(repr, hooks))} are Python functions, which "
+             f"{where} records by name only: the policy loads, evaluates and exports without "
+             "them, but resuming needs them again from Python (jaxppo.train(config, "
+             "resume=RUN_DIR) with the same transforms); to resume from the command line, make "
+             "each a transform (jaxppo.envs.transforms.register_transform)")
+    module = config.network.module
+    if is_flax_module(module) and ":" not in network_record(module)[0]:
+        warn(f"the network {network_record(module)[0]} cannot be imported by another process, so "
+             f"{where} can only name it: load the policy with jaxppo.load_policy(RUN_DIR, "
+             f"network={type(module).__name__}(...)) and resume from Python with it; for "
+             "`jaxppo eval`, `export` and `--resume` on the command line, define it in a module "
+             "of its own")
+
+
 def prepare(config: PPOConfig, run_dir, point: ResumePoint | None, stop_after_iterations,
             resume_command: str, layout: Layout | str | None = None) -> Resolved:
     """The checks every entry point makes before building anything.
@@ -297,13 +321,7 @@ def prepare(config: PPOConfig, run_dir, point: ResumePoint | None, stop_after_it
     """
     resolved = resolve(config, layout)
     note_partial_batch(resolved.config)
-    hooks = function_hooks(resolved.config.transforms)
-    if hooks and run_dir is not None and point is None:
-        warn(f"the reward hook(s) {', '.join(map(repr, hooks))} are Python functions, which "
-             f"{Path(run_dir) / 'config.yaml'} records by name only: the policy loads, evaluates "
-             "and exports without them, but resuming needs them again from Python "
-             "(jaxppo.train(config, resume=RUN_DIR) with the same transforms); to resume from "
-             "the command line, make each a transform (jaxppo.envs.transforms.register_transform)")
+    _note_unnamed_code(resolved.config, run_dir, point)
     check_wandb(resolved.config)  # the wandb package, when the config logs to W&B
     if stop_after_iterations is not None and (
             not isinstance(stop_after_iterations, int) or stop_after_iterations < 1):

@@ -190,6 +190,25 @@ def test_a_module_that_cannot_be_named_is_recorded_so_loading_says_why():
         PPOConfig.from_dict(rec).validate()
 
 
+def test_a_run_of_a_module_that_cannot_be_named_warns_and_loads_with_network(tmp_path):
+    """Training says that config.yaml can only name the module; load_policy(network=) loads
+    the folder's policy with the module given again (the params are the run's)."""
+    class Local(BuiltinLike):
+        pass
+
+    cfg = BASE.replace(network=Local(hidden_sizes=(8,)), total_timesteps=64)
+    with pytest.warns(UserWarning, match=r"the network \S*Local \(defined in .*, not importable\) "
+                                         r"cannot be imported by another process.*"
+                                         r"load_policy\(RUN_DIR, network=Local\(\.\.\.\)\)"):
+        result = jaxppo.train(cfg, run_dir=tmp_path / "run", progress=False, plot=False)
+    with pytest.raises(ConfigError, match=r"load_policy\(run_dir, network=YourNetwork"):
+        jaxppo.load_policy(tmp_path / "run")
+    policy = jaxppo.load_policy(tmp_path / "run", network=Local(hidden_sizes=(8,)))
+    assert _tree_equal(policy.params, result.params)
+    obs = np.zeros((3, 4), np.float32)
+    np.testing.assert_array_equal(policy(obs), result.policy(obs, deterministic=True))
+
+
 def test_builtin_fields_and_kwargs_beside_a_module_are_errors():
     with pytest.raises(ConfigError, match=r"network.hidden_sizes=\[8\] shapes the built-in "
                                           "network, but network.module="):
