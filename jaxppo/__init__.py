@@ -22,7 +22,7 @@ from jaxppo.errors import (ActionMaskError, CheckpointError, ConfigError, Export
                            StopTraining, TrainingDivergedError, TrainingInterrupted, VideoError)
 from jaxppo.run.export import export_policy
 from jaxppo.run.result import TrainResult
-from jaxppo.run.policy import Policy, load_policy
+from jaxppo.run.policy import Policy, evaluate_policies, load_policies, load_policy
 from jaxppo.program.resolved import Resolved, resolve
 from jaxppo.process import __version__
 from jaxppo.run.train import make_train, train
@@ -48,6 +48,8 @@ __all__ = [
     "VideoError",
     "Policy",
     "load_policy",
+    "load_policies",
+    "evaluate_policies",
     "export_policy",
     "train",
     "make_train",

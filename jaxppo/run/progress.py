@@ -70,8 +70,8 @@ class Reporter:
 
     def return_text(self) -> str:
         """The return the progress shows: the mean over seeds, or a sweep's best and worst."""
-        if not self.member_labels:
-            return f"{self.last_return:.1f}"
+        if not self.member_labels:  # "-" until an episode has ended
+            return f"{self.last_return:.1f}" if math.isfinite(self.last_return) else "-"
         ranked = self._by_setting(self.member_return)
         if not ranked:
             return "-"

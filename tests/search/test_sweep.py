@@ -87,6 +87,8 @@ def test_progress_names_members_by_hyperparameter(sweep_run):
     reporter.update(1, rows, 100.0)
     assert reporter.return_text() == "best lr=0.001: 40.0, worst lr=0.0001: 10.0"
     plain = Reporter(TINY.replace(num_seeds=1), 6, progress=False)
+    plain.update(1, [{"iteration": 1, "episode_return_mean": float("nan")}], 100.0)
+    assert plain.return_text() == "-"  # no episode has ended yet: no "nan"
     plain.update(1, [{"iteration": 1, "episode_return_mean": 7.0}], 100.0)
     assert plain.return_text() == "7.0"
 
