@@ -110,14 +110,27 @@ def _assert_same_run(multi, single, atol=1e-5):
 
 
 # ---------------------------------------------------------------------- exactness
-EXACT = dict(normalize_observations=True, normalize_rewards=True, use_kl_loss=True,
-             vf_clip_param=10.0, total_timesteps=4 * 16 * 6, log_every=2)
+# The one 2-host run compared with one process, with everything that could differ on hosts in
+# play: every global statistic (observation and reward normalisation, advantage moments, the KL
+# penalty and its coefficient), a clipped value loss, a GRU policy (whole env sequences per
+# minibatch on each shard) with a count-bonus reward hook (global visit counts), and 2 forced
+# CPU devices on each host (an axis over hosts x local devices). Shard invariance of each of
+# these on one host's devices is checked in tests/core/test_pmap.py; sync="batch" on hosts, in
+# the resumed run below (ray_runs).
+EXACT = dict(env="MemoryChain-bsuite", network=NetworkConfig((16,), recurrent_size=8),
+             transforms=[{"count_bonus": {"scale": 0.1}}], num_envs=8,
+             normalize_observations=True, normalize_rewards=True, use_kl_loss=True,
+             vf_clip_param=10.0, total_timesteps=8 * 16 * 6, log_every=2)
+TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
 @pytest.fixture(scope="module")
 def two_host_run(cluster, compile_cache_dir, tmp_path_factory):
-    """A 2-host run; after its first chunk the TCP sockets every learner and the driver
-    listen on are recorded (`listening`: {"driver" or learner pid: [(address, port)]})."""
+    """The module's 2-host run (2 devices each) and the same config in one process; after its
+    first chunk the TCP sockets every learner and the driver listen on are recorded
+    (`listening`: {"driver" or learner pid: [(address, port)]}). The failure tests restart
+    runs of this config (learner_env: the same programs, from the compilation cache) and
+    compare them with `single`."""
     from ray.util.state import list_actors
 
     run = tmp_path_factory.mktemp("hosts") / "run"
@@ -131,27 +144,31 @@ def two_host_run(cluster, compile_cache_dir, tmp_path_factory):
                 listening[actor.pid] = listening_sockets(actor.pid)
             listening["driver"] = listening_sockets()
 
-    return SimpleNamespace(cfg=cfg, run=run, listening=listening, result=train_distributed(
-        cfg, hosts=2, run_dir=run, progress=False, plot=False, callback=record_listeners),
-        single=jaxppo.train(cfg, progress=False))
+    return SimpleNamespace(cfg=cfg, run=run, listening=listening, learner_env=TWO_DEVICES,
+                           result=train_distributed(cfg, hosts=2, run_dir=run, progress=False,
+                                                    plot=False, callback=record_listeners,
+                                                    learner_env=TWO_DEVICES),
+                           single=jaxppo.train(cfg, progress=False))
 
 
 def test_two_hosts_match_one_process(two_host_run):
-    """2 hosts x 2 envs == 1 process x 4 envs, with every global statistic in play
-    (observation and reward normalisation, advantage moments, the KL penalty)."""
+    """2 hosts x 2 devices x 2 envs == 1 process x 8 envs: a GRU policy with a count-bonus
+    reward hook, and every global statistic in play; no special code for any of it on hosts."""
     r = two_host_run
-    assert r.result.hosts == 2 and r.result.num_devices == 2 and not r.result.host_failures
+    assert r.result.hosts == 2 and r.result.num_devices == 4 and not r.result.host_failures
     _assert_same_run(r.result, r.single)
     # The driver wrote the whole run folder, through the same run loop as `jaxppo train`.
     for name in ("config.yaml", "metrics.jsonl", "params.msgpack", "summary.json"):
         assert (r.run / name).exists(), name
     assert [row["iteration"] for row in _rows(r.run)] == [1, 2, 3, 4, 5, 6]
     summary = json.loads((r.run / "summary.json").read_text())
-    assert summary["hosts"] == 2 and summary["envs_per_host"] == 2
+    assert summary["hosts"] == 2 and summary["envs_per_host"] == 4
     # Params are replicated: every shard of the final state holds the same ones.
     for leaf in jax.tree.leaves(r.result.state.params):
-        np.testing.assert_array_equal(leaf[0], leaf[1])
-    assert r.result.policy(np.zeros((3, 4), np.float32), deterministic=True).shape == (3,)
+        for shard in leaf[1:]:
+            np.testing.assert_array_equal(leaf[0], shard)
+    # The result's policy acts with one copy of them.
+    assert np.isfinite(r.result.evaluate(episodes=2, max_steps=20)["return_mean"])
 
 
 def test_a_run_listens_on_the_cluster_address_only(two_host_run):
@@ -181,36 +198,6 @@ def test_listening_sockets_names_the_bound_address():
         assert expected <= set(listening_sockets())
 
 
-def test_recurrent_policy_and_reward_hook_on_hosts(cluster, compile_cache_dir):
-    """A GRU policy with a count-bonus reward hook (global visit counts) on 2 hosts gives
-    the numbers of one process: no special code for either on hosts."""
-    cfg = tiny(compile_cache_dir, env="MemoryChain-bsuite",
-               network=NetworkConfig((16,), recurrent_size=8), num_minibatches=2,
-               transforms=[{"count_bonus": {"scale": 0.1}}], total_timesteps=4 * 16 * 3)
-    multi = train_distributed(cfg, hosts=2, progress=False)
-    _assert_same_run(multi, jaxppo.train(cfg, progress=False))
-
-
-def test_batch_sync_on_hosts(cluster, compile_cache_dir):
-    """sync="batch": the rollouts are all-gathered once per iteration and every host runs
-    the whole update; the same numbers as one process."""
-    cfg = tiny(compile_cache_dir, sync="batch", normalize_observations=True,
-               normalize_rewards=True, total_timesteps=4 * 16 * 3)
-    multi = train_distributed(cfg, hosts=2, progress=False)
-    _assert_same_run(multi, jaxppo.train(cfg, progress=False))
-
-
-def test_two_devices_per_host(cluster, compile_cache_dir):
-    """2 hosts x 2 (forced CPU) devices each x 2 envs == one device with 8 envs."""
-    cfg = tiny(compile_cache_dir, num_envs=8, normalize_observations=True,
-               total_timesteps=8 * 16 * 2)
-    multi = train_distributed(
-        cfg, hosts=2, progress=False,
-        learner_env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
-    assert multi.num_devices == 4 and multi.hosts == 2
-    _assert_same_run(multi, jaxppo.train(cfg, progress=False))
-
-
 # ---------------------------------------------------------------------- failures
 @pytest.mark.slow
 @pytest.mark.parametrize("snapshot_every_s", [0.0, 1e9], ids=["every-chunk", "initial-only"])
@@ -235,7 +222,8 @@ def test_killed_host_process_is_restarted_and_no_iteration_is_lost(
     with caplog.at_level(logging.WARNING, logger="jaxppo.distributed"):
         result = train_distributed(two_host_run.cfg, hosts=2, run_dir=tmp_path / "run",
                                    progress=False, plot=False, callback=kill_a_learner,
-                                   snapshot_every_s=snapshot_every_s)
+                                   snapshot_every_s=snapshot_every_s,
+                                   learner_env=two_host_run.learner_env)
     assert killed
     assert len(result.host_failures) == 1 and result.host_failures[0]["iteration"] == 3
     since = 2 if snapshot_every_s == 0 else 0
@@ -322,7 +310,8 @@ def test_killed_raylet_of_a_worker_node_mid_run(cluster, two_host_run, tmp_path,
     try:
         with caplog.at_level(logging.INFO, logger="jaxppo.distributed"):
             result = train_distributed(cfg, hosts=2, min_hosts=min_hosts, run_dir=tmp_path / "run",
-                                       progress=False, plot=False, callback=kill_raylet)
+                                       progress=False, plot=False, callback=kill_raylet,
+                                       learner_env=two_host_run.learner_env)
         recovered_s = time.monotonic() - killed[1]
     finally:
         log.removeHandler(on_wait)
@@ -629,9 +618,12 @@ STOP = 3
 
 def _ckpt_cfg(cache_dir):
     # 5 iterations, checkpoints every 2: stopping after 3 is off the grid (saved at 2 and 3),
-    # the resumed run saves at 4 and 5; every global statistic is in play.
+    # the resumed run saves at 4 and 5; every global statistic is in play. sync="batch": the
+    # rollouts are all-gathered across the hosts once per iteration and every host runs the
+    # whole update (the module's other 2-host run all-reduces gradients).
     return tiny(cache_dir, total_timesteps=4 * 16 * 5, checkpoint_every=2, keep_checkpoints=2,
-                normalize_observations=True, normalize_rewards=True, use_kl_loss=True)
+                normalize_observations=True, normalize_rewards=True, use_kl_loss=True,
+                sync="batch")
 
 
 def _folder_digest(path: Path) -> dict:
@@ -667,6 +659,8 @@ def _strip(rows):
 
 
 def test_stopped_and_resumed_two_host_run_continues_exactly(ray_runs):
+    """A 2-host run with sync="batch", stopped and resumed, gives every iteration once and the
+    numbers of one uninterrupted process."""
     from jaxppo.run.checkpoints import CheckpointStore, load_params_dict
 
     r = ray_runs
@@ -766,7 +760,8 @@ def test_lost_node_continues_on_fewer_hosts_with_min_hosts(cluster, two_host_run
     try:
         with caplog.at_level(logging.WARNING, logger="jaxppo.distributed"):
             result = train_distributed(cfg, hosts=2, min_hosts=1, run_dir=tmp_path / "run",
-                                       progress=False, plot=False, callback=remove_worker)
+                                       progress=False, plot=False, callback=remove_worker,
+                                       learner_env=two_host_run.learner_env)
     finally:
         if removed:  # give the module's cluster its second node back
             with _quiet_fork_warning():
