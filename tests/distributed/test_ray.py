@@ -782,7 +782,8 @@ def _make(*args, timeout=60, env=None) -> subprocess.CompletedProcess:
     if shutil.which("make") is None:
         pytest.skip("no make")
     # -o: never (re)install the venv from inside a test.
-    return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", *args],
+    return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed-dev",
+                           "-o", ".venv/.installed-base", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
@@ -831,62 +832,18 @@ def _start_head(port: int, temp_dir: Path, env: dict) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
-def test_make_ray_stop_stops_only_its_cluster():
-    """Two loopback clusters on two ports, each with its own temp dir: `make ray-stop` with
-    the first's RAY_PORT stops all of its processes and none of the second's (nor a process
-    that only reads the first's logs); Ray's `ray stop` cannot choose."""
+def test_make_ray_cluster_with_a_ray_token_and_make_ray_stop_stops_only_its_cluster(tmp_path):
+    """Two loopback clusters on two ports, each with its own temp dir. The first is `make
+    ray-cluster`'s (head + 1 worker), from a user's shell with a Ray token in the home folder
+    (any local `ray.init()` of Ray 2.60 leaves one), which makes `ray start --head` require
+    it: every node, `ray status` and job submission run with it and the cluster starts; the
+    user's own ~/.ray is not touched. The second is a bare head. `make ray-stop` with the
+    first's RAY_PORT stops all of its processes and none of the second's (nor a process that
+    only reads the first's logs); Ray's `ray stop` cannot choose."""
     import shutil
     import tempfile
 
-    from jaxppo.distributed.loopback import cluster_processes, stop_cluster
-
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **LOOPBACK_ENV)
-    env.pop("RAY_ADDRESS", None)
-    base = Path(tempfile.mkdtemp(prefix="jp-stop-", dir="/tmp"))  # short: Ray's socket paths
-    (p1, t1), (p2, t2) = ((_free_port(), base / "a"), (_free_port(), base / "b"))
-    reader = None
-    t0 = time.perf_counter()
-    try:
-        _start_head(p1, t1, env)
-        _start_head(p2, t2, env)
-        first = cluster_processes(f"127.0.0.1:{p1}", str(t1))
-        second = cluster_processes(f"127.0.0.1:{p2}", str(t2))
-        assert len(first) >= 4 and len(second) >= 4 and not set(first) & set(second)
-        # Not a Ray process, though it names the first cluster's logs: left alone.
-        reader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
-                                   str(t1 / "session_latest" / "logs" / "raylet.out")])
-        out = _make("ray-stop", f"RAY_PORT={p1}", f"RAY_TEMP_DIR={t1}")
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert f"stopped the Ray cluster at 127.0.0.1:{p1}" in out.stderr
-        assert not cluster_processes(f"127.0.0.1:{p1}", str(t1))
-        for pid in first:
-            assert not Path(f"/proc/{pid}").exists() or \
-                Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-        assert cluster_processes(f"127.0.0.1:{p2}", str(t2)) == second  # untouched
-        socket.create_connection(("127.0.0.1", p2), timeout=5).close()  # its GCS answers
-        assert reader.poll() is None
-        again = _make("ray-stop", f"RAY_PORT={p1}", f"RAY_TEMP_DIR={t1}")
-        assert again.returncode == 0 and "nothing to stop" in again.stderr
-    finally:
-        if reader is not None:
-            reader.kill()
-            reader.wait()
-        for port, temp in ((p1, t1), (p2, t2)):
-            stop_cluster(f"127.0.0.1:{port}", str(temp), grace_s=5)
-        shutil.rmtree(base, ignore_errors=True)
-    print(f"two clusters started and one stopped in {time.perf_counter() - t0:.1f}s")
-
-
-@pytest.mark.slow
-def test_make_ray_cluster_starts_with_a_ray_token_in_home(tmp_path):
-    """A Ray token in the home folder (any local `ray.init()` of Ray 2.60 leaves one) makes
-    `ray start --head` require it; `make ray-cluster` then runs every node, `ray status` and
-    job submission with it, and the cluster starts; `make ray-stop` stops it. The user's own
-    ~/.ray is not touched."""
-    import shutil
-    import tempfile
-
-    from jaxppo.distributed.loopback import _is_gcs, cluster_processes
+    from jaxppo.distributed.loopback import _is_gcs, cluster_processes, stop_cluster
 
     home = tmp_path / "home"
     (home / ".ray").mkdir(parents=True)
@@ -898,25 +855,51 @@ def test_make_ray_cluster_starts_with_a_ray_token_in_home(tmp_path):
            if not k.startswith("RAY_AUTH") and k not in LOOPBACK_ENV}
     env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
-    port, dashboard = _free_port(), _free_port()
-    temp = Path(tempfile.mkdtemp(prefix="jp-tok-", dir="/tmp"))  # short: Ray's socket paths
-    where = [f"RAY_PORT={port}", f"RAY_TEMP_DIR={temp}", f"RAY_CLIENT_PORT={_free_port()}"]
+    # The bare head: the loopback switches, and a home of its own (no token).
+    (tmp_path / "home2").mkdir()
+    env2 = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", HOME=str(tmp_path / "home2"),
+                **LOOPBACK_ENV)
+    env2.pop("RAY_ADDRESS", None)
+    base = Path(tempfile.mkdtemp(prefix="jp-stop-", dir="/tmp"))  # short: Ray's socket paths
+    (p1, t1), (p2, t2) = ((_free_port(), base / "a"), (_free_port(), base / "b"))
+    where = [f"RAY_PORT={p1}", f"RAY_TEMP_DIR={t1}"]
+    reader = None
+    t0 = time.perf_counter()
     try:
-        out = _make("ray-cluster", *where, f"RAY_DASHBOARD={dashboard}", "RAY_WORKERS=1",
-                    timeout=300, env=env)
+        out = _make("ray-cluster", *where, f"RAY_CLIENT_PORT={_free_port()}",
+                    f"RAY_DASHBOARD={_free_port()}", "RAY_WORKERS=1", timeout=300, env=env)
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
         assert "AuthenticationError" not in out.stdout + out.stderr
         assert out.stdout.count(" node_") == 2, out.stdout[-2000:]  # head + 1 worker, alive
-        gcs = [pid for pid in cluster_processes(f"127.0.0.1:{port}", str(temp)) if _is_gcs(pid)]
+        first = cluster_processes(f"127.0.0.1:{p1}", str(t1))
+        gcs = [pid for pid in first if _is_gcs(pid)]
         assert gcs and b"RAY_AUTH_MODE=token" in Path(f"/proc/{gcs[0]}/environ").read_bytes()
+        _start_head(p2, t2, env2)
+        second = cluster_processes(f"127.0.0.1:{p2}", str(t2))
+        assert len(first) >= 4 and len(second) >= 4 and not set(first) & set(second)
+        # Not a Ray process, though it names the first cluster's logs: left alone.
+        reader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                                   str(t1 / "session_latest" / "logs" / "raylet.out")])
         stop = _make("ray-stop", *where, env=env)
-        assert stop.returncode == 0 and "stopped the Ray cluster" in stop.stderr, stop.stderr
-        assert not cluster_processes(f"127.0.0.1:{port}", str(temp))
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert f"stopped the Ray cluster at 127.0.0.1:{p1}" in stop.stderr
+        assert not cluster_processes(f"127.0.0.1:{p1}", str(t1))
+        for pid in first:
+            assert not Path(f"/proc/{pid}").exists() or \
+                Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        assert cluster_processes(f"127.0.0.1:{p2}", str(t2)) == second  # untouched
+        socket.create_connection(("127.0.0.1", p2), timeout=5).close()  # its GCS answers
+        assert reader.poll() is None
+        again = _make("ray-stop", *where, env=env)
+        assert again.returncode == 0 and "nothing to stop" in again.stderr
     finally:
-        from jaxppo.distributed.loopback import stop_cluster
-
-        stop_cluster(f"127.0.0.1:{port}", str(temp), grace_s=5)
-        shutil.rmtree(temp, ignore_errors=True)
+        if reader is not None:
+            reader.kill()
+            reader.wait()
+        for port, temp in ((p1, t1), (p2, t2)):
+            stop_cluster(f"127.0.0.1:{port}", str(temp), grace_s=5)
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"two clusters started and one stopped in {time.perf_counter() - t0:.1f}s")
     assert (sorted(p.name for p in real.iterdir()) if real.exists() else None) == before
     assert sorted(p.name for p in (home / ".ray").iterdir()) == ["auth_token"]
 
