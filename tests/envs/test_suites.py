@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
@@ -83,7 +83,8 @@ class Suite:
     tol: float = 0.0
     check_steps: int | None = None  # the contract check's random steps; 0: trace only
     own_limit: tuple | None = None  # (env_kwargs, message) of the suite's own limit, refused
-    on_end: Callable | None = field(default=None)  # suite-specific checks of the end
+    on_end: Callable | None = None  # suite-specific checks of the end
+    on_limit: Callable | None = None  # and of the time limit
 
 
 # ------------------------------------------------------------------------------- suites
@@ -104,6 +105,11 @@ def _brax_native(spec):
     return rollout
 
 
+def _brax_on_limit(out, L):
+    obs, reward, term, trunc, final_obs, time = out
+    assert not np.allclose(final_obs[L - 1], obs[L - 1])  # the reset's, not the last one
+
+
 def _brax_on_end(out, first, state):
     obs, reward, term, trunc, final_obs, time = out
     assert abs(float(final_obs[first, 1])) > 0.2  # the pole's angle past Brax's limit
@@ -117,7 +123,7 @@ BRAX = Suite(
     steps=Scenario(0, lambda s, T: 0.1 * jnp.where(jnp.arange(T) % 2, 1.0, -1.0)[:, None]),
     compared=10,
     limit=5, limit_steps=Scenario(1, lambda s, T: jnp.zeros((T, 1))), limit_native=(False, 1.0),
-    every_limit=True,
+    every_limit=True, on_limit=_brax_on_limit,
     # push the cart one way until the pole falls
     end=Scenario(2, lambda s, T: jnp.ones((T, 1))), on_end=_brax_on_end,
     typo="brax:inverted_pendulm", listing=r"Registered: .*brax:halfcheetah",
@@ -255,6 +261,7 @@ def _xminigrid_native(spec):
 
 def _xminigrid_on_end(out, first, state):
     obs, reward, term, trunc, final_obs, time = out
+    np.testing.assert_array_equal(np.flatnonzero(np.asarray(term)), [first])
     assert first == 4 and float(reward[4]) == pytest.approx(1 - 0.9 * 5 / 100)
 
 
@@ -373,6 +380,8 @@ def test_time_limit_is_a_truncation_with_the_final_observation(suite):
     # The step at the limit returns the reset's observation, drawn with that step's key.
     np.testing.assert_array_equal(obs[L - 1], reset(s.reset_key(keys[L - 1]), limit)[0])
     np.testing.assert_array_equal(time[:L + 1], [*range(1, L), 0, 1])
+    if s.on_limit is not None:
+        s.on_limit(out, L)
 
 
 def test_a_real_end_is_a_termination(suite):
