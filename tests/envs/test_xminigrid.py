@@ -1,11 +1,9 @@
-"""XLand-MiniGrid envs by name ("xminigrid:<name>", jaxppo.envs.xminigrid_suite): the gymnax 1.x
-contract checked against xminigrid's own reset and step on MiniGrid-Empty-5x5 (observations,
-rewards, reaching the goal as a termination, the time limit as a truncation, the final
-observation and the reset with the step's key), the errors, and a short learning run with
-its run folder. The tests that need xminigrid skip without it (CI installs it with the dev
-extra)."""
-
-import sys
+"""XLand-MiniGrid envs by name ("xminigrid:<name>", jaxppo.envs.xminigrid_suite): what only
+xminigrid has (byte observations, a random start drawn with the step's key, env_kwargs and
+their errors) and a short learning run with its run folder. The contract every suite keeps
+(checked against xminigrid's own reset and step on MiniGrid-Empty-5x5: reaching the goal as a
+termination, the time limit as a truncation) is in tests/envs/test_suites.py. The tests that
+need xminigrid skip without it (CI installs it with the dev extra)."""
 
 import jax
 import jax.numpy as jnp
@@ -13,124 +11,21 @@ import numpy as np
 import pytest
 
 import jaxppo
-from jaxppo.envs.check import check_env
 from jaxppo.envs.make import make_env
 from jaxppo.errors import ConfigError
 from readme_commands import readme_train_config
 
 ENV = "xminigrid:MiniGrid-Empty-5x5"
-T = 16  # steps of every compared rollout
 TINY = jaxppo.PPOConfig(env=ENV, num_envs=2, num_steps=8, num_minibatches=2, num_epochs=1,
                         total_timesteps=16, network=jaxppo.NetworkConfig((8,)),
                         compilation_cache_dir=None)
-FORWARD, RIGHT, LEFT = 0, 1, 2
-# From (1, 1) facing right: two steps right, turn to face down, two steps down: the goal (3, 3).
-TO_GOAL = [FORWARD, FORWARD, RIGHT, FORWARD, FORWARD]
+RIGHT = 1
 
 
-@pytest.fixture(scope="module")
-def empty():
-    """(spec, adapter rollout, xminigrid rollout), for MiniGrid-Empty-5x5."""
+def test_observations_are_bytes():
     pytest.importorskip("xminigrid")
     spec = make_env(TINY)
-    env = spec.env
-
-    def adapter_rollout(params, key, keys, actions):
-        """Reset with `key`, then step with keys[t] and actions[t] ([T], [T])."""
-        @jax.jit
-        def run(key, keys, actions):
-            obs0, state = env.reset(key, params)
-
-            def body(state, x):
-                k, a = x
-                obs, state, reward, term, trunc, info = env.step(k, state, a, params)
-                return state, (obs, reward, term, trunc, info["final_observation"],
-                               state.state.step_num)
-
-            return obs0, jax.lax.scan(body, state, (keys, actions))[1]
-
-        return run(key, keys, actions)
-
-    def xminigrid_rollout(key, actions, max_steps=None):
-        """xminigrid's own env: reset with `key`, step (no reset) with actions."""
-        xenv, xparams = env.xminigrid_env, spec.env_params.xminigrid
-        if max_steps is not None:
-            xparams = xparams.replace(max_steps=max_steps)
-
-        @jax.jit
-        def run(key, actions):
-            ts = xenv.reset(xparams, key)
-
-            def body(ts, a):
-                ts = xenv.step(xparams, ts, a)
-                return ts, (ts.observation, ts.reward, ts.step_type, ts.discount)
-
-            return ts.observation, jax.lax.scan(body, ts, actions)[1]
-
-        return run(key, actions)
-
-    return spec, adapter_rollout, xminigrid_rollout
-
-
-def _keys(seed: int):
-    key, *keys = jax.random.split(jax.random.PRNGKey(seed), T + 1)
-    return key, jnp.stack(keys)
-
-
-def test_spec_and_run_name(empty):
-    spec, *_ = empty
-    assert spec.obs_shape == (7, 7, 2) and spec.discrete and spec.action_dim == 6
     assert spec.env.observation_space(spec.env_params).dtype == jnp.uint8
-    assert spec.env_params.max_steps_in_episode == 100  # xminigrid's max_steps: 4 * 5 * 5
-    assert TINY.env_name == "MiniGrid-Empty-5x5" and TINY.to_dict()["env"] == ENV
-
-
-def test_reset_and_steps_equal_xminigrid_own(empty):
-    spec, adapter_rollout, xminigrid_rollout = empty
-    key, keys = _keys(0)
-    actions = jnp.asarray([RIGHT, LEFT, FORWARD, LEFT, RIGHT, FORWARD, LEFT, LEFT] * 2, jnp.int32)
-    obs0, (obs, reward, term, trunc, final_obs, time) = adapter_rollout(
-        spec.env_params, key, keys, actions)
-    x_obs0, (x_obs, x_reward, x_type, _) = xminigrid_rollout(key, actions)
-    assert not (np.asarray(x_type) == 2).any()  # these actions never reach the goal
-    np.testing.assert_array_equal(obs0, x_obs0)
-    np.testing.assert_array_equal(obs, x_obs)
-    np.testing.assert_array_equal(final_obs, x_obs)
-    np.testing.assert_array_equal(reward, x_reward)
-    assert not np.asarray(term).any() and not np.asarray(trunc).any()
-    np.testing.assert_array_equal(time, np.arange(1, T + 1))
-
-
-def test_the_goal_is_a_termination(empty):
-    spec, adapter_rollout, xminigrid_rollout = empty
-    key, keys = _keys(1)
-    actions = jnp.asarray(TO_GOAL + [RIGHT] * (T - 5), jnp.int32)
-    obs0, (obs, reward, term, trunc, final_obs, time) = adapter_rollout(
-        spec.env_params, key, keys, actions)
-    _, (x_obs, x_reward, x_type, x_discount) = xminigrid_rollout(key, actions)
-    assert x_type[4] == 2 and x_discount[4] == 0.0 and not (x_type[:4] == 2).any()
-    np.testing.assert_array_equal(np.flatnonzero(np.asarray(term)), [4])
-    assert not np.asarray(trunc).any()
-    assert float(reward[4]) == pytest.approx(1 - 0.9 * 5 / 100) == float(x_reward[4])
-    np.testing.assert_array_equal(final_obs[:5], x_obs[:5])
-    np.testing.assert_array_equal(obs[4], obs0)  # Empty-5x5 always starts in the same place
-    np.testing.assert_array_equal(time[3:6], [4, 0, 1])
-
-
-def test_time_limit_is_a_truncation_with_the_final_observation(empty):
-    _, adapter_rollout, xminigrid_rollout = empty
-    limit = make_env(TINY.replace(env_kwargs={"max_steps_in_episode": 4})).env_params
-    assert limit.max_steps_in_episode == 4
-    key, keys = _keys(2)
-    actions = jnp.full((T,), RIGHT, jnp.int32)  # turning on the spot
-    obs0, (obs, _, term, trunc, final_obs, time) = adapter_rollout(limit, key, keys, actions)
-    _, (x_obs, _, x_type, x_discount) = xminigrid_rollout(key, actions, max_steps=4)
-    assert x_type[3] == 2 and x_discount[3] == 1.0  # xminigrid: LAST with discount 1
-    np.testing.assert_array_equal(np.flatnonzero(np.asarray(trunc)), [3, 7, 11, 15])
-    assert not np.asarray(term).any()
-    np.testing.assert_array_equal(final_obs[:4], x_obs[:4])
-    np.testing.assert_array_equal(obs[3], obs0)
-    np.testing.assert_array_equal(time[:6], [1, 2, 3, 0, 1, 2])
 
 
 def test_a_random_start_is_drawn_with_the_step_key():
@@ -150,30 +45,12 @@ def test_a_random_start_is_drawn_with_the_step_key():
     assert len(starts) > 1
 
 
-def test_the_adapter_passes_the_env_contract_check(empty):
-    spec, *_ = empty
-    check_env(spec.env, spec.env_params, ENV, steps=256)  # what make_env skips
-
-
 def test_env_kwargs_and_errors_name_the_fix():
     pytest.importorskip("xminigrid")
     assert make_env(TINY.replace(env_kwargs={"view_size": 3})).obs_shape == (3, 3, 2)
-    with pytest.raises(ConfigError, match=r"did you mean 'xminigrid:MiniGrid-Empty-5x5'.*"
-                                          r"Available: .*xminigrid:MiniGrid-FourRooms"):
-        make_env(TINY.replace(env="xminigrid:MiniGrid-Emtpy-5x5"))
-    with pytest.raises(ConfigError, match=r"time limit is env_kwargs max_steps_in_episode"):
-        make_env(TINY.replace(env_kwargs={"max_steps": 10}))
     with pytest.raises(ConfigError, match=r"xminigrid.make\('MiniGrid-Empty-5x5', view=3\) "
                                           r"raised"):
         make_env(TINY.replace(env_kwargs={"view": 3}))
-    with pytest.raises(ConfigError, match=r"did you mean 'xminigrid:MiniGrid-Empty-5x5'"):
-        make_env(TINY.replace(env="MiniGrid-Empty-5x5"))
-
-
-def test_without_xminigrid_an_xminigrid_env_names_the_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "xminigrid", None)  # import xminigrid -> ImportError
-    with pytest.raises(ConfigError, match=r"pip install 'jaxppo\[xminigrid\]'"):
-        make_env(TINY)
 
 
 @pytest.mark.slow
