@@ -20,7 +20,7 @@ from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderE
 from jaxppo.run.plots import plot_runs, unplottable
 from jaxppo.run.policy import evaluate_policies, load_policies, load_policy
 from jaxppo.run.folder import output_problem
-from jaxppo.run.logs import read_metrics
+from jaxppo.run.logs import order_problem, read_metrics
 from jaxppo.run.signals import StopSignals
 from jaxppo.run.train import train
 
@@ -194,6 +194,10 @@ def _main(argv: list[str] | None) -> int:
             problem = unplottable(rows)
             if problem:
                 print(f"error: {r} is not a jaxppo metrics file: {problem}", file=sys.stderr)
+                return 2
+            problem = order_problem(r)
+            if problem:
+                print(f"error: {problem}. Nothing was drawn.", file=sys.stderr)
                 return 2
         if args.smooth < 1:
             print(f"error: --smooth {args.smooth} must be >= 1 (iterations averaged; 1 = no "

@@ -47,7 +47,7 @@ from jaxppo.search import results
 from jaxppo.run.files import OTHERS_FOLDERS, name_too_long, refuse_links
 from jaxppo.run.plots import plot_runs, plot_search
 from jaxppo.run.logs import (METRICS_FILE, TENSORBOARD_DIR, WANDB_ID_FILE, RunLog,
-                             read_metrics, strict_json)
+                             order_problem, read_metrics, strict_json)
 from jaxppo.process import process_uptime
 from jaxppo.search.sweep import SWEEP_FILE
 
@@ -411,7 +411,7 @@ class ResumePoint:
 
         Raises:
             ConfigError: `config` changes a field that fixes the saved state's shape or meaning.
-            CheckpointError: metrics.jsonl lacks rows up to the checkpoint.
+            CheckpointError: metrics.jsonl lacks rows up to the checkpoint, or repeats some.
         """
         refuse_links(self.run_dir)
         check_resumable(self.meta.get("config") or {}, config, self.run_dir)
@@ -506,7 +506,8 @@ def check_start(run_dir, point: ResumePoint | None, config: PPOConfig, resume_co
     Raises:
         ConfigError: a new run's folder cannot be made or already holds checkpoints, or the
             config cannot continue the resumed one.
-        CheckpointError: the resumed run's metrics.jsonl lacks rows up to the checkpoint.
+        CheckpointError: the resumed run's metrics.jsonl lacks rows up to the checkpoint, or
+            repeats some.
     """
     if point is not None:
         point.check(config)
@@ -545,8 +546,9 @@ def check_resumable(saved: dict, config: PPOConfig, run_dir: str | Path) -> None
 
 
 def check_metrics_file(run_dir: str | Path, iteration: int, num_seeds: int) -> None:
-    """CheckpointError unless RUN_DIR/metrics.jsonl holds a row for every iteration up to the
-    checkpoint's (for every seed): resuming would otherwise leave a hole in the record."""
+    """CheckpointError unless RUN_DIR/metrics.jsonl holds one row for every iteration up to
+    the checkpoint's (for every seed), in order: resuming would otherwise leave a hole in the
+    record, or keep a row twice (`order_problem`)."""
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         raise CheckpointError(
@@ -558,6 +560,9 @@ def check_metrics_file(run_dir: str | Path, iteration: int, num_seeds: int) -> N
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} cannot be read ({str(e)[:160]}); restore it. Nothing "
                               "was changed.") from None
+    damaged = order_problem(path, through=iteration)
+    if damaged:
+        raise CheckpointError(f"cannot resume {run_dir}: {damaged}. Nothing was changed.")
     have = {(r.get("iteration"), r.get("seed", 0)) for r in rows if isinstance(r, dict)}
     missing = sorted({it for it in range(1, iteration + 1) for s in range(num_seeds)
                       if (it, s) not in have})

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxppo.errors import warn
 from jaxppo.run.files import write_atomic
-from jaxppo.run.logs import read_metrics
+from jaxppo.run.logs import order_problem, read_metrics
 from jaxppo.search.results import SEARCH_FILE, lineage
 from jaxppo.search.sweep import SWEPT_CONFIG_FIELDS, fmt_value, read_record
 
@@ -354,6 +354,9 @@ def _read_runs(run_dirs: list) -> tuple[list[tuple], dict]:
     data, bounds = [], {}
     for i, run in enumerate(run_dirs):
         rows = read_metrics(run)
+        damaged = order_problem(run)
+        if damaged:  # a curve through repeated rows would go back on itself
+            raise ValueError(damaged)
         if rows:
             data.append((i, return_curve(rows), eval_curve(rows), read_record(run), _is_pbt(rows)))
             bounds[i] = return_bounds(run)

@@ -354,3 +354,20 @@ def test_plot_output_is_never_one_of_the_run_folders_own_files(tmp_path, capsys)
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert cli.main(["plot", str(run), "-o", str(run / "mine.png")]) == 0
 
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_plot_of_repeated_or_out_of_order_rows_is_an_error(tmp_path, capsys, seeds):
+    """Rows of iterations 3-5 written again after 1-5 (a file joined by hand) are named,
+    with the line; nothing is drawn."""
+    run = _write_run(tmp_path / "run", np.ones((seeds, 5)), num_seeds=seeds)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines + lines[2 * seeds:]) + "\n")
+    assert cli.main(["plot", str(run)]) == 2
+    seed = " of seed 0" if seeds > 1 else ""
+    err = capsys.readouterr().err
+    assert (f"metrics.jsonl, line {5 * seeds + 1}: iteration 3{seed} comes after iteration 5 "
+            f"(line {4 * seeds + 1})") in err, err
+    assert "Keep one row per iteration" in err and "Nothing was drawn" in err
+    assert not (run / "curves.png").exists()
+    with pytest.raises(ValueError, match="rows are repeated or out of order"):
+        plot_runs([run], tmp_path / "out.png")
