@@ -19,7 +19,8 @@ from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderE
                            TrainingDivergedError, TrainingInterrupted, VideoError)
 from jaxppo.run.plots import plot_runs, unplottable
 from jaxppo.run.policy import evaluate_policies, load_policies, load_policy
-from jaxppo.run.logs import read_metrics
+from jaxppo.run.folder import output_problem
+from jaxppo.run.logs import order_problem, read_metrics
 from jaxppo.run.signals import StopSignals
 from jaxppo.run.train import train
 
@@ -194,6 +195,10 @@ def _main(argv: list[str] | None) -> int:
             if problem:
                 print(f"error: {r} is not a jaxppo metrics file: {problem}", file=sys.stderr)
                 return 2
+            problem = order_problem(r)
+            if problem:
+                print(f"error: {problem}. Nothing was drawn.", file=sys.stderr)
+                return 2
         if args.smooth < 1:
             print(f"error: --smooth {args.smooth} must be >= 1 (iterations averaged; 1 = no "
                   "smoothing)", file=sys.stderr)
@@ -203,7 +208,9 @@ def _main(argv: list[str] | None) -> int:
             one = Path(args.runs[0])
             args.output = str((one if one.is_dir() else one.parent) / "curves.png"
                               if len(args.runs) == 1 else "curves.png")
-        problem = _output_problem(Path(args.output))
+        problem = next(filter(None, (
+            output_problem(Path(r) if Path(r).is_dir() else Path(r).parent, args.output)
+            for r in args.runs)), None) or _output_problem(Path(args.output))
         if problem:
             flag = f"-o {args.output}" if given else f"the default output {args.output} (-o PATH)"
             print(f"error: {flag}: {problem}", file=sys.stderr)

@@ -21,11 +21,8 @@ import numpy as np
 from jaxppo.core import networks
 from jaxppo.envs.spec import env_action
 from jaxppo.errors import ExportError
-from jaxppo.run.checkpoints import CHECKPOINT_DIR
-from jaxppo.run.folder import LOCK_FILE
-from jaxppo.run.logs import METRICS_FILE, TENSORBOARD_DIR, WANDB_ID_FILE
-from jaxppo.search.results import BEST_FILE, PLOT_FILE, SEARCH_FILE, TABLE_FILE
-from jaxppo.search.sweep import SWEEP_FILE
+from jaxppo.run.files import write_atomic
+from jaxppo.run.folder import output_problem
 from jaxppo.run.policy import Policy, load_policy
 from jaxppo.process import __version__
 
@@ -83,7 +80,8 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
 
     Raises:
       ExportError: what cannot be exported, a missing extra, or a file to write that is one
-        of the run folder's own (config.yaml, params.msgpack, summary.json, checkpoints/...).
+        of the run folder's own (config.yaml, params.msgpack, summary.json, checkpoints/,
+        best/, ...) or a symbolic link in the run folder.
       CheckpointError, ConfigError, TypeError, ValueError: as `load_policy` raises them.
     """
     _check_options(format, batch_size)
@@ -95,10 +93,11 @@ def export_policy(source: str | Path | Policy, format: str = "jax", path: str | 
     files = _serialize(policy, format, io, stochastic)
     metadata = _metadata(policy, format, io, path, sample_path, source)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(files["deterministic"])
+    # Each file replaces what stands at its name: a link there is replaced, not written through.
+    write_atomic(path, files["deterministic"])
     if sample_path is not None:
-        sample_path.write_bytes(files["sample"])
-    metadata_path.write_text(json.dumps(metadata, indent=2) + "\n")
+        write_atomic(sample_path, files["sample"])
+    write_atomic(metadata_path, json.dumps(metadata, indent=2) + "\n")
     return Exported(path, sample_path, metadata_path, metadata)
 
 
@@ -131,8 +130,7 @@ def _output_paths(source: str | Path | Policy, format: str, path: str | Path | N
     sample_path = path.with_name(f"{path.stem}.sample{path.suffix}") if stochastic else None
     metadata_path = path.with_name(path.name + ".json")
     if not isinstance(source, Policy):
-        _check_outside_run(Path(source), path, [p for p in (metadata_path, sample_path) if p],
-                           format)
+        _check_outside_run(Path(source), path, [p for p in (metadata_path, sample_path) if p])
     return path, sample_path, metadata_path
 
 
@@ -158,32 +156,14 @@ def _serialize(policy: Policy, format: str, io: _Signature,
     return files
 
 
-# A run folder's own files and folders (jaxppo.run.folder): an export never writes over them.
-RUN_FILES = frozenset({
-    "config.yaml", METRICS_FILE, "params.msgpack", "summary.json", SWEEP_FILE, "curve.png",
-    LOCK_FILE, WANDB_ID_FILE, SEARCH_FILE, TABLE_FILE, BEST_FILE, PLOT_FILE, CHECKPOINT_DIR,
-    TENSORBOARD_DIR, "wandb"})
-
-
-def _check_outside_run(run_dir: Path, path: Path, others: list[Path], format: str) -> None:
+def _check_outside_run(run_dir: Path, path: Path, others: list[Path]) -> None:
     """ExportError when `path` or a file written next to it (`others`: its .json, its
-    .sample variant) is, after resolving links and "..", one of the run folder's own files
-    or inside one of its folders (their tmp files included)."""
-    run = run_dir.resolve()
+    .sample variant) may not be written (`jaxppo.run.folder.output_problem`): the run
+    folder's own files, or a link in the folder."""
     for out in [path, *others]:
-        target = out.resolve()
-        if target == run:
-            raise ExportError(f"{out} is the run folder itself; give a file to write, e.g. "
-                              f"{run.name}{FORMATS[format]}")
-        if not target.is_relative_to(run):
-            continue
-        first = target.relative_to(run).parts[0]
-        if first in RUN_FILES or first.removesuffix(".tmp") in RUN_FILES:
-            written = "" if out == path else f" (written with {path})"
-            raise ExportError(
-                f"{out}{written} would overwrite {run_dir}'s own {first}: an export writes no "
-                f"file the run folder uses ({', '.join(sorted(RUN_FILES))}). Write it outside "
-                f"the run folder (e.g. {run.name}{FORMATS[format]}) or under another name")
+        problem = output_problem(run_dir, out, None if out == path else path)
+        if problem:
+            raise ExportError(problem)
 
 
 # ---------------------------------------------------------------- the functions exported

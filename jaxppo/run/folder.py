@@ -44,15 +44,24 @@ from jaxppo.envs.make import refuse_imports
 from jaxppo.envs.record import listed
 from jaxppo.errors import CheckpointError, ConfigError, RunFolderError, warn
 from jaxppo.search import results
-from jaxppo.run.files import name_too_long, refuse_links
+from jaxppo.run.files import OTHERS_FOLDERS, name_too_long, refuse_links
 from jaxppo.run.plots import plot_runs, plot_search
-from jaxppo.run.logs import METRICS_FILE, RunLog, read_metrics, strict_json
+from jaxppo.run.logs import (METRICS_FILE, TENSORBOARD_DIR, WANDB_ID_FILE, RunLog,
+                             order_problem, read_metrics, strict_json)
 from jaxppo.process import process_uptime
 from jaxppo.search.sweep import SWEEP_FILE
 
 
 LOCK_FILE = ".lock"
 BEST_DIR, BEST_RECORD = "best", "best.json"
+# A run folder's own files and folders (the list above, W&B's folder, the lock, and the log
+# of a run on several hosts: jaxppo.distributed.cluster.HOSTS_LOG, whose module imports Ray).
+# A figure or an export that a user writes into the folder never replaces one of them.
+RUN_FOLDERS = frozenset({CHECKPOINT_DIR, BEST_DIR, TENSORBOARD_DIR, *OTHERS_FOLDERS})
+RUN_FILES = RUN_FOLDERS | {
+    "config.yaml", METRICS_FILE, "params.msgpack", "summary.json", SWEEP_FILE,
+    results.SEARCH_FILE, results.TABLE_FILE, results.BEST_FILE, results.PLOT_FILE, "curve.png",
+    WANDB_ID_FILE, LOCK_FILE, "hosts.log"}
 
 
 class RunFolder:
@@ -330,6 +339,56 @@ def fresh_run_dir(runs_dir: str | Path, name: str) -> Path:
     return run_dir
 
 
+def output_problem(run_dir: str | Path, path: str | Path, written_with: Path | None = None
+                   ) -> str | None:
+    """Why a file a user asked for (a figure, an export) may not be written at `path`, given
+    the run folder `run_dir` it comes from; None when it may.
+
+    It may not be a symbolic link inside the folder, or below one: jaxppo writes through no
+    link in a run folder. Nor may it be (after resolving links and "..") the folder itself,
+    one of the folder's own files (`RUN_FILES`, their .tmp files included) or inside one of
+    its folders. Anywhere else is the user's choice. `written_with`: the file `path` is
+    written next to (an export's .json), for the message.
+    """
+    run_dir, path = Path(run_dir), Path(path)
+    run, target = run_dir.resolve(), path.resolve()
+    with_text = "" if written_with is None else f" (written with {written_with})"
+    link = _link_on_the_way(run_dir, path)
+    if link is not None:
+        return (f"{link}{with_text} is a symbolic link (to {os.readlink(link)}) in the run "
+                f"folder {run_dir}, and jaxppo writes nothing through a link in a run folder, so "
+                "a folder from elsewhere cannot make it write outside itself. Remove the link "
+                f"(its target stays as it is) to write {path.name} there, or write it "
+                "elsewhere. Nothing was written")
+    if target == run:
+        return (f"{path}{with_text} is a folder; give a file name (it is the run folder "
+                f"{run_dir} itself)")
+    first = target.relative_to(run).parts[0] if target.is_relative_to(run) else None
+    if first in RUN_FILES or (first or "").removesuffix(".tmp") in RUN_FILES:
+        own = ", ".join(n + "/" * (n in RUN_FOLDERS) for n in sorted(RUN_FILES))
+        first += "/" * (first in RUN_FOLDERS)
+        return (f"{path}{with_text} would overwrite {run_dir}'s own {first}: jaxppo writes no "
+                f"figure or export over a file the run folder uses ({own}). Write it outside "
+                "the run folder or under another name. Nothing was written")
+    return None
+
+
+def _link_on_the_way(run_dir: Path, path: Path) -> Path | None:
+    """The first symbolic link inside `run_dir` that writing `path` would go through: `path`
+    itself or a folder between the run folder and it (the run folder's own path may be a
+    link); None if none."""
+    run, here = Path(os.path.abspath(run_dir)), Path(os.path.abspath(path))
+    if not here.is_relative_to(run):  # reached by another way (links, ".."): where it lands
+        inside = path.parent.resolve().is_relative_to(run_dir.resolve())
+        return path if inside and path.is_symlink() else None
+    on_the_way = run_dir
+    for part in here.relative_to(run).parts:
+        on_the_way = on_the_way / part
+        if on_the_way.is_symlink():
+            return on_the_way
+    return None
+
+
 # ---------------------------------------------------------------------- resuming a run
 @dataclass
 class ResumePoint:
@@ -352,7 +411,7 @@ class ResumePoint:
 
         Raises:
             ConfigError: `config` changes a field that fixes the saved state's shape or meaning.
-            CheckpointError: metrics.jsonl lacks rows up to the checkpoint.
+            CheckpointError: metrics.jsonl lacks rows up to the checkpoint, or repeats some.
         """
         refuse_links(self.run_dir)
         check_resumable(self.meta.get("config") or {}, config, self.run_dir)
@@ -447,7 +506,8 @@ def check_start(run_dir, point: ResumePoint | None, config: PPOConfig, resume_co
     Raises:
         ConfigError: a new run's folder cannot be made or already holds checkpoints, or the
             config cannot continue the resumed one.
-        CheckpointError: the resumed run's metrics.jsonl lacks rows up to the checkpoint.
+        CheckpointError: the resumed run's metrics.jsonl lacks rows up to the checkpoint, or
+            repeats some.
     """
     if point is not None:
         point.check(config)
@@ -486,8 +546,9 @@ def check_resumable(saved: dict, config: PPOConfig, run_dir: str | Path) -> None
 
 
 def check_metrics_file(run_dir: str | Path, iteration: int, num_seeds: int) -> None:
-    """CheckpointError unless RUN_DIR/metrics.jsonl holds a row for every iteration up to the
-    checkpoint's (for every seed): resuming would otherwise leave a hole in the record."""
+    """CheckpointError unless RUN_DIR/metrics.jsonl holds one row for every iteration up to
+    the checkpoint's (for every seed), in order: resuming would otherwise leave a hole in the
+    record, or keep a row twice (`order_problem`)."""
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         raise CheckpointError(
@@ -499,6 +560,9 @@ def check_metrics_file(run_dir: str | Path, iteration: int, num_seeds: int) -> N
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} cannot be read ({str(e)[:160]}); restore it. Nothing "
                               "was changed.") from None
+    damaged = order_problem(path, through=iteration)
+    if damaged:
+        raise CheckpointError(f"cannot resume {run_dir}: {damaged}. Nothing was changed.")
     have = {(r.get("iteration"), r.get("seed", 0)) for r in rows if isinstance(r, dict)}
     missing = sorted({it for it in range(1, iteration + 1) for s in range(num_seeds)
                       if (it, s) not in have})

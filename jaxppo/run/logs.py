@@ -35,6 +35,11 @@ def read_metrics(path: str | Path) -> list[dict]:
     Raises:
       ValueError: a line before the last is not valid JSON.
     """
+    return [row for _, row in _numbered_rows(path)]
+
+
+def _numbered_rows(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, row) of each row `read_metrics` returns."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
@@ -46,12 +51,49 @@ def read_metrics(path: str | Path) -> list[dict]:
         if not line:
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append((i + 1, json.loads(line)))
         except json.JSONDecodeError:
             if i == len(lines) - 1:  # a partial final write
                 continue
             raise ValueError(f"{path}, line {i + 1}: not valid JSON: {line[:80]!r}") from None
     return rows
+
+
+def order_problem(path: str | Path, through: int | None = None) -> str | None:
+    """What is wrong with the order of a metrics.jsonl's rows, or None: a run writes each
+    iteration of each seed once, in order, so a row whose iteration is not past the one
+    before it of the same seed (a row repeated, or rows out of order) is damage. Rows past
+    iteration `through` (which a resume drops) and rows without an iteration are not looked at.
+
+    Args:
+      path: the file, or a run folder that holds it.
+      through: the last iteration to look at (None: all).
+
+    Raises:
+      ValueError: as `read_metrics`.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    last: dict = {}  # seed -> (iteration, line) of its latest row
+    for line, row in _numbered_rows(path):
+        if not isinstance(row, dict) or not isinstance(row.get("iteration"), int):
+            continue
+        it, seed = row["iteration"], row.get("seed", 0)
+        if not isinstance(seed, (int, float)):  # not a jaxppo row: others say so
+            continue
+        if through is not None and it > through:
+            continue
+        if seed in last and it <= last[seed][0]:
+            of_seed = f" of seed {seed}" if "seed" in row else ""
+            return (f"{path}, line {line}: iteration {it}{of_seed} comes after iteration "
+                    f"{last[seed][0]} (line {last[seed][1]}), but a run writes each iteration"
+                    f"{' of each seed' if of_seed else ''} once, in order: rows are repeated or "
+                    "out of order (a file edited or joined by hand?). Keep one row per "
+                    f"iteration{' and seed' if of_seed else ''}, in order (or restore the file "
+                    "from a copy)")
+        last[seed] = (it, line)
+    return None
 
 
 def rows_through(path: Path, last_iteration: int) -> list[dict]:

@@ -6,6 +6,7 @@ returns dashed.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import warnings
@@ -14,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxppo.errors import warn
-from jaxppo.run.logs import read_metrics
+from jaxppo.run.files import write_atomic
+from jaxppo.run.logs import order_problem, read_metrics
 from jaxppo.search.results import SEARCH_FILE, lineage
 from jaxppo.search.sweep import SWEPT_CONFIG_FIELDS, fmt_value, read_record
 
@@ -352,6 +354,9 @@ def _read_runs(run_dirs: list) -> tuple[list[tuple], dict]:
     data, bounds = [], {}
     for i, run in enumerate(run_dirs):
         rows = read_metrics(run)
+        damaged = order_problem(run)
+        if damaged:  # a curve through repeated rows would go back on itself
+            raise ValueError(damaged)
         if rows:
             data.append((i, return_curve(rows), eval_curve(rows), read_record(run), _is_pbt(rows)))
             bounds[i] = return_bounds(run)
@@ -466,7 +471,7 @@ def _draw_lineage(fig, lin: dict) -> None:
 
 
 def plot_search(rec: dict, out: str | Path) -> Path:
-    """Draws search.png (`search_figure`).
+    """Draws search.png (`search_figure`); a link at `out` is replaced, not written through.
 
     Args:
       rec: search.json's content (`jaxppo.search.results.report`).
@@ -475,13 +480,7 @@ def plot_search(rec: dict, out: str | Path) -> Path:
     Returns:
       The path of the PNG.
     """
-    import matplotlib.pyplot as plt
-
-    fig, _ = search_figure(rec)
-    out = Path(out)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return out
+    return _save(search_figure(rec)[0], out)
 
 
 def search_figure(rec: dict):
@@ -559,7 +558,8 @@ def _short_number(v, _pos=None) -> str:
 
 def plot_runs(run_dirs, out: str | Path, labels=None, title: str | None = None,
               smooth: int = 1) -> Path:
-    """Draws learning curves of run folders into a PNG.
+    """Draws learning curves of run folders into a PNG (a link at `out` is replaced, not
+    written through).
 
     Return vs env steps and vs wall-clock time, one curve per run (the mean over its seeds
     with a shaded 95% bootstrap interval of that mean, kept within the returns the env can
@@ -577,10 +577,21 @@ def plot_runs(run_dirs, out: str | Path, labels=None, title: str | None = None,
     Returns:
       The path of the PNG.
     """
+    return _save(make_figure(run_dirs, labels=labels, title=title, smooth=smooth)[0], out)
+
+
+def _save(fig, out: str | Path) -> Path:
+    """Write `fig` to `out` (its format from the suffix), then close it. The image replaces
+    whatever stands at `out` (`jaxppo.run.files.write_atomic`): a link there is replaced,
+    never written through."""
     import matplotlib.pyplot as plt
 
-    fig, _ = make_figure(run_dirs, labels=labels, title=title, smooth=smooth)
     out = Path(out)
-    fig.savefig(out, dpi=110, bbox_inches="tight")  # "tight": nothing drawn is cut off
-    plt.close(fig)
+    buf = io.BytesIO()
+    try:  # "tight": nothing drawn is cut off
+        fig.savefig(buf, format=out.suffix.lstrip(".").lower() or None, dpi=110,
+                    bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    write_atomic(out, buf.getvalue())
     return out

@@ -504,6 +504,18 @@ def test_cli_sigterm_saves_and_exits_143(tmp_path):
      r"metrics\.jsonl has no rows for iteration\(s\) 1, 2 of the 4"),
     (lambda run: (run / "metrics.jsonl").write_text(
         "garbage\n" + (run / "metrics.jsonl").read_text()), r"metrics\.jsonl cannot be read"),
+    # Rows of iterations 2-4 written twice before the checkpoint's (a file joined by hand):
+    # a resume would keep them, so each iteration would no longer appear once.
+    (lambda run: (run / "metrics.jsonl").write_text(
+        "".join((lines := (run / "metrics.jsonl").read_text().splitlines(keepends=True))
+                + lines[1:])),
+     r"metrics\.jsonl, line 5: iteration 2 comes after iteration 4 \(line 4\), but a run "
+     r"writes each iteration once, in order: rows are repeated or out of order .* Keep one row "
+     r"per iteration, in order"),
+    (lambda run: (run / "metrics.jsonl").write_text("".join(
+        (lines := (run / "metrics.jsonl").read_text().splitlines(keepends=True))[:1]
+        + lines[2:3] + lines[1:2] + lines[3:])),
+     r"metrics\.jsonl, line 3: iteration 2 comes after iteration 3 \(line 2\)"),
     # The checkpoint's record of the config is the reference: a truncated or edited
     # config.yaml (or record) is refused with both values named.
     (lambda run: (run / "config.yaml").write_text("".join(  # cut after half of its lines
@@ -520,7 +532,8 @@ def test_cli_sigterm_saves_and_exits_143(tmp_path):
      r"its record says iteration 2 and wall time .*, not iteration 4"),
     (lambda run: _edit_record(run, STOP, lambda r: r.update(config=[1, 2])),
      r"records its config as '\[1, 2\]', not a mapping"),
-], ids=["empty-config", "no-metrics", "missing-rows", "garbage-row", "truncated-config", "cut-mid-value", "edited-config", "edited-record", "record-iteration", "record-config"])
+], ids=["empty-config", "no-metrics", "missing-rows", "garbage-row", "repeated-rows",
+         "rows-out-of-order", "truncated-config", "cut-mid-value", "edited-config", "edited-record", "record-iteration", "record-config"])
 def test_resume_refuses_a_damaged_record_and_changes_nothing(stopped_copy, damage, match, capsys):
     damage(stopped_copy)
     before = _folder_digest(stopped_copy)

@@ -5,6 +5,7 @@ CNN and recurrent policies; the JSON description; the errors."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -276,10 +277,15 @@ def test_export_never_overwrites_the_run_folders_files(runs, tmp_path, capsys):
     for output, named in ((run / "params.msgpack", "own params.msgpack"),
                           (run / "summary", "summary.json (written with"),  # + ".json"
                           (run / "checkpoints" / ".." / "config.yaml", "own config.yaml"),
-                          (run / "checkpoints" / "p.jaxexport", "own checkpoints")):
+                          (run / "checkpoints" / "p.jaxexport", "own checkpoints"),
+                          (run / "best" / "params.msgpack", "own best/")):
         assert cli.main(["export", str(run), "--format", "jax", "-o", str(output)]) == 2, output
         err = capsys.readouterr().err
         assert "would overwrite" in err and named in err and "outside the run folder" in err, err
+    from jaxppo.distributed.cluster import HOSTS_LOG
+    from jaxppo.run.folder import RUN_FILES
+
+    assert HOSTS_LOG in RUN_FILES  # named there by value: that module imports Ray
     link = tmp_path / "link.jaxexport"
     link.symlink_to(run / "params.msgpack")
     with pytest.raises(jaxppo.ExportError, match="own params.msgpack"):
@@ -293,6 +299,45 @@ def test_export_never_overwrites_the_run_folders_files(runs, tmp_path, capsys):
     finally:
         out.unlink(missing_ok=True)
         out.with_name(out.name + ".json").unlink(missing_ok=True)
+
+
+def test_export_writes_nothing_through_a_link_or_into_best(runs, tmp_path, capsys):
+    """Links planted at the default outputs (RUN/RUN.jaxexport and its .json) are refused,
+    named, and left as they are, as is what they point to; best/'s files are the folder's
+    own."""
+    run = shutil.copytree(runs["cartpole"], tmp_path / "cartpole")
+    target = tmp_path / "outside.txt"
+    target.write_text("not jaxppo's\n")
+    for name in ("cartpole.jaxexport", "cartpole.jaxexport.json"):
+        link = run / name
+        link.symlink_to(target)
+        assert cli.main(["export", str(run), "--format", "jax"]) == 2
+        err = capsys.readouterr().err
+        assert f"{link}" in err and "is a symbolic link" in err and "Remove the link" in err, err
+        assert link.is_symlink() and target.read_text() == "not jaxppo's\n"
+        link.unlink()
+    assert not (run / "cartpole.jaxexport").exists()
+    (run / "best").mkdir()  # as a run with eval_every keeps it
+    shutil.copy(run / "params.msgpack", run / "best" / "params.msgpack")
+    (run / "best" / "best.json").write_text('{"iteration": 2}')
+    best = {p: p.read_bytes() for p in (run / "best").iterdir()}
+    for output in ("params.msgpack", "best.json", "best"):  # "best": its .json is best.json
+        assert cli.main(["export", str(run), "--format", "jax", "-o",
+                         str(run / "best" / output)]) == 2
+        assert f"{run}'s own best/" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in (run / "best").iterdir()} == best
+
+
+def test_export_replaces_a_link_outside_the_run_folder(runs, tmp_path):
+    """-o may name any path outside the run folder; a link there is replaced by the export,
+    not written through."""
+    target = tmp_path / "outside.txt"
+    target.write_text("not jaxppo's\n")
+    out = tmp_path / "p.jaxexport"
+    out.symlink_to(target)
+    jaxppo.export_policy(runs["cartpole"], "jax", out, batch_size=2)
+    assert not out.is_symlink() and target.read_text() == "not jaxppo's\n"
+    assert jax.export.deserialize(out.read_bytes()).in_avals[0].shape == (2, 4)
 
 
 def test_bad_inputs_are_clear_errors(runs, tmp_path, capsys):

@@ -314,3 +314,60 @@ def test_legend_of_many_runs_is_inside_the_figure_and_off_the_axes(tmp_path):
     plt.close(fig)
     out = plot_runs(runs, tmp_path / "many.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("target", ["../victim.txt", "config.yaml"])
+def test_plot_writes_nothing_through_a_link_in_the_run_folder(tmp_path, capsys, target):
+    """A link planted at the default output (RUN/curves.png) is refused, named, and left as
+    it is, and so is what it points to; plot_runs itself replaces a link rather than
+    writing through it."""
+    run = _write_run(tmp_path / "run", np.ones((1, 5)))
+    (tmp_path / "victim.txt").write_text("not jaxppo's\n")
+    (run / "curves.png").symlink_to(target)
+    before = {p: p.read_bytes() for p in (tmp_path / "victim.txt", run / "config.yaml")}
+    assert cli.main(["plot", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'curves.png'} is a symbolic link (to {target})" in err
+    assert "Remove the link" in err and "Nothing was written" in err
+    assert (run / "curves.png").is_symlink()
+    assert {p: p.read_bytes() for p in before} == before
+    plot_runs([run], run / "curves.png")
+    assert not (run / "curves.png").is_symlink()
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_plot_output_is_never_one_of_the_run_folders_own_files(tmp_path, capsys):
+    """-o may name any file but the run folder's own (best/ included), also when reached
+    through a link outside the folder; they are left as they were."""
+    run = _write_run(tmp_path / "run", np.ones((1, 5)))
+    (run / "best").mkdir()
+    (run / "best" / "best.json").write_text('{"iteration": 5}')
+    (tmp_path / "link.png").symlink_to(run / "config.yaml")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for out, own in ((run / "config.yaml", "config.yaml"), (run / "curve.png", "curve.png"),
+                     (run / "best" / "best.png", "best/"), (run / "metrics.jsonl", "metrics.jsonl"),
+                     (tmp_path / "link.png", "config.yaml")):
+        assert cli.main(["plot", str(run), "-o", str(out)]) == 2, out
+        err = capsys.readouterr().err
+        assert f"would overwrite {run}'s own {own}" in err and "best/" in err, err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert cli.main(["plot", str(run), "-o", str(run / "mine.png")]) == 0
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_plot_of_repeated_or_out_of_order_rows_is_an_error(tmp_path, capsys, seeds):
+    """Rows of iterations 3-5 written again after 1-5 (a file joined by hand) are named,
+    with the line; nothing is drawn."""
+    run = _write_run(tmp_path / "run", np.ones((seeds, 5)), num_seeds=seeds)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines + lines[2 * seeds:]) + "\n")
+    assert cli.main(["plot", str(run)]) == 2
+    seed = " of seed 0" if seeds > 1 else ""
+    err = capsys.readouterr().err
+    assert (f"metrics.jsonl, line {5 * seeds + 1}: iteration 3{seed} comes after iteration 5 "
+            f"(line {4 * seeds + 1})") in err, err
+    assert "Keep one row per iteration" in err and "Nothing was drawn" in err
+    assert not (run / "curves.png").exists()
+    with pytest.raises(ValueError, match="rows are repeated or out of order"):
+        plot_runs([run], tmp_path / "out.png")
