@@ -37,6 +37,7 @@ Schedule = Union[float, Sequence[Sequence[float]]]
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
 TORSOS = ("auto", "mlp", "cnn")
 SCHEDULE_KINDS = ("constant", "linear")
+EXTEND_KINDS = ("new_total", "continue")
 SYNC_KINDS = ("gradients", "batch")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
 
@@ -166,6 +167,13 @@ class PPOConfig:
                                     check=cf.schedule(positive=False))
     entropy_schedule: str = field("constant", '"constant" | "linear"; ignored for a list',
                                   check=cf.one_of(SCHEDULE_KINDS, _KIND_HINT))
+    # What a resume that changes total_timesteps does to the schedules (jaxppo.run.schedules).
+    schedule_on_extend: str = field(
+        "new_total", 'a resume that changes total_timesteps: "new_total" = a linear schedule '
+        'anneals over the new total, as in a run started with it; "continue" = from its value '
+        "at the checkpoint",
+        check=cf.one_of(EXTEND_KINDS, ": 'new_total' anneals over the new total as a run "
+                        "started with it would, 'continue' goes on from the checkpoint's values"))
     clip_param: float = field(0.2, "PPO's ratio clip epsilon", role=TUNABLE, check=cf.positive(),
                               section="loss")
     # Value-loss clipping around the acting value, as PureJaxRL (CLIP_EPS) and RLlib do;

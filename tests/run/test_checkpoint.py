@@ -137,26 +137,80 @@ def test_resume_drops_rows_written_after_the_checkpoint(runs, stopped_copy):
 
 
 def test_cli_resume_extends_a_run_with_a_larger_total_timesteps(runs, tmp_path, capsys):
+    """A finished run (lr annealed to 0 at 512 steps) extended to 640: by default the lr is
+    the anneal a run of 640 steps has, 2.5e-4 * (1 - step / 640), from the checkpoint on."""
     run = tmp_path / "full"
     shutil.copytree(runs["base"] / "full", run)
-    more = CFG.total_timesteps + 2 * CFG.batch_size
+    old, more = CFG.total_timesteps, CFG.total_timesteps + 2 * CFG.batch_size
+    capsys.readouterr()
     rc = cli.main(["train", "--resume", str(run), "--set", f"total_timesteps={more}",
                    "--no-progress", "--no-plot"])
-    assert rc == 0, capsys.readouterr().err
-    assert [r["iteration"] for r in _rows(run)] == list(range(1, CFG.num_iterations + 3))
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert (f"resuming at env step {old:,} of {more:,} (total_timesteps was {old:,}: each "
+            "schedule is now the one a run started with the new total has") in err, err
+    assert f"lr: linear from 5e-05 at step {old:,} to 0 at step {more:,}" in err, err
+    assert "nearly run out" not in err
+    rows = _rows(run)
+    assert [r["iteration"] for r in rows] == list(range(1, CFG.num_iterations + 3))
+    assert rows[8]["lr"] == pytest.approx(5e-05, rel=1e-5)  # 2.5e-4 * (1 - 512 / 640)
+    assert rows[9]["lr"] == pytest.approx(2.5e-05, rel=1e-5)  # 2.5e-4 * (1 - 576 / 640)
     assert f"total_timesteps: {more}" in (run / "config.yaml").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["iterations"] == CFG.num_iterations + 2 and summary["completed"]
 
 
+def test_extending_a_finished_run_with_continue_keeps_its_spent_schedule(runs, tmp_path, capsys):
+    """schedule_on_extend=continue: the lr goes on from its value at the checkpoint, 0 at the
+    end of a finished anneal, and the lines say how to train the extension instead."""
+    run = tmp_path / "full"
+    shutil.copytree(runs["base"] / "full", run)
+    old, more = CFG.total_timesteps, CFG.total_timesteps + CFG.batch_size
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--set", f"total_timesteps={more}",
+                     "--set", "schedule_on_extend=continue", "--no-progress", "--no-plot"]) == 0
+    err = capsys.readouterr().err
+    assert (f"(total_timesteps was {old:,}: each schedule goes on from its value at the "
+            "checkpoint, stretched to the new total):") in err, err
+    assert "lr: constant 0" in err
+    assert ("(the lr schedule had nearly run out; to train the extension, let it anneal over "
+            "the new total (schedule_on_extend=new_total) or give it as points from here, e.g. "
+            f"--set 'lr=[[{old}, 0.00025], [{more}, 2.5e-06]]')") in err, err
+    assert _rows(run)[-1]["iteration"] == 9 and _rows(run)[-1]["lr"] == 0.0
+    assert "schedule_on_extend: continue" in (run / "config.yaml").read_text()
+
+
+def test_an_extended_run_anneals_over_the_new_total(runs, stopped_copy, capsys):
+    """Extended at iteration STOP from 8 to 12 iterations, the lr is the anneal of a run of
+    12 iterations from there on (up from the old one's value), and a second resume keeps it."""
+    old, new = CFG.total_timesteps, 12 * CFG.batch_size
+    capsys.readouterr()
+    jaxppo.train(CFG.replace(total_timesteps=new), resume=stopped_copy, progress=False,
+                 stop_after_iterations=2, plot=False)  # to iteration 6, a checkpoint
+    err = capsys.readouterr().err
+    assert f"lr: linear from {CFG.lr * (1 - 256 / 768):.3g} at step 256 to 0 at step 768" in err
+    assert "entropy_coeff: constant 0.01" in err
+    jaxppo.train(None, resume=stopped_copy, progress=False, plot=False)  # as recorded
+    assert f"lr: linear from {CFG.lr * (1 - 384 / 768):.3g} at step 384 to 0 at step 768" in (
+        capsys.readouterr().err)
+    lrs = {r["iteration"]: r["lr"] for r in _rows(stopped_copy)}
+    assert sorted(lrs) == list(range(1, 13))
+    for it in range(1, 13):  # before the resume over 512 steps, after it over 768
+        assert lrs[it] == pytest.approx(CFG.lr * (1 - (it - 1) * 64 / (old if it <= STOP else new)),
+                                        rel=1e-5), it
+    # up from 1.25e-4, the old anneal's value at the checkpoint
+    assert lrs[STOP + 1] == pytest.approx(2.5e-4 * 2 / 3, rel=1e-6)
+
+
 def test_an_extended_run_continues_its_schedule_from_the_checkpoint(runs, stopped_copy, capsys):
-    """lr anneals linearly to 0 at total_timesteps; extended at iteration STOP, it goes on
-    from its value there to 0 at the new total, and a second resume keeps that schedule."""
+    """schedule_on_extend=continue: lr anneals linearly to 0 at total_timesteps; extended at
+    iteration STOP, it goes on from its value there to 0 at the new total, and a second
+    resume keeps that schedule."""
     step, old, new = STOP * CFG.batch_size, CFG.total_timesteps, 12 * CFG.batch_size
     at_checkpoint = CFG.lr * (1 - step / old)
     capsys.readouterr()
-    jaxppo.train(CFG.replace(total_timesteps=new), resume=stopped_copy, progress=False,
-                 stop_after_iterations=2)  # to iteration 6, a checkpoint
+    jaxppo.train(CFG.replace(total_timesteps=new, schedule_on_extend="continue"),
+                 resume=stopped_copy, progress=False, stop_after_iterations=2)  # to iteration 6
     err = capsys.readouterr().err
     assert (f"lr: linear from {at_checkpoint:.3g} at step {step:,} to 0 at step {new:,}"
             in err), err
@@ -172,6 +226,57 @@ def test_an_extended_run_continues_its_schedule_from_the_checkpoint(runs, stoppe
         done = (it - 1) * 64 - step
         assert lrs[it] == pytest.approx(at_checkpoint * (1 - done / (new - step)), rel=1e-5), it
     assert lrs[STOP + 1] == pytest.approx(at_checkpoint, rel=1e-6)
+
+
+def _extended(config: PPOConfig, meta_config: PPOConfig, recorded=None, hp=None, labels=None):
+    """The schedules and lines of a resume at env step 256 (continue_schedules), the
+    checkpoint having recorded `meta_config` (and `recorded` schedules, else its own)."""
+    from jaxppo.run.schedules import continue_schedules, schedule_record
+
+    hp0 = jaxppo.HyperParams.from_config(meta_config)
+    meta = {"config": meta_config.to_dict(), "env_steps": 256,
+            **schedule_record(hp0, meta_config), **({"schedules": recorded} if recorded else {})}
+    return continue_schedules(hp if hp is not None else jaxppo.HyperParams.from_config(config),
+                              meta, config, given=False, from_record=hp is not None,
+                              labels=labels)
+
+
+@pytest.mark.parametrize("mode", ["new_total", "continue"])
+def test_schedules_given_as_points_on_extend(mode):
+    """lr given as points keeps them with new_total (a run started with 768 steps has just
+    those) and is re-anchored at the checkpoint with continue; a linear entropy anneal runs
+    over the new total, or goes on from its value at step 256."""
+    pts = [[0.0, 1e-3], [400.0, 1e-4]]
+    cfg = CFG.replace(lr=pts, entropy_coeff=0.02, entropy_schedule="linear",
+                      schedule_on_extend=mode)
+    hp, lines = _extended(cfg.replace(total_timesteps=768), cfg)
+    lr, ent = np.asarray(hp.lr_points), np.asarray(hp.entropy_points)
+    if mode == "new_total":
+        np.testing.assert_allclose(lr, pts)
+        np.testing.assert_allclose(ent, [[0, 0.02], [768, 0]])
+        assert lines[1].startswith(  # 1e-3 - 9e-4 * 256 / 400 at step 256
+            "  lr: from 0.000424 at step 256, linear to 0.0001 at step 400, "), lines
+    else:  # value at 256 kept; what came at 400 of 512 comes at 256 + 144 * 512 / 256
+        np.testing.assert_allclose(lr, [[256, 1e-3 - 9e-4 * 256 / 400], [544, 1e-4]], rtol=1e-6)
+        np.testing.assert_allclose(ent, [[256, 0.01], [768, 0]], rtol=1e-6)
+    assert any("schedule_on_extend=continue" in line for line in lines) == (mode == "new_total")
+
+
+def test_an_extended_sweep_record_anneals_each_linear_member_over_the_new_total():
+    """A sweep's members (from sweep.json) keep their own start values: a linear anneal ends
+    at the new total, points that do not anneal to 0 stay; the recorded schedules are not
+    used."""
+    cfg = CFG.replace(num_seeds=2)
+    hp = jaxppo.HyperParams.stack([jaxppo.HyperParams.from_config(CFG.replace(lr=1e-3)),
+                                   jaxppo.HyperParams.from_config(
+                                       CFG.replace(lr=[[0, 3e-3], [512, 3e-3]]))])
+    spent = {"lr_points": [[[256, 0.0], [512, 0.0]], [[256, 3e-3], [512, 3e-3]]]}
+    out, lines = _extended(cfg.replace(total_timesteps=1024), cfg, spent, hp,
+                           ["lr=0.001→0", "lr=0.003"])
+    np.testing.assert_allclose(np.asarray(out.lr_points),
+                               [[[0, 1e-3], [1024, 0]], [[0, 3e-3], [512, 3e-3]]])
+    assert "  lr: linear from 0.00075 at step 256 to 0 at step 1,024 [lr=0.001→0]" in lines
+    assert "  lr: constant 0.003 [lr=0.003]" in lines
 
 
 # ---------------------------------------------------------------------- early stopping
@@ -381,6 +486,9 @@ def test_config_fields_are_validated():
         field = next(iter(bad))
         with pytest.raises(ConfigError, match=field):
             CFG.replace(**bad).validate()
+    with pytest.raises(ConfigError, match=r"^schedule_on_extend='contine' is not one of "
+                       r"\('new_total', 'continue'\).*did you mean 'continue'"):
+        CFG.replace(schedule_on_extend="contine").validate()
 
 
 # ---------------------------------------------------------------------- atomic saves

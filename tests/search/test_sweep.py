@@ -157,9 +157,9 @@ def test_record_round_trips_schedules_and_is_absent_without_differences():
     assert sweep.make_record(jaxppo.HyperParams.from_config(cfg), 3) is None
 
 
-def test_an_extended_sweep_continues_each_members_schedule(tmp_path, capsys):
-    """A sweep of linear anneals extended at iteration 3 of 6 to 10 iterations: each member
-    goes on from its own lr at the checkpoint to 0 at the new total, as a plain run does."""
+def test_an_extended_sweep_anneals_each_members_schedule_over_the_new_total(tmp_path, capsys):
+    """A sweep of linear anneals extended at iteration 3 of 6 to 10 iterations: each member's
+    lr is from there on its own anneal over the new total, as a plain run's is."""
     config = TINY.replace(lr_schedule="linear")
     lrs, old, new, step = (1e-3, 3e-3), 6 * 32, 10 * 32, 3 * 32
     run_dir = tmp_path / "run"
@@ -170,12 +170,11 @@ def test_an_extended_sweep_continues_each_members_schedule(tmp_path, capsys):
                  progress=False, plot=False, stop_after_iterations=2)
     err = capsys.readouterr().err
     for lr in lrs:
-        assert (f"lr: linear from {lr / 2:.3g} at step {step:,} to 0 at step {new:,} "
-                f"[lr={lr:g}→0]") in err, err
+        assert (f"lr: linear from {lr * 0.7:.3g} at step {step:,} to 0 at step {new:,} "
+                f"[lr={lr:g}→0]") in err, err  # lr * (1 - 96 / 320)
     for r in read_metrics(run_dir):
         lr = lrs[r["seed"]]
         it = r["iteration"]
-        want = (lr * (1 - (it - 1) * 32 / old) if it <= 3
-                else lr / 2 * (1 - ((it - 1) * 32 - step) / (new - step)))
+        want = lr * (1 - (it - 1) * 32 / (old if it <= 3 else new))
         assert r["lr"] == pytest.approx(want, rel=1e-5), (it, r["seed"])
     assert {r["iteration"] for r in read_metrics(run_dir)} == set(range(1, 6))
