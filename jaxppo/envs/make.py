@@ -298,7 +298,8 @@ def env_action_mask(config, env, env_params, num_actions: int):
         raise ConfigError(
             f"{config.env_name}.action_mask(state, params) returned {got}; it must be bool "
             f"[{num_actions}] (one entry per action of its Discrete({num_actions}) space, true "
-            "= legal) for one env's state, or set mask_actions=false to ignore it")
+            "= legal; an integer mask counts nonzero as legal) for one env's state, or set "
+            "mask_actions=false to ignore it")
     return lambda state, params: jnp.asarray(fn(state, params)).astype(bool)
 
 

@@ -394,12 +394,15 @@ def _check_agree(config: PPOConfig, saved: PPOConfig, path: Path, given: Iterabl
     shown = "; ".join(f"{n} is {a!r} in config.yaml but {b!r} in the checkpoint"
                       for n, a, b in differ[:4]) + ("; ..." if len(differ) > 4 else "")
     first, value = differ[0][0], differ[0][1]
+    # Loading a policy (`fields` given: those that fix the saved params) takes no other value:
+    # only training continues with one on purpose.
+    on_purpose = "" if fields is not None else (
+        f"; to continue training with another value on purpose, give it: --set {first}={value!r} "
+        "(from Python, pass the config: train(config, resume=...))")
     raise ConfigError(
         f"{path} disagrees with the config the run's newest checkpoint recorded: {shown}. The "
         "checkpoint's record is what the saved state was trained with. Restore config.yaml (or "
-        "delete it to use the record); to continue with another value on purpose, give it: "
-        f"--set {first}={value!r} (from Python, pass the config: train(config, "
-        "resume=...)). Nothing was changed.")
+        f"delete it to use the record){on_purpose}. Nothing was changed.")
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -92,6 +92,24 @@ def test_the_mask_is_found_and_its_errors_name_the_fix():
 
     with pytest.raises(ConfigError, match=r"returned bool\[3\]; it must be bool \[8\]"):
         make_env(TINY.replace(env=WrongShape()))
+
+    class FloatMask(PickLegal):
+        def action_mask(self, state, params=None):
+            return state.legal.astype(jnp.float32)
+
+    with pytest.raises(ConfigError, match=r"returned float32\[8\]; it must be bool \[8\] .*an "
+                                          r"integer mask counts nonzero as legal"):
+        make_env(TINY.replace(env=FloatMask()))
+
+    class IntMask(PickLegal):  # 0s and 2s: read as bool, nonzero = legal
+        def action_mask(self, state, params=None):
+            return 2 * state.legal.astype(jnp.int32)
+
+    spec = make_env(TINY.replace(env=IntMask()))
+    _, state = spec.env.reset(jax.random.PRNGKey(1), spec.env_params)
+    mask = spec.action_mask(state, spec.env_params)
+    assert mask.dtype == jnp.bool_
+    np.testing.assert_array_equal(np.asarray(mask), np.asarray(state.legal))
     # a frame-stacked env keeps its mask
     spec = make_env(TINY.replace(transforms=({"frame_stack": {"k": 2}},)))
     _, state = spec.env.reset(jax.random.PRNGKey(1), spec.env_params)

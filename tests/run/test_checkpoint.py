@@ -633,7 +633,8 @@ def test_cli_sigterm_saves_and_exits_143(tmp_path):
      r"config\.yaml is not valid YAML .*restore it, or delete it to use the config the newest "
      r"checkpoint recorded"),
     (lambda run: _edit_yaml(run / "config.yaml", total_timesteps=4 * 64),
-     r"total_timesteps is 256 in config.yaml but 512 in the checkpoint"),
+     r"total_timesteps is 256 in config.yaml but 512 in the checkpoint.*to continue training "
+     r"with another value on purpose, give it: --set total_timesteps=256"),
     (lambda run: _edit_record(run, STOP, lambda r: r["config"].update(total_timesteps=16 * 64)),
      r"total_timesteps is 512 in config.yaml but 1024 in the checkpoint"),
     (lambda run: _edit_record(run, STOP, lambda r: r.update(iteration=2)),

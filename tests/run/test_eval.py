@@ -311,8 +311,9 @@ def test_a_shared_folder_naming_a_function_runs_nothing(trained, tmp_path, capsy
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     # config.yaml alone disagrees with the checkpoint's record of the config: refused as such
     with pytest.raises(jaxppo.ConfigError, match=r"env is 'os:system' in config.yaml but "
-                                                 r"'CartPole-v1' in the checkpoint"):
+                                                 r"'CartPole-v1' in the checkpoint") as refused:
         jaxppo.load_policy(run)
+    assert "--set" not in str(refused.value)  # loading a policy takes no other value
     edit_records(run, lambda r: r["config"].update(  # the record edited as well
         env="os:system", env_kwargs={"command": f"touch {pwned}"}))
     with pytest.raises(jaxppo.ConfigError, match=r"'os:system' is a function, not an env class"):
