@@ -567,10 +567,14 @@ def divisors(n: int) -> list[int]:
 FUNCTION_HOOK = "reward_hook_function"
 
 
+def is_function_hook(entry) -> bool:
+    """Whether a transforms entry is config.yaml's record of a reward hook given as a function."""
+    return isinstance(entry, dict) and set(entry) == {FUNCTION_HOOK}
+
+
 def function_hooks(entries) -> list[str]:
     """The names of the reward hooks in a config's transforms that are Python functions."""
-    return [e[FUNCTION_HOOK] for e in transforms_to_list(entries)
-            if isinstance(e, dict) and set(e) == {FUNCTION_HOOK}]
+    return [e[FUNCTION_HOOK] for e in transforms_to_list(entries) if is_function_hook(e)]
 
 
 def transforms_to_list(entries) -> list:

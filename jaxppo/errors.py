@@ -1,9 +1,14 @@
-"""The errors jaxppo raises on purpose. Each message names the problem and the fix.
+"""The errors jaxppo raises on purpose, each message naming the problem and the fix; and
+`warn`, its warnings attributed to the user's own line.
 
 A leaf module: everything else imports from here, and it imports nothing from jaxppo.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import warnings
 
 
 class ConfigError(ValueError):
@@ -69,10 +74,6 @@ class VideoError(RuntimeError):
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """`warnings.warn` attributed to the first caller outside jaxppo: the user's own line
     (`train(...)` in their script), not the jaxppo module that noticed the problem."""
-    import os
-    import sys
-    import warnings
-
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frame, level = sys._getframe(1), 2  # stacklevel 2: the caller of warn
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):

@@ -427,7 +427,7 @@ def make_custom_network(config, spec, module: nn.Module) -> CustomNetwork:
             recurrent = bool(jax.tree.leaves(jax.eval_shape(lambda: module.initial_carry((1,)))))
         except Exception as e:  # noqa: BLE001 - the user's code: any failure is the config's
             raise ConfigError(
-                f"network.module={_named(config.network.module)}: initial_carry((1,)) raised "
+                f"network.module={module_name(config.network.module)}: initial_carry((1,)) raised "
                 f"{type(e).__name__}: {str(e)[:200]}; it must return the carry at an episode's "
                 "start for the batch shape it is given (a pytree of arrays [*batch_shape, ...])"
             ) from None
@@ -443,7 +443,8 @@ def _with_env_fields(module: nn.Module, spec) -> nn.Module:
     return module.clone(**fill) if fill else module
 
 
-def _named(module) -> str:
+def module_name(module) -> str:
+    """A config's network.module as messages name it: "module:Class", or the class name."""
     return repr(module) if isinstance(module, str) else type(module).__name__
 
 

@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.config import FUNCTION_HOOK
-from jaxppo.envs import spec as env_spec
+from jaxppo.config import FUNCTION_HOOK, is_function_hook
 from jaxppo.errors import ConfigError
 
 
@@ -368,7 +367,7 @@ def resolve_transforms(entries) -> list:
         if callable(entry) and not isinstance(entry, type):
             out.append(FunctionHook(entry))
             continue
-        if isinstance(entry, dict) and set(entry) == {FUNCTION_HOOK}:
+        if is_function_hook(entry):
             raise ConfigError(
                 f"transforms: the reward hook {entry[FUNCTION_HOOK]!r} was a Python function, which "
                 "a config file records by name only and cannot turn back into code. Give the "
@@ -422,17 +421,6 @@ def wrap_env(env, config):
     for t in env_wrappers(config):
         env = t.wrap(env)
     return env
-
-
-def init_reward_hooks(config, spec) -> tuple:
-    """Initial hook states, one per reward hook; () when there are none."""
-    return env_spec.init_reward_hooks(reward_hooks(config), spec)
-
-
-def apply_reward_hooks(config, hook_state: tuple, traj, rewards, axis_name=None):
-    """Runs the config's reward hooks in order over the rollout batch
-    (`jaxppo.envs.spec.apply_reward_hooks`); returns (rewards [T, E], the new hook_state)."""
-    return env_spec.apply_reward_hooks(reward_hooks(config), hook_state, traj, rewards, axis_name)
 
 
 def box_bounds(space, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@ import jax
 from jaxppo import cpu_devices
 from jaxppo.config import PPOConfig, divisors, is_auto_devices
 from jaxppo.errors import ConfigError
-from jaxppo.program.user_network import module_name
+from jaxppo.core.networks import module_name
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import PPOConfig
+from jaxppo.core.networks import module_name
 from jaxppo.envs.make import import_attribute
 from jaxppo.envs.spec import EnvSpec
 from jaxppo.errors import ConfigError
@@ -92,11 +93,6 @@ def check_custom_network(config: PPOConfig, spec: EnvSpec, network) -> None:
                 f"shape of obs {list(obs.shape)}, no trailing 1), got {_described(value)}; "
                 "e.g. return nn.Dense(1)(h)[..., 0]")
         _check_carry(name, network, batch, carry, new_carry)
-
-
-def module_name(module) -> str:
-    """A config's network.module as messages name it: "module:Class", or the class name."""
-    return repr(module) if isinstance(module, str) else type(module).__name__
 
 
 def _traced(name: str, call: str, fn, *args):

@@ -28,8 +28,8 @@ import numpy as np
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir, load_params_dict,
                                load_run_config)
-from jaxppo.config import (FUNCTION_HOOK, LOCKED_FIELDS, MAX_TIMESTEPS, check_seed, function_hooks,
-                           transforms_to_list)
+from jaxppo.config import (LOCKED_FIELDS, MAX_TIMESTEPS, check_seed, function_hooks,
+                           is_function_hook, transforms_to_list)
 from jaxppo.config_fields import is_flax_module
 from jaxppo.envs.make import check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
@@ -591,8 +591,7 @@ def _resolve_recorded(config, run_dir: Path, env, trust_config: bool, network=No
         config = config.replace(network=network)
     if function_hooks(config.transforms):
         config = config.replace(transforms=[
-            t for t in transforms_to_list(config.transforms)
-            if not (isinstance(t, dict) and set(t) == {FUNCTION_HOOK})])
+            t for t in transforms_to_list(config.transforms) if not is_function_hook(t)])
     if env is not None:
         config = config.replace(env=env)
     else:

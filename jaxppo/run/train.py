@@ -290,8 +290,9 @@ def _note_unnamed_code(config: PPOConfig, run_dir, point: ResumePoint | None) ->
              "resume=RUN_DIR) with the same transforms); to resume from the command line, make "
              "each a transform (jaxppo.envs.transforms.register_transform)")
     module = config.network.module
-    if is_flax_module(module) and ":" not in network_record(module)[0]:
-        warn(f"the network {network_record(module)[0]} cannot be imported by another process, so "
+    named = network_record(module)[0] if is_flax_module(module) else ""
+    if named and ":" not in named:
+        warn(f"the network {named} cannot be imported by another process, so "
              f"{where} can only name it: load the policy with jaxppo.load_policy(RUN_DIR, "
              f"network={type(module).__name__}(...)) and resume from Python with it; for "
              "`jaxppo eval`, `export` and `--resume` on the command line, define it in a module "

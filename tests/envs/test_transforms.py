@@ -12,9 +12,9 @@ from gymnax.environments import environment, spaces
 import jaxppo
 from jaxppo.envs.make import make_env
 from jaxppo.envs.transforms import (CountBonus, DiscreteActionEnv, DiscretizeActions, FrameStack,
-                               FrameStackEnv, apply_reward_hooks, init_reward_hooks,
-                               resolve_transforms)
+                                   FrameStackEnv, resolve_transforms, reward_hooks)
 from jaxppo.config import transforms_to_list
+from jaxppo.envs.spec import apply_reward_hooks, init_reward_hooks
 
 
 # ---------------------------------------------------------------------- a clock env
@@ -141,17 +141,18 @@ def test_transforms_compose_in_order():
         {"frame_stack": {"k": 2}}, ("count_bonus", {"scale": 0.25}), double))
     spec = jaxppo.resolve(cfg).spec
     assert spec.obs_shape == (4, 2)
-    assert len(init_reward_hooks(cfg, spec)) == 2  # one state per reward hook
+    assert len(init_reward_hooks(reward_hooks(cfg), spec)) == 2  # one state per reward hook
     cfg2 = cfg.replace(transforms=(cfg.transforms[1], jaxppo.envs.transforms.FunctionHook(double, 0)))
-    state = init_reward_hooks(cfg2, spec)
+    state = init_reward_hooks(reward_hooks(cfg2), spec)
     traj = _Traj(jnp.zeros((2, 1, 4, 2)), jnp.ones((2, 1)))
-    rewards, state = apply_reward_hooks(cfg2, state, traj, traj.reward)
+    rewards, state = apply_reward_hooks(reward_hooks(cfg2), state, traj, traj.reward)
     # bonus first (N = 2 for the one repeated obs), then doubled.
     np.testing.assert_allclose(np.asarray(rewards), 2.0 * (1.0 + 0.25 / np.sqrt(2.0)), rtol=1e-6)
     assert int(state[1]) == 1
     # Reversed order: doubled first, then the bonus.
     cfg3 = cfg2.replace(transforms=cfg2.transforms[::-1])
-    rewards, _ = apply_reward_hooks(cfg3, init_reward_hooks(cfg3, spec), traj, traj.reward)
+    hooks3 = reward_hooks(cfg3)
+    rewards, _ = apply_reward_hooks(hooks3, init_reward_hooks(hooks3, spec), traj, traj.reward)
     np.testing.assert_allclose(np.asarray(rewards), 2.0 + 0.25 / np.sqrt(2.0), rtol=1e-6)
 
 
