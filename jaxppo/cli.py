@@ -58,7 +58,8 @@ def _add_training_commands(sub) -> None:
     t.add_argument("--run-name", help="run folder name (default <env>-<YYYYmmdd-HHMMSS>)")
     t.add_argument("--hosts", type=int, metavar="H",
                    help="train across H hosts of a Ray cluster (--address, else RAY_ADDRESS, "
-                        "else one running on this machine, else a local Ray); same as `python "
+                        "else one running on this machine, else a private H-node loopback "
+                        "cluster for the run); same as `python "
                         "-m jaxppo.distributed --hosts H ...`, which has the multi-host options")
     t.add_argument("--address", metavar="HOST:PORT",
                    help="with --hosts: the Ray cluster's GCS address (as RAY_ADDRESS)")

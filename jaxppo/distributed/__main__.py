@@ -19,8 +19,9 @@ def _build_parser() -> argparse.ArgumentParser:
             "STRICT_SPREAD), joined by jax.distributed into one SPMD program; gradients and "
             "statistics are all-reduced inside the compiled iteration. Connects to --address, else "
             "RAY_ADDRESS (a submitted job has it), else a cluster running on this machine "
-            "(`make ray-cluster`, `ray start`), else starts a local Ray instance. num_envs is "
-            "the global env count (split evenly over hosts x devices). "
+            "(`make ray-cluster`, `ray start`), else starts a private loopback cluster of "
+            "--hosts nodes for the run. num_envs is the global env count (split evenly over "
+            "hosts x devices). "
             f"Config precedence as in `jaxppo train`: {command.PRECEDENCE}."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -36,8 +37,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         "`ray job submit --working-dir`, whose cwd is a temporary copy)")
     p.add_argument("--run-name", help="run folder name (default <env>-ray<H>-<YYYYmmdd-HHMMSS>)")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a cluster "
-                                     "`ray start` left running on this machine, else a new "
-                                     "local instance; 'local': a new one)")
+                                     "`ray start` left running on this machine, else a private "
+                                     "cluster of --hosts nodes on this machine's loopback, "
+                                     "stopped after the run; 'local': a new one)")
     p.add_argument("--coordinator-port", type=int, default=0,
                    help="jax.distributed coordinator port on host 0's node (0: a free port)")
     p.add_argument("--gpus-per-host", type=float, default=0.0,

@@ -5,6 +5,7 @@ Only jaxppo.distributed imports Ray.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 from collections.abc import Callable
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import ray
 
-from jaxppo.distributed.loopback import (AUTH_MODE_ENV, _is_gcs, cluster_processes,
-                                        keep_loopback)
+from jaxppo.distributed.loopback import (AUTH_MODE_ENV, _is_gcs, cluster_auth_env,
+                                        cluster_processes, keep_loopback)
 from jaxppo.errors import ConfigError
 
 # ---------------------------------------------------------------------- errors
@@ -254,12 +255,13 @@ def joined_cluster() -> str:
 
 
 def connect(address: str | None = None, timeout_s: float = 5.0,
-            announce: Callable[[str], None] | None = None) -> bool:
+            announce: Callable[[str], None] | None = None, nodes: int = 1) -> bool:
     """Connect to Ray: `address`, else RAY_ADDRESS, else a cluster `ray start` left running
-    on this machine, else a new local instance (`choose_address`); `announce` gets one line
-    saying which.
+    on this machine, else a new local instance (`choose_address`): one node, or with
+    `nodes` > 1 a private loopback cluster of that many nodes on this machine (what
+    `make ray-cluster` starts), stopped by `disconnect`. `announce` gets one line saying which.
 
-    Returns True when this call initialised Ray (so the caller should shut it down).
+    Returns True when this call initialised Ray (so the caller should `disconnect`).
     Raises ClusterUnreachableError within about `timeout_s` when nothing answers there.
     """
     if ray.is_initialized():
@@ -267,6 +269,14 @@ def connect(address: str | None = None, timeout_s: float = 5.0,
     address, how = choose_address(address, os.environ.get("RAY_ADDRESS"), recorded_clusters(),
                                   running_gcs_addresses())
     quiet = dict(logging_level=logging.WARNING, log_to_driver=True)
+    if address is None and nodes > 1:
+        _start_private_cluster(nodes, quiet)
+        _joined["what"] = f"the private {nodes}-node loopback cluster started for this run"
+        if announce is not None:
+            announce(f"Ray: started a private cluster of {nodes} nodes on this machine's "
+                     f"loopback for this run ({how}); it stops when the run ends (a cluster "
+                     "that outlives runs: `make ray-cluster`, then --address or RAY_ADDRESS)")
+        return True
     if address is None:
         # A private single-node instance, on loopback only.
         with keep_loopback("127.0.0.1", children=True), _quiet_fork_warning():
@@ -286,6 +296,53 @@ def connect(address: str | None = None, timeout_s: float = 5.0,
     if announce is not None:
         announce(f"Ray: joined the cluster at {address} ({how})")
     return True
+
+
+# The private cluster `connect` started for this process (nodes > 1, no cluster given).
+_private: dict = {"cluster": None}
+PRIVATE_NODE = dict(num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=100 * 1024 ** 2)
+
+
+def _start_private_cluster(nodes: int, quiet: dict) -> None:
+    """`nodes` Ray nodes of one CPU each on 127.0.0.1 (Ray's own cluster_utils.Cluster, the
+    head one of them), and ray.init on it; all its processes agree on RAY_AUTH_MODE
+    (`cluster_auth_env`). Stopped by `disconnect`, or when this process exits."""
+    from ray.cluster_utils import Cluster
+
+    auth = cluster_auth_env()
+    if auth:
+        from ray._raylet import Config
+
+        os.environ.update(auth)
+        Config.initialize("")  # Ray's own way to make this process see a new RAY_AUTH_MODE
+    cluster = None
+    with keep_loopback("127.0.0.1", children=True), _quiet_fork_warning():
+        try:
+            cluster = Cluster(initialize_head=True,
+                              head_node_args=dict(PRIVATE_NODE, include_dashboard=False))
+            _private["cluster"] = cluster
+            atexit.register(_stop_private_cluster)
+            for _ in range(nodes - 1):
+                cluster.add_node(**PRIVATE_NODE)
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, **quiet)
+        except BaseException:
+            _stop_private_cluster()
+            raise
+
+
+def _stop_private_cluster() -> None:
+    cluster, _private["cluster"] = _private["cluster"], None
+    if cluster is not None:
+        with contextlib.suppress(Exception):
+            cluster.shutdown()
+
+
+def disconnect() -> None:
+    """Leave Ray (what `connect` started: `ray.shutdown`), and stop the private cluster
+    `connect` started for this process, if any."""
+    ray.shutdown()
+    _stop_private_cluster()
 
 
 def _agree_on_auth(address: str) -> None:
@@ -354,19 +411,70 @@ def _connect_to(address: str, timeout_s: float, quiet: dict, how: str) -> None:
             f"{hp[0]}:6379 (`ray start --head --port=...`), or submit the run as a job: "
             f"`ray job submit --address http://{hp[0]}:{hp[1]} -- python -m "
             "jaxppo.distributed ...`")
+    log = _Fd2Capture()
     try:
-        with keep_loopback(hp[0]), _quiet_fork_warning():
+        with keep_loopback(hp[0]), _quiet_fork_warning(), log:
             ray.init(address=address, **quiet)
     except (ConnectionError, RuntimeError, TimeoutError, ray.exceptions.RayError) as e:
-        if "Authentication" in f"{type(e).__name__} {e}" and "RAY_AUTH_MODE" not in os.environ:
-            raise ClusterUnreachableError(
-                f"the Ray cluster at {address!r} requires token authentication; run with "
-                "RAY_AUTH_MODE=token (the token is read from ~/.ray/auth_token, "
-                "RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)") from None
+        said = f"{type(e).__name__} {e} {log.text}"
+        if any(w in said for w in AUTH_REFUSED):
+            raise ClusterUnreachableError(_auth_refused(address, name)) from None
+        log.replay()
         raise ClusterUnreachableError(
             f"could not connect to a Ray cluster at {name}: {e}. Start one with "
             f"`make ray-cluster` (or `ray start --head`), or {fix}"
         ) from None
+    log.replay()
+
+
+# What Ray says (in its exception, or its C++ client's log lines) when a GCS refuses us.
+AUTH_REFUSED = ("Authentication", "Unauthenticated", "InvalidAuthToken")
+
+
+def _auth_refused(address: str, name: str) -> str:
+    """The message for a cluster that refused this process's credentials."""
+    mode = os.environ.get(AUTH_MODE_ENV)
+    if mode != "token":
+        how = f"RAY_AUTH_MODE={mode}" if mode else "RAY_AUTH_MODE is unset"
+        return (f"the Ray cluster at {name} requires token authentication, which this process "
+                f"does not use ({how}): run with RAY_AUTH_MODE=token (the "
+                "token is read from ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN; "
+                "the cluster's own, as its head node has it)")
+    return (f"the Ray cluster at {address} refused this process's authentication token: give "
+            "the cluster's token (the head node's ~/.ray/auth_token) in ~/.ray/auth_token, "
+            "RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN")
+
+
+class _Fd2Capture:
+    """While active, what is written to file descriptor 2 (Ray's C++ client logs its retries
+    there, a line a second) goes to a temporary file; `text` is it, `replay` writes it to
+    stderr after all (a connection that worked, or failed for another reason)."""
+
+    def __init__(self):
+        self.text = ""
+
+    def __enter__(self):
+        import tempfile
+
+        sys.stderr.flush()
+        self._file = tempfile.TemporaryFile(mode="w+b")
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.seek(0)
+        self.text = self._file.read().decode(errors="replace")
+        self._file.close()
+        return False
+
+    def replay(self) -> None:
+        if self.text:
+            sys.stderr.write(self.text)
+            sys.stderr.flush()
 
 
 def _speaks_http(sock: socket.socket, timeout_s: float) -> bool:

@@ -34,7 +34,8 @@ from jaxppo.program.shards import join_parts, shard_state
 from jaxppo.program.layout import Layout
 from jaxppo.program.resolved import Resolved
 from jaxppo.distributed.cluster import (DistributedError, HostsConfigError, HostsOutput,
-                                        NotEnoughNodesError, _node_summary, joined_cluster)
+                                        NotEnoughNodesError, _node_summary, disconnect,
+                                        joined_cluster)
 from jaxppo.distributed.learner import HostLearner, versions
 
 logger = logging.getLogger("jaxppo.distributed")
@@ -218,7 +219,7 @@ class HostGroup:
         if self.output is not None:
             self.output.close()
         if self.owns_ray:
-            ray.shutdown()
+            disconnect()
 
     # -------------------------------------------------------------- starting
     def start(self) -> "HostGroup":

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Callable
 
 import jax
-import ray
 
 from jaxppo.config import PPOConfig
 from jaxppo.core.hyperparams import HyperParams
@@ -25,7 +24,7 @@ from jaxppo.run.loop import chunk_length
 from jaxppo.run.result import TrainResult
 from jaxppo.run.train import EntryPoint, Start, train_with
 from jaxppo.distributed.cluster import (HOSTS_LOG, DistributedError, HostsOutput, connect,
-                                        quiet_library_logs)
+                                        disconnect, quiet_library_logs)
 from jaxppo.distributed.group import HostGroup, check_hosts
 
 
@@ -71,8 +70,9 @@ def train_distributed(
             (default: hosts).
         address: the Ray cluster: the current connection if `ray.init` was called, else
             `address`, else RAY_ADDRESS, else a cluster `ray start` (or `make ray-cluster`)
-            left running on this machine, else a new local instance (one node: hosts=1 unless
-            strategy="PACK"); "local" asks for a new instance, "auto" for a running cluster.
+            left running on this machine, else a private cluster of `hosts` nodes started on
+            this machine's loopback for this run and stopped after it (one node for
+            hosts=1); "local" asks for a new instance, "auto" for a running cluster.
         strategy: Ray's placement of the learners; STRICT_SPREAD puts one on each node.
         gpus_per_host: GPUs reserved for each learner.
         coordinator_port: jax.distributed's coordinator port on host 0's node (0: a free one).
@@ -128,7 +128,7 @@ def _start_group(start: Start, hosts: int, address: str | None, connect_timeout_
     """Connect to Ray, then place, start and compile the learners; says who joined. With
     `hosts_log`, what Ray forwards from the cluster goes there (`HostsOutput`)."""
     say = None if progress is False else (lambda line: print(line, file=sys.stderr, flush=True))
-    started = connect(address, timeout_s=connect_timeout_s, announce=say)
+    started = connect(address, timeout_s=connect_timeout_s, announce=say, nodes=hosts)
     output = HostsOutput(hosts_log).install() if hosts_log is not None else None
     try:
         group = HostGroup(start.resolved, start.hp, hosts,
@@ -139,7 +139,7 @@ def _start_group(start: Start, hosts: int, address: str | None, connect_timeout_
         if output is not None:
             output.close()
         if started:
-            ray.shutdown()
+            disconnect()
         raise
     if progress is not False:
         for h in group.host_info:
