@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import argparse
 
-from jaxppo.run import command
-from jaxppo.distributed.launch import HostOptions, train_from_command
+if __name__ == "__main__":  # imports as for `jaxppo` (jaxppo.envs.imports): not from the cwd
+    from jaxppo.envs.imports import leave_out_cwd
+
+    leave_out_cwd()
+
+from jaxppo.run import command  # noqa: E402
+from jaxppo.distributed.launch import HostOptions, train_from_command  # noqa: E402
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxppo.envs.gymnax_import import import_gymnax
+from jaxppo.envs.imports import import_package
 from jaxppo.errors import ConfigError
 
 # suite -> (the package it needs, the pip extra that installs it). An env named
@@ -57,7 +58,7 @@ def import_suite(suite: str, module: str | None = None):
     """
     name = module or SUITES[suite][0]
     try:
-        return importlib.import_module(name)
+        return import_package(name)
     except ImportError as e:
         raise ConfigError(f"env='{suite}:...' needs the {SUITES[suite][0]} package "
                           f"({type(e).__name__}: {e}): {install_line(suite)}") from None

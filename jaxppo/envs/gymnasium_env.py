@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxppo.envs.imports import import_package, import_user_module
 from jaxppo.envs.transforms import env_wrappers
 from jaxppo.errors import ConfigError
 
@@ -27,7 +28,7 @@ def is_gymnasium_env(env: Any) -> bool:
 def import_gymnasium():
     """gymnasium, at a version with SAME_STEP autoreset; ConfigError naming the install."""
     try:
-        import gymnasium
+        gymnasium = import_package("gymnasium")
     except ImportError:
         raise ConfigError(f"env='gymnasium:...' needs the gymnasium package: {INSTALL}") from None
     mode = getattr(getattr(gymnasium.vector, "AutoresetMode", None), "SAME_STEP", None)
@@ -170,10 +171,8 @@ def check_config(config, layout) -> None:
 def _check_registered(gym, env_id: str) -> None:
     module, _, short = env_id.rpartition(":")
     if module:  # "module:Env-v0": gymnasium.make imports the module that registers it
-        import importlib
-
         try:
-            importlib.import_module(module)
+            import_user_module(module)
         except Exception as e:  # noqa: BLE001
             raise ConfigError(f"env='gymnasium:{env_id}': importing module {module!r} (which "
                               f"should register {short!r}) failed with {type(e).__name__}: "

@@ -13,6 +13,8 @@ import importlib.util
 import sys
 import types
 
+from jaxppo.envs.imports import import_package
+
 _RENDER_ONLY = ("matplotlib.pyplot", "matplotlib.colors", "seaborn")
 
 
@@ -35,6 +37,4 @@ def import_gymnax():
                 stub = _Deferred(name)
                 stub.__spec__ = None
                 sys.modules[name] = stub
-    import gymnax
-
-    return gymnax
+    return import_package("gymnax")

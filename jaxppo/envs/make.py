@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.envs.gymnax_import import import_gymnax
+from jaxppo.envs.imports import import_user_module
 from jaxppo.errors import ConfigError
 from jaxppo.envs.check import check_env, error_summary
 from jaxppo.envs.gymnasium_env import is_gymnasium_env, make_gymnasium_env
@@ -359,11 +360,10 @@ def import_attribute(path: str, key: str):
       ConfigError: no such module (with the fix), importing it failed, or no such attribute
         (with the nearest names).
     """
-    import importlib
-
     module_name, _, attr = path.partition(":")
+    import_gymnax()  # the installed one, before the user's module (looked up in the cwd) imports it
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except Exception as e:
         missing = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
