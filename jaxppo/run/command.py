@@ -16,7 +16,7 @@ from jaxppo.config import PPOConfig, tuned_config_for
 from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
 from jaxppo.envs.make import check_recorded_env, refuse_imports
-from jaxppo.errors import CheckpointError, ConfigError
+from jaxppo.errors import CheckpointError, ConfigError, warn
 from jaxppo.search.space import SEARCH_EXAMPLE
 from jaxppo.run.files import name_too_long
 from jaxppo.run.folder import fresh_run_dir
@@ -77,10 +77,36 @@ def _shown(value) -> str:
     return str(list(value)) if isinstance(value, tuple) else str(value)
 
 
+def _given(args) -> list[str]:
+    """The keys --set gives (a dotted key counts for its field: wandb.mode -> wandb)."""
+    return [o.split("=", 1)[0].strip().split(".", 1)[0] for o in _overrides(args)]
+
+
 def _overrides(args) -> list[str]:
     return (list(args.overrides) + ([f"num_seeds={args.seeds}"] if args.seeds is not None else [])
             + ([f"stop_at_return={args.stop_at_return}"] if args.stop_at_return is not None
                else []))
+
+
+# Fields that make a run write (or read compiled code) outside its folder: a config file or
+# folder you did not write (--no-imports) does not choose them.
+OUTSIDE_PATHS = ("compilation_cache_dir", "wandb")
+
+
+def _untrusted_outside_paths(config: PPOConfig, source: str, given: list[str]) -> PPOConfig:
+    """`config` with OUTSIDE_PATHS that `source` set (and --set did not) back at their
+    defaults, each with a note."""
+    default = PPOConfig()
+    for key in OUTSIDE_PATHS:
+        value = getattr(config, key)
+        if key in given or value == getattr(default, key):
+            continue
+        config = config.replace(**{key: getattr(default, key)})
+        what = {"compilation_cache_dir": f"the default {default.compilation_cache_dir} is used",
+                "wandb": "W&B logging is off"}[key]
+        warn(f"--no-imports: {source} sets {key}={value!r}, which would write outside the run "
+             f"folder; not used ({what}). If you trust it, give it with --set {key}=...")
+    return config
 
 
 def new_config(args) -> tuple[PPOConfig, str]:
@@ -106,6 +132,8 @@ def new_config(args) -> tuple[PPOConfig, str]:
     if args.config:
         config = PPOConfig.from_dict(file_values, config)
         sources.append(args.config)
+        if args.no_imports:
+            config = _untrusted_outside_paths(config, args.config, _given(args))
     if args.env:
         config = config.replace(env=args.env)
     overrides = _overrides(args)
@@ -131,6 +159,7 @@ def resumed_config(args) -> tuple[PPOConfig, Path]:
     config = load_run_config(run_dir, newest_record(run_dir),
                              given=[o.split("=", 1)[0].strip() for o in overrides])
     if args.no_imports:
+        config = _untrusted_outside_paths(config, str(run_dir / "config.yaml"), _given(args))
         refuse_imports(config.env, str(run_dir / "config.yaml"), network=config.network, fix=(
             "Resume from Python with the env: jaxppo.train(jaxppo.PPOConfig.from_file("
             f"{str(run_dir / 'config.yaml')!r}).replace(env=YourEnv()), resume={str(run_dir)!r}), "

@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import yaml
 
 import jaxppo
 from checkpoint_records import edit_records  # tests/ is on sys.path
@@ -158,6 +159,32 @@ def test_cli_resume_extends_a_run_with_a_larger_total_timesteps(runs, tmp_path, 
     assert f"total_timesteps: {more}" in (run / "config.yaml").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["iterations"] == CFG.num_iterations + 2 and summary["completed"]
+
+
+def test_a_folder_resumed_with_no_imports_chooses_no_place_outside_itself(tmp_path, capsys):
+    """A folder from elsewhere whose config (and checkpoint record) names a compilation cache
+    and a W&B folder outside it: with --no-imports neither is used (JAX would also load
+    compiled code from the cache), each with a note; the run resumes and finishes."""
+    pytest.importorskip("wandb")
+    cache, wandb_dir = tmp_path / "elsewhere" / "xla", tmp_path / "elsewhere" / "wandb"
+    run = tmp_path / "run"
+    jaxppo.train(CFG.replace(compilation_cache_dir=str(cache),
+                             wandb={"project": "p", "mode": "offline",
+                                    "dir": str(wandb_dir)}),
+                 run_dir=run, progress=False, stop_after_iterations=STOP, plot=False)
+    shutil.rmtree(tmp_path / "elsewhere")
+    capsys.readouterr()
+    with pytest.warns(UserWarning) as caught:
+        rc = cli.main(["train", "--resume", str(run), "--no-imports", "--no-progress",
+                       "--no-plot"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    notes = [str(w.message) for w in caught if "--no-imports" in str(w.message)]
+    assert len(notes) == 2, notes
+    assert f"sets compilation_cache_dir={str(cache)!r}, which would write outside" in notes[0]
+    assert "sets wandb=" in notes[1] and "W&B logging is off" in notes[1]
+    assert not (tmp_path / "elsewhere").exists()
+    assert [r["iteration"] for r in _rows(run)] == list(range(1, CFG.num_iterations + 1))
 
 
 def test_extending_a_finished_run_with_continue_keeps_its_spent_schedule(runs, tmp_path, capsys):
