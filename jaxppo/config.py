@@ -28,7 +28,7 @@ from jaxppo.config_fields import (MAX_TIMESTEPS, SHAPE, TUNABLE, check_seed,  # 
 from jaxppo.config_files import (load_yaml, read_config_file, refuse_unknown_keys,
                                  refuse_unknown_keywords)
 from jaxppo.envs.record import env_record, network_record
-from jaxppo.errors import ConfigError
+from jaxppo.errors import ConfigError, warn
 from jaxppo.search import space
 
 # A schedule is a constant, or a piecewise-linear list of [env_step, value] points.
@@ -228,7 +228,7 @@ class PPOConfig:
     log_every: int = field(0, "iterations per compiled chunk between progress updates; 0 = auto",
                            check=cf.integer(0))
     compilation_cache_dir: str | None = field("~/.cache/jaxppo/xla", "null disables the cache",
-                                              check=cf.folder_or_null)
+                                              check=cf.folder_or_null, machine_path=True)
     checkpoint_every: int = field(
         0, "iterations between checkpoints in RUN_DIR/checkpoints; 0 = none by count",
         check=cf.integer(0), section="run lifecycle")
@@ -264,7 +264,7 @@ class PPOConfig:
     # tags, notes} (only project is needed; mode defaults to WANDB_MODE, else online). Logging
     # only: it changes neither the compiled program nor what a resume may change.
     wandb: dict | None = field(None, "W&B logging, e.g. {project: jaxppo, mode: offline}; null = off",
-                               check=cf.wandb_settings)
+                               check=cf.wandb_settings, machine_path="dir")
     # Distributions over tunable fields, drawn once per member of the vmapped population, e.g.
     # {population: 8, lr: {loguniform: [1e-4, 1e-2]}, gamma: {choice: [0.99, 0.995]}};
     # population = settings (num_seeds follows it when left at 1), each num_seeds/population
@@ -385,6 +385,36 @@ class PPOConfig:
 
     def replace(self, **changes) -> "PPOConfig":
         return dataclasses.replace(self, **changes)
+
+    def machine_paths_from(self, source: str, given: Sequence[str] = (),
+                           say: bool = True) -> "PPOConfig":
+        """This config (read from `source`: a run folder's config.yaml, a file you did not
+        write) with the paths it names on this machine (fields declared `machine_path`: the
+        compilation cache, W&B's dir) back at their defaults (null, which turns one off, is
+        kept), each with a warning; JAX would
+        also load compiled code from the cache. Keys in `given` (set by the user: --set)
+        are kept; `say=False`: no warning (a policy's load, which uses neither)."""
+        default = PPOConfig()
+        changes = {}
+        for f in dataclasses.fields(self):
+            where, value = cf.spec(f).machine_path, getattr(self, f.name)
+            if not where or f.name in given:
+                continue
+            if where is True and value is not None and value != getattr(default, f.name):
+                changes[f.name] = getattr(default, f.name)
+                what = f"{f.name}={value!r}"
+            elif isinstance(where, str) and isinstance(value, dict) and where in value \
+                    and f"{f.name}.{where}" not in given:
+                changes[f.name] = {k: v for k, v in value.items() if k != where}
+                what = f"{f.name}.{where}={value[where]!r}"
+            else:
+                continue
+            if say:
+                warn(f"{source} sets {what}, a path of this machine, which a config from a run "
+                     "folder (or a file under --no-imports) does not choose: not used (the "
+                     f"default instead); to use it, give it with --set {what.split('=')[0]}=... "
+                     "(from Python: pass the config)")
+        return self.replace(**changes) if changes else self
 
     def to_dict(self) -> dict:
         """A JSON-friendly dict that `from_dict` reads back. An env object becomes

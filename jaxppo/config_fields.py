@@ -43,15 +43,19 @@ class Spec:
     section: str | None = None  # the heading of the group of keys it opens in train --help
     leaf: str | None = None  # TUNABLE: the HyperParams leaf's name when not the field's
     kind: str | None = None  # TUNABLE schedule: the field giving its form, swept along with it
+    # A path of the machine that runs (True: the value; a key: that key of a mapping value):
+    # never taken from a run folder or an untrusted config file (`PPOConfig.machine_paths_from`).
+    machine_path: bool | str = False
 
 
 def field(default: Any = dataclasses.MISSING, doc: str = "", *, role: str = RUN,
           check: Check | None = None, section: str | None = None, leaf: str | None = None,
-          kind: str | None = None, factory: Callable[[], Any] | None = None) -> Any:
+          kind: str | None = None, factory: Callable[[], Any] | None = None,
+          machine_path: bool | str = False) -> Any:
     """A config field: `default` (or `factory` for a mutable one) and its `Spec`."""
     if role not in (TUNABLE, SHAPE, RUN):
         raise ValueError(f"role={role!r} is not one of {(TUNABLE, SHAPE, RUN)}")
-    meta = {"spec": Spec(doc, role, check, section, leaf, kind)}
+    meta = {"spec": Spec(doc, role, check, section, leaf, kind, machine_path)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

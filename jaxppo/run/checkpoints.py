@@ -308,7 +308,9 @@ def load_run_config(run_dir: str | Path, meta: dict | None = None, *,
     Args:
         run_dir: the run folder.
         meta: the newest checkpoint's record (`CheckpointStore.read_meta`), if there is one.
-        given: fields the caller sets itself (`--set NAME=...`), which may disagree.
+        given: fields the caller sets itself (`--set NAME=...`), which may disagree; the
+            paths of this machine the folder names (`PPOConfig.machine_paths_from`) are
+            replaced by the defaults unless given.
         fields: the fields that must agree (default: all; a policy needs only the fields
             that fix the saved state's shape and meaning).
 
@@ -325,12 +327,13 @@ def load_run_config(run_dir: str | Path, meta: dict | None = None, *,
         if record is None:
             raise ConfigError(f"run folder {run_dir} has no config.yaml and no checkpoint that "
                               "records its config; it is not a jaxppo run folder")
-        return _config_from(dict(record), f"the config recorded by the newest checkpoint of {run_dir}")
+        source = f"the config recorded by the newest checkpoint of {run_dir}"
+        return _config_from(dict(record), source).machine_paths_from(source, given, fields is None)
     config = _config_from(_read_yaml(path), str(path))
     if record is not None:
         saved = _config_from(dict(record), f"the config recorded by the newest checkpoint of {run_dir}")
         _check_agree(config, saved, path, given, fields)
-    return config
+    return config.machine_paths_from(str(path), given, say=fields is None)
 
 
 def _read_yaml(path: Path) -> dict:

@@ -78,35 +78,14 @@ def _shown(value) -> str:
 
 
 def _given(args) -> list[str]:
-    """The keys --set gives (a dotted key counts for its field: wandb.mode -> wandb)."""
-    return [o.split("=", 1)[0].strip().split(".", 1)[0] for o in _overrides(args)]
+    """The keys --set gives (wandb.dir=... as given)."""
+    return [o.split("=", 1)[0].strip() for o in _overrides(args)]
 
 
 def _overrides(args) -> list[str]:
     return (list(args.overrides) + ([f"num_seeds={args.seeds}"] if args.seeds is not None else [])
             + ([f"stop_at_return={args.stop_at_return}"] if args.stop_at_return is not None
                else []))
-
-
-# Fields that make a run write (or read compiled code) outside its folder: a config file or
-# folder you did not write (--no-imports) does not choose them.
-OUTSIDE_PATHS = ("compilation_cache_dir", "wandb")
-
-
-def _untrusted_outside_paths(config: PPOConfig, source: str, given: list[str]) -> PPOConfig:
-    """`config` with OUTSIDE_PATHS that `source` set (and --set did not) back at their
-    defaults, each with a note."""
-    default = PPOConfig()
-    for key in OUTSIDE_PATHS:
-        value = getattr(config, key)
-        if key in given or value == getattr(default, key):
-            continue
-        config = config.replace(**{key: getattr(default, key)})
-        what = {"compilation_cache_dir": f"the default {default.compilation_cache_dir} is used",
-                "wandb": "W&B logging is off"}[key]
-        warn(f"--no-imports: {source} sets {key}={value!r}, which would write outside the run "
-             f"folder; not used ({what}). If you trust it, give it with --set {key}=...")
-    return config
 
 
 def new_config(args) -> tuple[PPOConfig, str]:
@@ -133,7 +112,7 @@ def new_config(args) -> tuple[PPOConfig, str]:
         config = PPOConfig.from_dict(file_values, config)
         sources.append(args.config)
         if args.no_imports:
-            config = _untrusted_outside_paths(config, args.config, _given(args))
+            config = config.machine_paths_from(args.config, _given(args))
     if args.env:
         config = config.replace(env=args.env)
     overrides = _overrides(args)
@@ -156,10 +135,8 @@ def resumed_config(args) -> tuple[PPOConfig, Path]:
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist; check the path")
     overrides = _overrides(args)
-    config = load_run_config(run_dir, newest_record(run_dir),
-                             given=[o.split("=", 1)[0].strip() for o in overrides])
+    config = load_run_config(run_dir, newest_record(run_dir), given=_given(args))
     if args.no_imports:
-        config = _untrusted_outside_paths(config, str(run_dir / "config.yaml"), _given(args))
         refuse_imports(config.env, str(run_dir / "config.yaml"), network=config.network, fix=(
             "Resume from Python with the env: jaxppo.train(jaxppo.PPOConfig.from_file("
             f"{str(run_dir / 'config.yaml')!r}).replace(env=YourEnv()), resume={str(run_dir)!r}), "

@@ -161,30 +161,49 @@ def test_cli_resume_extends_a_run_with_a_larger_total_timesteps(runs, tmp_path, 
     assert summary["iterations"] == CFG.num_iterations + 2 and summary["completed"]
 
 
-def test_a_folder_resumed_with_no_imports_chooses_no_place_outside_itself(tmp_path, capsys):
-    """A folder from elsewhere whose config (and checkpoint record) names a compilation cache
-    and a W&B folder outside it: with --no-imports neither is used (JAX would also load
-    compiled code from the cache), each with a note; the run resumes and finishes."""
-    pytest.importorskip("wandb")
-    cache, wandb_dir = tmp_path / "elsewhere" / "xla", tmp_path / "elsewhere" / "wandb"
-    run = tmp_path / "run"
-    jaxppo.train(CFG.replace(compilation_cache_dir=str(cache),
-                             wandb={"project": "p", "mode": "offline",
-                                    "dir": str(wandb_dir)}),
-                 run_dir=run, progress=False, stop_after_iterations=STOP, plot=False)
-    shutil.rmtree(tmp_path / "elsewhere")
-    capsys.readouterr()
-    with pytest.warns(UserWarning) as caught:
-        rc = cli.main(["train", "--resume", str(run), "--no-imports", "--no-progress",
-                       "--no-plot"])
-    err = capsys.readouterr().err
-    assert rc == 0, err
-    notes = [str(w.message) for w in caught if "--no-imports" in str(w.message)]
+def test_a_resumed_folder_chooses_no_path_of_this_machine(runs, stopped_copy):
+    """A folder whose config (and checkpoint record) names a compilation cache and a W&B
+    folder outside it, as one from elsewhere may: a resume uses neither (JAX would also load
+    compiled code from the cache), each with a warning, unless given with --set; a policy's
+    load, which uses neither, says nothing. (Checked on the config the command builds: a
+    training here would move this test process's JAX cache.)"""
+    import warnings
+
+    from jaxppo.cli import _build_parser
+    from jaxppo.run.command import resumed_config
+
+    cache, wandb_dir = "/elsewhere/xla", "/elsewhere/wandb"
+    wandb = {"project": "p", "mode": "offline", "dir": wandb_dir}
+    yaml_path = stopped_copy / "config.yaml"
+    record = yaml.safe_load(yaml_path.read_text())
+    record.update(compilation_cache_dir=cache, wandb=wandb)
+    yaml_path.write_text(yaml.safe_dump(record))
+    for meta in stopped_copy.glob("checkpoints/*/meta/metadata"):
+        data = json.loads(meta.read_text())
+        data["config"].update(compilation_cache_dir=cache, wandb=wandb)
+        meta.write_text(json.dumps(data))
+
+    def resumed(*sets):
+        args = _build_parser().parse_args(["train", "--resume", str(stopped_copy),
+                                           *(["--set", *sets] if sets else [])])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            config, _ = resumed_config(args)
+        return config, [str(w.message) for w in caught if "path of this machine" in str(w.message)]
+
+    config, notes = resumed()
+    assert config.compilation_cache_dir == jaxppo.PPOConfig().compilation_cache_dir
+    assert config.wandb == {"project": "p", "mode": "offline"}  # logging kept, in RUN_DIR/wandb
     assert len(notes) == 2, notes
-    assert f"sets compilation_cache_dir={str(cache)!r}, which would write outside" in notes[0]
-    assert "sets wandb=" in notes[1] and "W&B logging is off" in notes[1]
-    assert not (tmp_path / "elsewhere").exists()
-    assert [r["iteration"] for r in _rows(run)] == list(range(1, CFG.num_iterations + 1))
+    assert f"sets compilation_cache_dir={cache!r}, a path of this machine" in notes[0]
+    assert f"sets wandb.dir={wandb_dir!r}" in notes[1] and "--set wandb.dir=" in notes[1]
+    config, notes = resumed("compilation_cache_dir=/mine", "wandb.dir=/mine/wandb")
+    assert config.compilation_cache_dir == "/mine" and config.wandb["dir"] == "/mine/wandb"
+    assert notes == []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jaxppo.load_policy(stopped_copy)
+    assert not [w for w in caught if "path of this machine" in str(w.message)]
 
 
 def test_extending_a_finished_run_with_continue_keeps_its_spent_schedule(runs, tmp_path, capsys):
