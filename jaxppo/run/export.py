@@ -167,10 +167,16 @@ def _check_outside_run(run_dir: Path, path: Path, others: list[Path]) -> None:
 
 
 # ---------------------------------------------------------------- the functions exported
+# What an exported masked policy returns for an observation whose mask has no legal action
+# (`load_policy`'s policies raise ValueError there instead).
+NO_LEGAL_ACTION = -1
+
+
 def _positional(policy: Policy, step):
     """`step(obs, mask, carry, *rest) -> (action, carry)` as the exported function's
     signature: (obs[, action_mask][, carry], *rest) -> action, or (action, carry) for a
-    recurrent policy; the mask only for a masked policy, the carry only for a recurrent one."""
+    recurrent policy; the mask only for a masked policy, the carry only for a recurrent one.
+    A row whose mask has no legal action gets NO_LEGAL_ACTION (-1), never a made-up action."""
     masked, recurrent = policy.masked, policy.recurrent
 
     def call(*args):
@@ -178,6 +184,8 @@ def _positional(policy: Policy, step):
         mask = args.pop(0) if masked else None
         carry = args.pop(0) if recurrent else ()
         action, carry = step(obs, mask, carry, *args)
+        if masked:
+            action = jnp.where(jnp.any(mask, axis=-1), action, NO_LEGAL_ACTION).astype(action.dtype)
         return (action, carry) if recurrent else action
 
     return call
@@ -272,8 +280,8 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
                "distribution": "gumbel(0, 1)" if spec.discrete else "standard normal"},
         action_mask={**describe(mask_in[0]), "meaning": (
             "the legal actions of each observation's state (the env's action_mask(state, "
-            "params)), true = legal, at least one per row; the action is always a legal "
-            "one")} if mask_in else None,
+            "params)), true = legal; the action is always a legal one, and -1 for a row "
+            "with no legal action")} if mask_in else None,
     )
 
 

@@ -314,11 +314,23 @@ def _check_health(rows: list[dict], last_row: dict | None, folder, seeds: int) -
             + f": {', '.join(bad)} became NaN/inf. Last finite metrics: "
             f"{_short(last_finite)}. Metrics so far are kept"
             + (f" in {folder.path / 'metrics.jsonl'}" if folder else "")
-            + ". Try a lower lr, a smaller max_grad_norm, or "
-            "normalize_observations=true / normalize_rewards=true.",
+            + ". " + _divergence_advice(row["iteration"]),
             row["iteration"],
             last_finite,
         )
+
+
+def _divergence_advice(iteration: int) -> str:
+    """What to try for a run that diverged at `iteration`: in the first, the network's or the
+    env's numbers come before the step size."""
+    later = ("Try a lower lr, a smaller max_grad_norm, or normalize_observations=true / "
+             "normalize_rewards=true.")
+    if iteration > 1:
+        return later
+    return ("It failed in the first iteration, where the usual cause is not the step size: "
+            "check that the network gives finite outputs for the env's observations (a custom "
+            "module's log of a non-positive number, a division by zero, an unset parameter) "
+            "and that the env's observations and rewards are finite. If they are: " + later)
 
 
 def _short(row: dict | None) -> str:

@@ -253,11 +253,21 @@ def test_diverging_run_raises_and_keeps_earlier_rows(tmp_path):
     assert err.iteration == 4
     assert err.last_finite is not None and err.last_finite["iteration"] == 3
     assert "metrics.jsonl" in str(err)
+    assert "Try a lower lr" in str(err) and "first iteration" not in str(err)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2, 3]  # row 3 comes from the failing chunk
     for r in rows:
         for k in HEALTH:
             assert r[k] is not None and math.isfinite(r[k]), (r["iteration"], k)
+
+
+def test_a_run_that_fails_in_its_first_iteration_points_at_the_network_and_env_first():
+    cfg = SMALL.replace(env=SignEnv(), env_kwargs={"max_steps_in_episode": 1000, "nan_from_step": 3})
+    with pytest.raises(TrainingDivergedError, match=r"diverged at iteration 1\b") as info:
+        jaxppo.train(cfg, progress=False)
+    message = str(info.value)
+    assert "It failed in the first iteration, where the usual cause is not the step size" in message
+    assert "network gives finite outputs" in message and "observations and rewards" in message
 
 
 # ------------------------------------------------------------------ TrainResult functions

@@ -147,6 +147,12 @@ def test_jax_export_takes_the_mask_after_the_observations(masked, tmp_path):
         action = sample.call(obs, masks, np.uint32(seed))
         assert _legal(action, masks)
         np.testing.assert_array_equal(action, policy(obs, jax.random.PRNGKey(seed), masks))
+    # A row with no legal action gets -1 from every variant, the others their legal action.
+    masks[::3] = False
+    for action in (det.call(obs, masks), sample.call(obs, masks, np.uint32(0))):
+        action = np.asarray(action)
+        assert (action[::3] == -1).all()
+        assert _legal(np.delete(action, np.s_[::3]), np.delete(masks, np.s_[::3], axis=0))
 
 
 def test_onnx_export_takes_the_mask_after_the_observations(masked, tmp_path):
@@ -167,3 +173,8 @@ def test_onnx_export_takes_the_mask_after_the_observations(masked, tmp_path):
     action = sample.run(["action"], {"obs": obs, "action_mask": masks, "noise": noise})[0]
     assert _legal(action, masks)
     np.testing.assert_array_equal(action, policy(obs, key, action_mask=masks))
+    masks[1::4] = False
+    for sess, extra in ((det, {}), (sample, {"noise": noise})):
+        action = sess.run(["action"], {"obs": obs, "action_mask": masks, **extra})[0]
+        assert (action[1::4] == -1).all()
+        assert _legal(np.delete(action, np.s_[1::4]), np.delete(masks, np.s_[1::4], axis=0))
