@@ -8,6 +8,7 @@ Everything written goes through one jaxppo.run.folder.RunFolder.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from pathlib import Path
@@ -49,7 +50,8 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
         wall_offset: the wall time of the processes that ran the run before (a resumed run).
         stop_after_iterations: train at most this many iterations, then checkpoint and return.
         progress: a progress bar; None: a bar on a terminal, else a line per chunk; False: none.
-        callback: called with the metric rows of each finished chunk; returning False or
+        callback: called with the metric rows of each finished chunk (and a ChunkEnd, when it
+            takes two arguments: the state and params then); returning False or
             raising StopTraining stops the run there (checkpointed, `stopped` says why). Any
             other exception from it is re-raised once a checkpoint, params.msgpack and
             summary.json of that iteration are written.
@@ -96,7 +98,7 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
                     stopped = rules.after_chunk(rows)
                     _keep_best(folder, rules, runner, it)
                 try:
-                    asked = _callback_stop(callback, rows)
+                    asked = _callback_stop(callback, rows, runner, config, it)
                 except Exception as e:
                     _keep_on_failure(e, runner, config, folder, saver, signals, history, it, wall,
                                      resumed_from, t_train)
@@ -140,11 +142,47 @@ def _keep_best(folder: RunFolder | None, rules: StopRules, runner: Runner, it: i
         folder.save_best(rules.best_record(), runner.snapshot())
 
 
-def _callback_stop(callback: Callable[[list[dict]], Any] | None, rows: list[dict]) -> str | None:
+class ChunkEnd:
+    """What a callback of two arguments, `callback(rows, run)`, gets besides the rows: the
+    run as the chunk left it. `iteration`, `env_steps` (per seed), `config`; `state` (the
+    TrainState, numpy leaves, [num_seeds, ...] when num_seeds > 1) and `params` (its
+    network params) are fetched from the devices when first read."""
+
+    def __init__(self, runner: Runner, config: PPOConfig, iteration: int):
+        self._runner, self.config, self.iteration = runner, config, iteration
+        self.env_steps = iteration * config.batch_size
+        self._state = None
+
+    @property
+    def state(self):
+        if self._state is None:
+            self._state = self._runner.snapshot()
+        return self._state
+
+    @property
+    def params(self):
+        return self.state.params
+
+
+def takes_run(callback: Callable) -> bool:
+    """True when `callback` takes a second positional argument (the ChunkEnd)."""
+    try:
+        ps = list(inspect.signature(callback).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in ps)
+
+
+def _callback_stop(callback: Callable[..., Any] | None, rows: list[dict], runner: Runner,
+                   config: PPOConfig, it: int) -> str | None:
     """Why the callback stops the run after the chunk of `rows` (it returned False or raised
     StopTraining), or None; any other exception from it goes on."""
     try:
-        if callback is not None and callback(rows) is False:
+        if callback is None:
+            return None
+        args = (rows, ChunkEnd(runner, config, it)) if takes_run(callback) else (rows,)
+        if callback(*args) is False:
             return "the callback returned False"
     except StopTraining as e:
         return "the callback raised StopTraining" + (f": {e}" if str(e) else "")

@@ -72,7 +72,10 @@ def train(
         progress: show a progress bar (default: when stderr is a terminal, else a line per
             chunk); False shows nothing.
         callback: called with the metric rows of each finished chunk (one dict per
-            iteration and seed, as metrics.jsonl holds them). Returning False or raising
+            iteration and seed, as metrics.jsonl holds them), as `callback(rows)`; one that
+            takes two arguments, `callback(rows, run)`, also gets the run as the chunk left it
+            (`jaxppo.run.loop.ChunkEnd`: `iteration`, `env_steps`, `state`, `params`, the
+            last two fetched when read). Returning False or raising
             `jaxppo.StopTraining` stops the run after that chunk: it is checkpointed and
             finished, and the result has `completed` False and `stopped` saying why. Any other
             exception is raised again once the checkpoint, params.msgpack and summary.json of
@@ -203,7 +206,7 @@ def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig 
     """
     if callback is not None and not callable(callback):
         raise ConfigError(f"callback={callback!r} must be a function of the metric rows of each "
-                          "chunk (callback(rows)), or None")
+                          "chunk (callback(rows), or callback(rows, run)), or None")
     config, run_dir, point = begin_resume(entry.caller, config, run_dir, resume, trust_config)
     try:
         start = _checked_start(entry, config, run_dir, point, hparams, stop_after_iterations)

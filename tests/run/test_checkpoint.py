@@ -328,11 +328,14 @@ def test_an_extended_sweep_record_anneals_each_linear_member_over_the_new_total(
 # ---------------------------------------------------------------------- early stopping
 def test_a_callback_stops_the_run_or_fails_with_everything_saved(stopped_copy):
     """A callback returning False stops after its chunk (checkpointed, completed False); one
-    that raises gets its error back once the checkpoint, params and summary are written."""
-    seen = []
+    that raises gets its error back once the checkpoint, params and summary are written. One
+    of two arguments also gets the run as the chunk left it (its state and params)."""
+    seen, got = [], {}
 
-    def enough(rows):
+    def enough(rows, run):
         seen.append(rows[-1]["iteration"])
+        got.update(iteration=run.iteration, env_steps=run.env_steps, params=run.params,
+                   state_iteration=int(run.state.iteration))
         return False
 
     result = jaxppo.train(None, resume=stopped_copy, progress=False, plot=False, callback=enough)
@@ -340,6 +343,10 @@ def test_a_callback_stops_the_run_or_fails_with_everything_saved(stopped_copy):
     assert result.iterations_done == 6 and not result.completed
     assert result.stopped == "the callback returned False"
     assert find_latest(stopped_copy)[1] == 6
+    assert (got["iteration"], got["state_iteration"], got["env_steps"]) == (6, 6, 6 * CFG.batch_size)
+    store, _ = find_latest(stopped_copy)
+    with store:
+        assert _tree_equal(got["params"], store.restore(6)[0]["params"])
     assert json.loads((stopped_copy / "summary.json").read_text())["stopped"] == result.stopped
 
     def broken(rows):
