@@ -51,7 +51,7 @@ from jaxppo.run.hostloop import HostLoopRunner, HostRollout, zero_transition
 ACTOR_KEY_TAG = 0xAC7  # folds the actors' key stream out of the run's key
 METRIC_KEYS = ("policy_lag", "actor_wait_seconds", "learner_wait_seconds")
 POLL_SECONDS = 0.05  # how often a waiting thread looks for a stop, an error or a timeout
-JOIN_SECONDS = 10.0  # how long close() waits for each actor thread
+JOIN_SECONDS = 10.0  # how long close() waits for the actor threads to stop
 MIN_TIMEOUT = 60.0  # the derived rollout timeout's floor, in seconds
 
 
@@ -367,16 +367,17 @@ class ActorLearnerRunner(HostLoopRunner):
     def close(self) -> None:
         """Stop the actor threads, join them, then close every env."""
         self._stop.set()
+        deadline = time.monotonic() + JOIN_SECONDS
         for actor in self.actors:
             if actor.thread is not None:
-                actor.thread.join(timeout=JOIN_SECONDS)
+                actor.thread.join(timeout=max(0.0, deadline - time.monotonic()))
         stuck = [a for a in self.actors if a.thread is not None and a.thread.is_alive()]
         for actor in self.actors:
             if actor not in stuck:
                 actor.rollout.close()
         if stuck:
             warn(f"actor thread(s) {[a.index for a in stuck]} did not stop within "
-                 f"{JOIN_SECONDS:.0f} s ({stuck[0].phase}); their envs are left open and the "
+                 f"{JOIN_SECONDS:g} s ({stuck[0].phase}); their envs are left open and the "
                  "threads end with the process")
         if self._eval_envs is not None:
             self._eval_envs.close()

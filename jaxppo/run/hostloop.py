@@ -1,12 +1,14 @@
-"""Host-loop mode: a gymnasium vector env steps in Python, everything else stays compiled.
+"""Host-loop mode: a vector env steps in Python, everything else stays compiled.
 
-For `env="gymnasium:<id>"` (jaxppo.envs.gymnasium_env). An iteration is the compiled one cut at the
+For `env="gymnasium:<id>"` (jaxppo.envs.gymnasium_env) and other envs with `host_loop = True`
+(a `make_vec(n)` vector env and `env_actions`). An iteration is the compiled one cut at the
 env: the rollout's random numbers come from `jaxppo.core.ppo.rollout_noise` (one jitted call),
 each of the num_steps env steps is one jitted policy call (`act`) and one `envs.step` into numpy
 buffers, and then GAE, the reward hooks and normalisation, every epoch and minibatch, the KL
 coefficient and the metrics are `jaxppo.core.ppo.update` — the same function the compiled
 iteration calls — jitted once. The loop (jaxppo.run.loop) drives a `HostLoopRunner` as it drives
-the compiled `ChunkRunner`: same run folder, metrics, checkpoints, progress, CLI.
+the compiled `ChunkRunner`: same run folder, metrics, checkpoints, progress, CLI. With
+`max_policy_lag >= 1`, `jaxppo.run.actorlearner` plays the same rollouts in actor threads.
 
 Gymnasium 1.x semantics: the vector env autoresets in SAME_STEP mode, so step t of env e is
 (s_t, a_t, r_t, terminated, truncated) with the true final observation in info["final_obs"]

@@ -154,7 +154,7 @@ def _note_last_checkpoint(err: Exception, folder: RunFolder | None, saver: _Save
     if folder is None:
         return
     saved = saver.saved_at
-    err.add_note(f"jaxppo: training stopped after iteration {it}; "
+    err.add_note(f"jaxppo: the run stopped in the chunk after iteration {it}; "
                  + (f"{folder.path} keeps the checkpoint of iteration {saved}: continue with "
                     f"--resume {folder.path}" if saved else
                     f"{folder.path} holds no checkpoint yet (only the metrics so far)"))
