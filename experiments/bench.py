@@ -22,7 +22,11 @@ day) and prints it. Measures:
     ceiling training could reach, and training steps/s as a fraction of it;
   * `make train ENV=CartPole-v1` as a user runs it: seconds from launching make to the first
     metrics row whose 10-iteration mean return is >= 475, with a cold and with a warm
-    compile cache, plus the whole process's wall time and peak RSS.
+    compile cache, plus the whole process's wall time and peak RSS;
+  * envs that step in Python: the synchronous host loop vs the actor-learner
+    (max_policy_lag 1) on gymnasium's CartPole-v1 and HalfCheetah-v5, alternating fresh
+    processes (experiments/actor_learner.py, which alone writes results/actor-learner.json):
+    the steps/s ratio and the cores each kept busy.
 Numbers vary with machine load: run it on a quiet machine. `--only-side-by-side` runs the
 first two only (`make bench BENCH_ARGS=--only-side-by-side`).
 """
@@ -318,16 +322,32 @@ def all_cores(steps: float = 2e5, rounds: int = 1) -> dict:
             "meets_target": ratio <= 0.6}
 
 
-def main() -> int:
+RATIO = "sps_ratio_lag1_over_sync_paired_median"  # experiments/actor_learner.py's headline
+
+
+def actor_learner(rounds: int) -> dict:
+    """The synchronous host loop vs the actor-learner (max_policy_lag 1) on gymnasium's
+    CartPole-v1 and HalfCheetah-v5 (experiments/actor_learner.py), `rounds` rounds each."""
+    from actor_learner import side_by_side as host_loop_vs_actor_learner
+
+    return host_loop_vs_actor_learner(rounds, ["cartpole", "halfcheetah"])
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-make", action="store_true", help="skip the make train timings")
+    parser.add_argument("--skip-actor-learner", action="store_true",
+                        help="skip the host loop vs actor-learner comparison")
     parser.add_argument("--only-side-by-side", action="store_true",
                         help="run only the side-by-side comparison with PureJaxRL")
     parser.add_argument("--side-by-side-rounds", type=float, default=1.0, metavar="SCALE",
                         help="scale the side-by-side rounds (5 CartPole, 3 MinAtar)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> int:
+    args = _arguments()
     work = Path(tempfile.mkdtemp(prefix="jaxppo-bench-"))
     runs_dir = str(work / "runs")
     out: dict = {
@@ -384,6 +404,9 @@ def main() -> int:
             make_runs["warm_cache"].append(_train_process([], cache, runs_dir, via_make=True))
         out["make_train_cartpole"] = make_runs
 
+    if not args.skip_actor_learner:  # 4. envs stepped in Python: host loop vs actor-learner
+        out["actor_learner"] = actor_learner(args.repeats)
+
     def med(xs):
         xs = sorted(x for x in xs if x is not None)
         return xs[len(xs) // 2] if xs else None
@@ -408,6 +431,8 @@ def main() -> int:
     for name, case in out["side_by_side"].items():
         if isinstance(case, dict):
             out["summary"][f"side_by_side_{name}_ratio"] = case["ratio_jaxppo_over_purejaxrl"]
+    out["summary"].update({f"actor_learner_{name}_sps_ratio": case[RATIO]
+                           for name, case in out.get("actor_learner", {}).items() if RATIO in case})
     out["summary"]["side_by_side_headline"] = headline
     return _write(out, work, out["summary"])
 

@@ -18,8 +18,9 @@ import jaxppo.cpu_devices  # noqa: F401  (first: before anything starts JAX's ba
 from jaxppo.core.algorithm import Algorithm, TrainState
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.config import NetworkConfig, PPOConfig, tuned_env_names
-from jaxppo.errors import (ActionMaskError, CheckpointError, ConfigError, ExportError, RunFolderError,
-                           StopTraining, TrainingDivergedError, TrainingInterrupted, VideoError)
+from jaxppo.errors import (ActionMaskError, CheckpointError, ConfigError, ExportError,
+                           RolloutTimeoutError, RunFolderError, StopTraining,
+                           TrainingDivergedError, TrainingInterrupted, VideoError)
 from jaxppo.run.export import export_policy
 from jaxppo.run.result import TrainResult
 from jaxppo.run.policy import Policy, evaluate_policies, load_policies, load_policy
@@ -44,6 +45,7 @@ __all__ = [
     "StopTraining",
     "CheckpointError",
     "RunFolderError",
+    "RolloutTimeoutError",
     "ExportError",
     "VideoError",
     "Policy",

@@ -15,8 +15,8 @@ from jaxppo.run import command
 from jaxppo.search import sweep
 from jaxppo.config import MAX_TIMESTEPS, check_seed, tuned_env_names
 from jaxppo.envs.make import registered_env_names
-from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RunFolderError,
-                           TrainingDivergedError, TrainingInterrupted, VideoError)
+from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RolloutTimeoutError,
+                           RunFolderError, TrainingDivergedError, TrainingInterrupted, VideoError)
 from jaxppo.run.plots import plot_runs, unplottable
 from jaxppo.run.policy import evaluate_policies, load_policies, load_policy
 from jaxppo.run.folder import output_problem
@@ -457,7 +457,7 @@ def _train(args) -> int:
                            stop_after_iterations=args.stop_after, plot=not args.no_plot)
         except TrainingInterrupted as e:
             return command.interrupted(e)
-        except (TrainingDivergedError, RunFolderError) as e:
+        except (TrainingDivergedError, RunFolderError, RolloutTimeoutError) as e:
             return command.fail(e, 1)
         except (ConfigError, CheckpointError) as e:
             return command.fail(e)

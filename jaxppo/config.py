@@ -39,6 +39,7 @@ TORSOS = ("auto", "mlp", "cnn")
 SCHEDULE_KINDS = ("constant", "linear")
 EXTEND_KINDS = ("new_total", "continue")
 SYNC_KINDS = ("gradients", "batch")
+VECTORIZATION_MODES = ("sync", "async")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
 
 # Tuned configs shipped with the package: configs/<env>.yaml.
@@ -221,6 +222,27 @@ class PPOConfig:
     sync: str = field("gradients", '"gradients" (per minibatch) | "batch" (per iteration)',
                       check=cf.one_of(SYNC_KINDS, ": 'gradients' all-reduces each minibatch's "
                                       "gradient, 'batch' all-gathers the rollout once per iteration"))
+    # Envs that step in Python (env="gymnasium:<id>"): act then learn in one thread (the host
+    # loop, jaxppo.run.hostloop), or actor threads acting while the learner learns
+    # (jaxppo.run.actorlearner), with params at most max_policy_lag updates old.
+    max_policy_lag: int = field(
+        0, "envs stepped in Python: updates the acting params may trail the learning ones; 0 = "
+        "act, then learn (the host loop); >= 1 = actor threads act while the learner learns",
+        check=cf.integer(0, " (0 = the synchronous host loop, e.g. 1 = actors at most one "
+                         "update behind)"), section="envs stepped in Python")
+    actor_threads: int | None = field(
+        None, "max_policy_lag >= 1: actor threads, each stepping num_envs / actor_threads envs; "
+        "null = from the machine's cores (one left to the learner)",
+        check=cf.optional(cf.integer(1, ", e.g. 2 (or null: chosen from the cores)")))
+    rollout_timeout: float | None = field(
+        None, "max_policy_lag >= 1: seconds the learner waits for an actor's rollout before "
+        "stopping with an error; null = 60 s or 10x the slowest rollout so far",
+        check=cf.optional(cf.positive("(seconds), e.g. 120, or null")))
+    gymnasium_vectorization: str = field(
+        "sync", 'a gymnasium env\'s vector env: "sync" (its envs step one after another in this '
+        'process) | "async" (a subprocess per env)',
+        check=cf.one_of(VECTORIZATION_MODES, ": 'sync' steps the envs in this process, 'async' "
+                        "each in a subprocess of its own"))
     seed: int = field(0, "seed of the run (seed i of num_seeds derives from it)", role=SHAPE,
                       check=cf.seed, section="run")
     num_seeds: int = field(1, "seeds trained together in one vmapped program", role=SHAPE,

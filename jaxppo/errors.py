@@ -61,6 +61,12 @@ class ActionMaskError(TrainingDivergedError):
     choose; metrics up to the iteration before are kept."""
 
 
+class RolloutTimeoutError(RuntimeError):
+    """An actor thread of the actor-learner (max_policy_lag >= 1) handed the learner no
+    rollout within rollout_timeout: its envs stopped answering. The message names the actor,
+    its envs, what it was doing and the setting to raise if the envs are only slow."""
+
+
 class ExportError(RuntimeError):
     """A policy that cannot be exported in the asked format (or a missing optional
     dependency); the message names what is unsupported and the alternative or install."""

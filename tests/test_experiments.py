@@ -164,3 +164,15 @@ def test_pendulum_policy_comparison_plays_the_run_on_the_greedy_resets(tmp_path)
     assert sum(b["episodes"] for b in bins) == 6
     assert sum(b["gap"] * b["episodes"] for b in bins) / 6 == pytest.approx(seed["gap_mean"], abs=1e-3)
     assert seed["gap_mean"] == pytest.approx(out["greedy_return_mean"] - seed["return_mean"], abs=1e-3)
+
+
+def test_actor_learner_benchmark_trains_the_same_config_at_both_lags(monkeypatch):
+    """experiments/actor_learner.py: each case's two sides differ in max_policy_lag only."""
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))  # its `from bench import ...`
+    al = _load_script("actor_learner")
+    for case, spec in al.CASES.items():
+        sync, lag1 = al.case_config(case, 0), al.case_config(case, 1)
+        assert sync.replace(max_policy_lag=1) == lag1 and lag1.env == spec["env"]
+        assert sync.num_iterations == spec["iterations"] and sync.log_every == 1
+        if al._available(case) is None:
+            assert resolve(lag1).host_loop

@@ -95,6 +95,10 @@ class Transition(NamedTuple):
     carry0: Any = ()
     # The env's action mask of s_t ([A] bool per step) when the policy masks (None otherwise).
     action_mask: jax.Array | None = None
+    # Envs stepped in Python (jaxppo.run.hostloop): where a reported episode ended, which the
+    # episode metrics count (None: where terminated or truncated). An env may report episodes
+    # other than the ones learning sees, e.g. a game over all lives with episodic life.
+    episode_end: jax.Array | None = None
 
 
 METRIC_KEYS = (

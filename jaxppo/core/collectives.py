@@ -59,8 +59,10 @@ def merge_stats(stats: RunningStats, x: jax.Array, axis_name: str | None,
 # ---------------------------------------------------------------------- episode statistics
 def local_episode_stats(traj) -> jax.Array:
     """[5] float32 from a rollout [T, E]: episodes that ended in this shard's rollout, the
-    sums of their returns and lengths, and their min and max return (+inf/-inf when none)."""
-    done = jnp.logical_or(traj.terminated, traj.truncated)
+    sums of their returns and lengths, and their min and max return (+inf/-inf when none).
+    An episode ends where terminated or truncated, or where `traj.episode_end` says when given."""
+    done = (jnp.logical_or(traj.terminated, traj.truncated) if traj.episode_end is None
+            else traj.episode_end)
     return jnp.stack([
         jnp.sum(done).astype(jnp.float32),
         jnp.sum(jnp.where(done, traj.episode_return, 0.0)),

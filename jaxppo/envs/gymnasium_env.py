@@ -53,10 +53,11 @@ class GymnasiumEnv:
 
     host_loop = True  # it steps in Python: jaxppo.run.hostloop runs it
 
-    def __init__(self, env_id: str, kwargs: dict | None = None):
+    def __init__(self, env_id: str, kwargs: dict | None = None, vectorization: str = "sync"):
         gym = import_gymnasium()
         self.id = env_id
         self.kwargs = dict(kwargs or {})
+        self.vectorization = vectorization
         self.name = env_id.rpartition(":")[2].rpartition("/")[2]
         _check_registered(gym, env_id)
         try:
@@ -106,11 +107,24 @@ class GymnasiumEnv:
         return self.act_space
 
     def make_vec(self, num_envs: int):
-        """A sync vector env of `num_envs` copies in SAME_STEP autoreset mode."""
+        """A vector env of `num_envs` copies in SAME_STEP autoreset mode: "sync" (stepped one
+        after another in this process) or "async" (a subprocess each, started by forkserver:
+        forking a process that runs JAX's threads can deadlock the child)."""
         gym = import_gymnasium()
-        envs = gym.make_vec(self.id, num_envs=num_envs, vectorization_mode="sync",
-                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-                            **self.kwargs)
+        vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+        if self.vectorization == "async":
+            vector_kwargs["context"] = "forkserver"
+        try:
+            envs = gym.make_vec(self.id, num_envs=num_envs, vectorization_mode=self.vectorization,
+                                vector_kwargs=vector_kwargs, **self.kwargs)
+        except (ConnectionError, EOFError) as e:  # a subprocess that died while starting
+            raise ConfigError(
+                f"gymnasium:{self.id} with gymnasium_vectorization='async': a subprocess of its "
+                f"vector env ended while starting ({type(e).__name__}). Each starts a fresh "
+                "Python that imports your main script again: keep a script's training under "
+                "`if __name__ == \"__main__\":`, and register the env in a module the "
+                "subprocess imports (gymnasium:module:Env-v0); or use "
+                "gymnasium_vectorization='sync'") from None
         if envs.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
             envs.close()
             raise ConfigError(f"gymnasium:{self.id}: its vector env did not take SAME_STEP "
@@ -138,17 +152,69 @@ def make_gymnasium_env(config) -> tuple[GymnasiumEnv, GymnasiumParams | None]:
     if config.env_params is not None:
         raise ConfigError("env_params is for gymnax envs; a gymnasium env takes its options "
                           "as env_kwargs (passed to gymnasium.make)")
-    env = GymnasiumEnv(config.env[len(PREFIX):], config.env_kwargs)
+    env = GymnasiumEnv(config.env[len(PREFIX):], config.env_kwargs, config.gymnasium_vectorization)
     return env, env.params
 
 
+# The options of envs that step in Python, with their defaults.
+HOST_OPTIONS = {"max_policy_lag": 0, "actor_threads": None, "rollout_timeout": None,
+                "gymnasium_vectorization": "sync"}
+# Those that only the actor-learner (max_policy_lag >= 1) reads.
+ACTOR_LEARNER_OPTIONS = ("actor_threads", "rollout_timeout")
+
+
+def _given(config, names) -> list[str]:
+    return [f"{n}={getattr(config, n)!r}" for n in names if getattr(config, n) != HOST_OPTIONS[n]]
+
+
+def _them(given: list[str]) -> str:
+    return "them" if len(given) > 1 else "it"
+
+
+def refuse_host_options(config) -> None:
+    """ConfigError when a config whose env steps inside the compiled program sets an option
+    of envs that step in Python (a policy lag, actor threads, a vector env's mode)."""
+    given = _given(config, HOST_OPTIONS)
+    if not given:
+        return
+    raise ConfigError(
+        f"{', '.join(given)} {'are options' if len(given) > 1 else 'is an option'} of envs that "
+        f"step in Python, but {config.env_name} steps inside the compiled program, where every "
+        "iteration acts and then learns with the same params (there is no host loop to split "
+        f"into actors and a learner); remove {_them(given)}, or train on an env that steps in "
+        "Python (env='gymnasium:<id>')")
+
+
+def check_actor_options(config) -> None:
+    """The host loop's own options: the actor-learner's only with max_policy_lag >= 1, actor
+    threads that split num_envs evenly, "async" vectorization for a gymnasium env only."""
+    if config.gymnasium_vectorization != "sync" and not is_gymnasium_env(config.env):
+        raise ConfigError(
+            f"gymnasium_vectorization={config.gymnasium_vectorization!r} is for gymnasium envs "
+            f"(env='gymnasium:<id>'), but env={config.env!r} makes its vector env itself; remove it")
+    given = _given(config, ACTOR_LEARNER_OPTIONS)
+    if config.max_policy_lag == 0 and given:
+        raise ConfigError(
+            f"{', '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to the "
+            "actor-learner (max_policy_lag >= 1), but max_policy_lag=0 runs the synchronous host "
+            f"loop (act, then learn, in one thread); set max_policy_lag=1 or remove {_them(given)}")
+    threads = config.actor_threads
+    if threads is not None and config.num_envs % threads:
+        fits = [d for d in range(1, config.num_envs + 1) if config.num_envs % d == 0]
+        raise ConfigError(
+            f"num_envs={config.num_envs} is not divisible by actor_threads={threads}: each actor "
+            f"thread steps num_envs / actor_threads envs; use actor_threads in {fits} (or null "
+            "to choose from the cores), or change num_envs")
+
+
 def check_config(config, layout) -> None:
-    """Checks that the host loop can run the config.
+    """Checks that the host loop (or the actor-learner) can run the config.
 
     Raises:
-      ConfigError: several seeds or devices, hosts, a recurrent policy, or env wrappers
-        (they wrap a gymnax env; reward hooks are fine).
+      ConfigError: several seeds or devices, hosts, a recurrent policy, env wrappers (they
+        wrap a gymnax env; reward hooks are fine), or actor-learner options that do not fit.
     """
+    check_actor_options(config)
     where = f"env={config.env!r} steps in Python (host-loop mode)"
     if config.num_seeds != 1:
         raise ConfigError(f"num_seeds={config.num_seeds}: {where}, one seed per process; start "

@@ -27,6 +27,7 @@ from jaxppo.envs.record import listed
 from jaxppo.errors import ConfigError, warn
 from jaxppo.core.evaluation import eval_max_steps
 from jaxppo.envs.gymnasium_env import check_config as check_host_loop_config
+from jaxppo.envs.gymnasium_env import refuse_host_options
 from jaxppo.envs.transforms import reward_hooks
 from jaxppo.program.layout import (Layout, check_minibatches, check_split, describe_layout,
                                    host_layout, local_layout, splits_population)
@@ -108,9 +109,11 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     network = networks.make_network(config, spec, module)
     if config.network.custom:
         check_custom_network(config, spec, network)
-    if spec.host_loop:  # one process, one device (jaxppo.run.hostloop)
+    if spec.host_loop:  # one process, one device (jaxppo.run.hostloop, run.actorlearner)
         check_host_loop_config(config, layout)
         layout = None
+    else:
+        refuse_host_options(config)
     recurrent = networks.is_recurrent(network)
     if layout is None:
         layout = Layout()

@@ -185,7 +185,10 @@ def searched(config: PPOConfig) -> PPOConfig:
 
 
 def fail(err: Exception, code: int = 2) -> int:
+    """Print the error (with its notes: what the run folder keeps) and return `code`."""
     print(f"error: {err}", file=sys.stderr)
+    for note in getattr(err, "__notes__", ()):
+        print(note, file=sys.stderr)
     return code
 
 

@@ -1,12 +1,14 @@
-"""Host-loop mode: a gymnasium vector env steps in Python, everything else stays compiled.
+"""Host-loop mode: a vector env steps in Python, everything else stays compiled.
 
-For `env="gymnasium:<id>"` (jaxppo.envs.gymnasium_env). An iteration is the compiled one cut at the
+For `env="gymnasium:<id>"` (jaxppo.envs.gymnasium_env) and other envs with `host_loop = True`
+(a `make_vec(n)` vector env and `env_actions`). An iteration is the compiled one cut at the
 env: the rollout's random numbers come from `jaxppo.core.ppo.rollout_noise` (one jitted call),
 each of the num_steps env steps is one jitted policy call (`act`) and one `envs.step` into numpy
 buffers, and then GAE, the reward hooks and normalisation, every epoch and minibatch, the KL
 coefficient and the metrics are `jaxppo.core.ppo.update` — the same function the compiled
 iteration calls — jitted once. The loop (jaxppo.run.loop) drives a `HostLoopRunner` as it drives
-the compiled `ChunkRunner`: same run folder, metrics, checkpoints, progress, CLI.
+the compiled `ChunkRunner`: same run folder, metrics, checkpoints, progress, CLI. With
+`max_policy_lag >= 1`, `jaxppo.run.actorlearner` plays the same rollouts in actor threads.
 
 Gymnasium 1.x semantics: the vector env autoresets in SAME_STEP mode, so step t of env e is
 (s_t, a_t, r_t, terminated, truncated) with the true final observation in info["final_obs"]
@@ -41,79 +43,120 @@ def _env_seeds(key: jax.Array, n: int) -> list[int]:
     return [int(s) for s in np.asarray(jax.random.randint(key, (n,), 0, 2**31 - 1))]
 
 
+def env_seeds(config, start: int) -> list[int]:
+    """The reset seeds of the run's num_envs envs when training starts at iteration `start`:
+    from the run's key, and for a resumed run (start > 0) the iteration too."""
+    _, _, k_env = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+    return _env_seeds(k_env if start == 0 else jax.random.fold_in(k_env, start), config.num_envs)
+
+
+def obs_dtype(env) -> np.dtype:
+    """The dtype rollout buffers keep an env's observations in: the env's own when integer or
+    bool (uint8 images stay uint8 until the network's input), float32 otherwise."""
+    dtype = np.dtype(getattr(env.observation_space(None), "dtype", None) or np.float32)
+    return dtype if np.issubdtype(dtype, np.integer) or dtype == np.bool_ else np.dtype(np.float32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _behaviour(algo: Algorithm, params, obs_stats, raw_obs, noise):
+    """The acting policy's step: (action, env-ready action, log-prob, distribution)."""
+    dist, _, _ = algo.network.apply(params, algo.obs_in(obs_stats, raw_obs), (), None)
+    action, logp = algo.sample_actions(dist, noise)
+    return action, env_action(algo.spec, action), logp, dist
+
+
 class HostRollout:
-    """A gymnasium vector env and the trackers of its episodes in progress; `collect` plays
-    num_steps steps of every env with the policy and returns the Transition [T, E] (numpy)."""
+    """A vector env of `len(seeds)` envs stepped in Python and the trackers of its episodes in
+    progress; `collect` plays num_steps steps of every env with the policy and returns the
+    Transition [T, E] (numpy).
+
+    Observations stay in the env's dtype when it is an integer one (`obs_dtype`). A vector env
+    may report episodes other than the ones learning sees: where its step's info holds
+    "episode_reward" (float [E]) and "episode_end" (bool [E]), the episode metrics add up
+    episode_reward and end an episode at episode_end (e.g. the game score over all lives
+    while learning sees clipped rewards and a life lost as an end), else they add up the
+    rewards and end at terminated | truncated."""
 
     def __init__(self, algorithm: Algorithm, seeds: list[int]):
         self.algorithm = algorithm
         self.config = algorithm.config
         self.spec = algorithm.spec
         self.env = self.spec.env
-        n = self.config.num_envs
+        self.num_envs = n = len(seeds)
+        self.obs_dtype = obs_dtype(self.env)
         self.envs = self.env.make_vec(n)
-        self.obs = self._obs(self.envs.reset(seed=seeds)[0])
+        try:
+            self.obs = self._obs(self.envs.reset(seed=seeds)[0])
+        except BaseException:
+            self.envs.close()
+            raise
         self.discounted_return = np.zeros(n, np.float32)
         self.episode_return = np.zeros(n, np.float32)
         self.episode_length = np.zeros(n, np.int32)
-        algo = algorithm
-
-        def act(params, obs_stats, raw_obs, noise):
-            dist, _, _ = algo.network.apply(params, algo.obs_in(obs_stats, raw_obs), (), None)
-            action, logp = algo.sample_actions(dist, noise)
-            return action, env_action(algo.spec, action), logp, dist
-
-        self.act = jax.jit(act)
+        self.act = functools.partial(_behaviour, algorithm)
 
     def _obs(self, obs) -> np.ndarray:
-        return np.asarray(obs, np.float32).reshape((self.config.num_envs,) + self.spec.obs_shape)
+        return np.asarray(obs, self.obs_dtype).reshape((self.num_envs,) + self.spec.obs_shape)
+
+    def warm_up(self, params, obs_stats, noise: np.ndarray):
+        """Compile the policy step for these envs (noise [E, A]); its outputs' shapes."""
+        outs = jax.eval_shape(self.act, params, obs_stats, self.obs, noise)
+        self.act(params, obs_stats, self.obs, noise)
+        return outs
 
     def collect(self, params, obs_stats, noise: np.ndarray, gamma: float) -> Transition:
         """num_steps steps of every env; noise [T, E, A] samples the actions (as in the
         compiled rollout). Returns the Transition with numpy leaves [T, E, ...]."""
-        T, E = self.config.num_steps, self.config.num_envs
-        obs_buf = np.empty((T, E) + self.spec.obs_shape, np.float32)
+        T, E = self.config.num_steps, self.num_envs
+        obs_buf = np.empty((T, E) + self.spec.obs_shape, self.obs_dtype)
         final_buf = np.empty_like(obs_buf)
-        rew = np.empty((T, E), np.float32)
-        disc = np.empty((T, E), np.float32)
-        term = np.empty((T, E), bool)
-        trunc = np.empty((T, E), bool)
-        ep_ret = np.empty((T, E), np.float32)
+        rew, disc, ep_ret = (np.empty((T, E), np.float32) for _ in range(3))
+        term, trunc, ended = (np.empty((T, E), bool) for _ in range(3))
         ep_len = np.empty((T, E), np.int32)
         actions, logps, dists = [], [], []
         for t in range(T):
             action, env_action, logp, dist = jax.device_get(
                 self.act(params, obs_stats, self.obs, noise[t]))
-            next_obs, reward, terminated, truncated, info = self.envs.step(
-                self.env.env_actions(env_action))
-            next_obs = self._obs(next_obs)
-            terminated = np.asarray(terminated, bool)
-            truncated = np.asarray(truncated, bool) & ~terminated
-            done = terminated | truncated
-            final = next_obs.copy()
-            if done.any():  # SAME_STEP: next_obs already starts the next episode
-                for i in np.flatnonzero(done):
-                    final[i] = np.asarray(info["final_obs"][i], np.float32).reshape(self.spec.obs_shape)
-            reward = np.asarray(reward, np.float32)
-            self.episode_return += reward
-            self.episode_length += 1
-            self.discounted_return = self.discounted_return * np.float32(gamma) + reward
-            obs_buf[t], final_buf[t], rew[t], term[t], trunc[t] = (
-                self.obs, final, reward, terminated, truncated)
-            disc[t], ep_ret[t], ep_len[t] = (
-                self.discounted_return, self.episode_return, self.episode_length)
+            obs_buf[t] = self.obs
+            (final_buf[t], rew[t], term[t], trunc[t], ended[t], disc[t], ep_ret[t],
+             ep_len[t]) = self._step(env_action, gamma)
             actions.append(action)
             logps.append(logp)
             dists.append(dist)
-            self.discounted_return[done] = 0.0
-            self.episode_return[done] = 0.0
-            self.episode_length[done] = 0
-            self.obs = next_obs
         stack = lambda *xs: np.stack(xs)  # noqa: E731
         return Transition(
             obs=obs_buf, final_obs=final_buf, action=np.stack(actions), log_prob=np.stack(logps),
             dist=jax.tree.map(stack, *dists), reward=rew, discounted_return=disc,
-            terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len)
+            terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
+            episode_end=ended)
+
+    def _step(self, env_action, gamma: float) -> tuple:
+        """One step of every env: (final obs, reward, terminated, truncated, episode ended,
+        and the discounted return, episode return and length including this step); the
+        trackers restart where an episode ended and `obs` moves on."""
+        next_obs, reward, terminated, truncated, info = self.envs.step(
+            self.env.env_actions(env_action))
+        next_obs = self._obs(next_obs)
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool) & ~terminated
+        done = terminated | truncated
+        final = next_obs.copy()
+        if done.any():  # SAME_STEP: next_obs already starts the next episode
+            for i in np.flatnonzero(done):
+                final[i] = np.asarray(info["final_obs"][i], self.obs_dtype).reshape(self.spec.obs_shape)
+        reward = np.asarray(reward, np.float32)
+        reported = _episode_info(info, "episode_reward", done, reward)
+        ended = _episode_info(info, "episode_end", done, done)
+        self.episode_return += reported
+        self.episode_length += 1
+        self.discounted_return = self.discounted_return * np.float32(gamma) + reward
+        out = (final, reward, terminated, truncated, ended, self.discounted_return.copy(),
+               self.episode_return.copy(), self.episode_length.copy())
+        self.discounted_return[done] = 0.0
+        self.episode_return[ended] = 0.0
+        self.episode_length[ended] = 0
+        self.obs = next_obs
+        return out
 
     def restart(self, seeds: list[int]) -> None:
         """Fresh episodes in every env (after a resume: the env state was not saved)."""
@@ -124,6 +167,33 @@ class HostRollout:
 
     def close(self) -> None:
         self.envs.close()
+
+
+def _episode_info(info: dict, key: str, done: np.ndarray, default: np.ndarray) -> np.ndarray:
+    """A vector env's per-env info value `key` ([E], `default`'s dtype), `default` where it
+    gives none. Gymnasium puts the info of a step that ended an episode (SAME_STEP) in
+    info["final_info"] and the reset's at the top, so those envs' value comes from there."""
+    top = info.get(key)
+    final = info.get("final_info")
+    at_end = final.get(key) if isinstance(final, dict) else None
+    if top is None and at_end is None:
+        return default
+    out = np.array(default if top is None else top, default.dtype)
+    if at_end is not None and done.any():
+        out[done] = np.asarray(at_end, default.dtype)[done]
+    return out
+
+
+def zero_transition(outs, num_steps: int, obs: np.ndarray) -> Transition:
+    """A rollout [T, E] of zeros shaped as `HostRollout.collect` returns it, from the policy
+    step's output shapes `outs` ([E, ...]) and one observation batch `obs` [E, ...]."""
+    zeros = lambda s: np.zeros((num_steps,) + s.shape, s.dtype)  # noqa: E731
+    obs = np.zeros((num_steps,) + obs.shape, obs.dtype)
+    f32, b = np.zeros(obs.shape[:2], np.float32), np.zeros(obs.shape[:2], bool)
+    return Transition(obs=obs, final_obs=obs, action=zeros(outs[0]), log_prob=zeros(outs[2]),
+                      dist=jax.tree.map(zeros, outs[3]), reward=f32, discounted_return=f32,
+                      terminated=b, truncated=b, episode_return=f32,
+                      episode_length=np.zeros(obs.shape[:2], np.int32), episode_end=b)
 
 
 def initial_state(algo: Algorithm, key: jax.Array, hp: HyperParams, obs) -> tuple[TrainState, jax.Array]:
@@ -137,65 +207,70 @@ def initial_state(algo: Algorithm, key: jax.Array, hp: HyperParams, obs) -> tupl
 def abstract_state(run: Resolved, hp: HyperParams):
     """The shapes and dtypes of a host-loop TrainState (what a checkpoint is restored into)."""
     algo = Algorithm.create(run)
-    obs = jax.ShapeDtypeStruct((run.config.num_envs,) + run.spec.obs_shape, jnp.float32)
+    obs = jax.ShapeDtypeStruct((run.config.num_envs,) + run.spec.obs_shape, obs_dtype(run.spec.env))
     return jax.eval_shape(lambda k, o: initial_state(algo, k, hp, o)[0],
                           jax.random.PRNGKey(run.config.seed), obs)
 
 
 class HostLoopRunner:
-    """The `jaxppo.run.runner.Runner` of a gymnasium env: `train_chunk(start, stop)` plays and
-    learns iterations start+1..stop in this process, `snapshot()` is the learner state (numpy)."""
+    """The `jaxppo.run.runner.Runner` of an env that steps in Python: `train_chunk(start,
+    stop)` plays and learns iterations start+1..stop in this process, `snapshot()` is the
+    learner state (numpy). `jaxppo.run.actorlearner.ActorLearnerRunner` builds on it."""
 
     shards = 1
     hosts = 1
     params_replicated = False
+    layout_note: str | None = None  # more on where it trains, for the layout line
 
     def __init__(self, resolved: Resolved, hp: HyperParams, restored: TrainState | None = None):
         if np.ndim(hp.clip_param) != 0:
-            raise ConfigError("hparams: a gymnasium env trains one seed per process, so one set "
-                              "of hyperparameters (HyperParams.from_config), not a stacked sweep")
+            raise ConfigError("hparams: an env that steps in Python trains one seed per process, "
+                              "so one set of hyperparameters (HyperParams.from_config), not a "
+                              "stacked sweep")
         t0 = time.perf_counter()
         self.algorithm = algo = Algorithm.create(resolved)
         self.config = cfg = resolved.config
         self.hp = hp
-        key = jax.random.PRNGKey(cfg.seed)
-        _, _, k_env = jax.random.split(key, 3)
-        start = 0 if restored is None else int(restored.iteration)
-        # A resumed run restarts its envs from seeds of its own: the env state was not saved.
-        seed_key = k_env if start == 0 else jax.random.fold_in(k_env, start)
-        self.rollout = HostRollout(algo, _env_seeds(seed_key, cfg.num_envs))
-        if restored is None:
-            self.state = jax.jit(lambda k, o: initial_state(algo, k, hp, o)[0])(key, self.rollout.obs)
-        else:
-            self.state = jax.tree.map(jnp.asarray, restored)
-        self._split = jax.jit(lambda s: (*jax.random.split(s.rng),))
-        self._noise = jax.jit(lambda k, ids: ppo.rollout_noise(algo, k, ids)[0])
-        # Not donating the state: its statistics also go in as the acting ones, and a
-        # learner state is small.
-        self._update = jax.jit(
-            lambda s, traj, hp, start, stats: ppo.update(algo, s, traj, s.env_ids, hp, start, stats))
         self._eval_envs = None
         self.host_failures: list[dict] = []
-        # Compile everything once now (the loop reports it as compile time), on a throwaway
-        # rollout of zeros: nothing steps the envs.
-        self._compile()
+        key = jax.random.PRNGKey(cfg.seed)
+        start = 0 if restored is None else int(restored.iteration)
+        try:
+            # A resumed run restarts its envs from seeds of its own: the env state was not saved.
+            obs = self._open_envs(env_seeds(cfg, start))
+            if restored is None:
+                self.state = jax.jit(lambda k, o: initial_state(algo, k, hp, o)[0])(key, obs)
+            else:
+                self.state = jax.tree.map(jnp.asarray, restored)
+            self._split = jax.jit(lambda s: (*jax.random.split(s.rng),))
+            self._noise = jax.jit(lambda k, ids: ppo.rollout_noise(algo, k, ids)[0])
+            # Not donating the state: its statistics also go in as the acting ones, and a
+            # learner state is small.
+            self._update = jax.jit(lambda s, traj, hp, start, stats: ppo.update(
+                algo, s, traj, s.env_ids, hp, start, stats))
+            # Compile everything once now (the loop reports it as compile time), on a
+            # throwaway rollout of zeros: nothing steps the envs.
+            self._compile()
+        except BaseException:
+            self.close()
+            raise
         self.compile_seconds = time.perf_counter() - t0
 
+    def _open_envs(self, seeds: list[int]) -> np.ndarray:
+        """Make and reset the vector env(s) of the run's envs; their observations [E, ...]."""
+        self.rollout = HostRollout(self.algorithm, seeds)
+        return self.rollout.obs
+
     def _compile(self):
-        cfg, spec = self.config, self.algorithm.spec
         state = self.state
         _, k_roll = self._split(state)
         noise = np.zeros(self._noise(k_roll, state.env_ids).shape, np.float32)
-        outs = jax.eval_shape(self.rollout.act, state.params, state.obs_stats, self.rollout.obs, noise[0])
-        self.rollout.act(state.params, state.obs_stats, self.rollout.obs, noise[0])
-        T, E = cfg.num_steps, cfg.num_envs
-        zeros = lambda s: np.zeros((T,) + s.shape, s.dtype)  # noqa: E731
-        obs = np.zeros((T, E) + spec.obs_shape, np.float32)
-        f32, b = np.zeros((T, E), np.float32), np.zeros((T, E), bool)
-        traj = Transition(obs=obs, final_obs=obs, action=zeros(outs[0]), log_prob=zeros(outs[2]),
-                          dist=jax.tree.map(zeros, outs[3]), reward=f32, discounted_return=f32,
-                          terminated=b, truncated=b, episode_return=f32,
-                          episode_length=np.zeros((T, E), np.int32))
+        outs = self.rollout.warm_up(state.params, state.obs_stats, noise[0])
+        traj = zero_transition(outs, self.config.num_steps, self.rollout.obs)
+        self._compile_update(traj)
+
+    def _compile_update(self, traj: Transition) -> None:
+        state = self.state
         args = (state, traj, self.hp, state.env_steps, state.obs_stats)
         self._update = self._update.lower(*args).compile()
 
@@ -215,17 +290,24 @@ class HostLoopRunner:
 
     def train_chunk(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Iterations start+1..stop; their metrics [stop - start] (eval_* NaN where none ran)."""
-        cfg = self.config
-        rows = []
-        for it in range(start + 1, stop + 1):
-            m, _ = self.iterate()
-            m = dict(m)
-            if cfg.eval_every:
-                due = it % cfg.eval_every == 0 or it == cfg.num_iterations
-                m.update(self._evaluate() if due else {k: np.float32(np.nan) for k in EVAL_METRIC_KEYS})
-            rows.append(m)
-        keys = METRIC_KEYS + (EVAL_METRIC_KEYS if cfg.eval_every else ())
-        return {k: np.asarray([r[k] for r in rows]) for k in keys}
+        return self.columns([self.with_evaluation(it, self.iterate()[0])
+                             for it in range(start + 1, stop + 1)])
+
+    def with_evaluation(self, it: int, metrics: dict) -> dict:
+        """Iteration `it`'s metrics with eval_* (NaN unless an evaluation is due)."""
+        cfg, metrics = self.config, dict(metrics)
+        if cfg.eval_every:
+            due = it % cfg.eval_every == 0 or it == cfg.num_iterations
+            metrics.update(self._evaluate() if due else
+                           {k: np.float32(np.nan) for k in EVAL_METRIC_KEYS})
+        return metrics
+
+    def columns(self, rows: list[dict]) -> dict[str, np.ndarray]:
+        """Metric rows (one per iteration) as the arrays `train_chunk` returns."""
+        keys = METRIC_KEYS + (EVAL_METRIC_KEYS if self.config.eval_every else ())
+        return {k: np.asarray([r[k] for r in rows]) for k in keys + self.extra_metric_keys}
+
+    extra_metric_keys: tuple[str, ...] = ()  # metrics of this runner's own
 
     def _evaluate(self) -> dict:
         """eval_* metrics of the current policy: one episode in each of eval_episodes envs,
@@ -256,7 +338,9 @@ class HostLoopRunner:
 
     def close(self) -> None:
         """Close the training and evaluation envs."""
-        self.rollout.close()
+        rollout = getattr(self, "rollout", None)
+        if rollout is not None:
+            rollout.close()
         if self._eval_envs is not None:
             self._eval_envs.close()
 
@@ -270,13 +354,13 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
     n = envs.num_envs
     k_reset, k_act = jax.random.split(key)
     obs, _ = envs.reset(seed=_env_seeds(k_reset, n))
-    shape = (n,) + algorithm.spec.obs_shape
+    shape, dtype = (n,) + algorithm.spec.obs_shape, obs_dtype(algorithm.spec.env)
     step = _policy(algorithm, deterministic)
     returns, lengths = np.zeros(n, np.float64), np.zeros(n, np.int64)
     active = np.ones(n, bool)
     for t in range(max_steps):
-        action = np.asarray(step(params, obs_stats, np.asarray(obs, np.float32).reshape(shape),
-                                 jax.random.fold_in(k_act, t)))
+        obs = np.asarray(obs, dtype).reshape(shape)
+        action = np.asarray(step(params, obs_stats, obs, jax.random.fold_in(k_act, t)))
         obs, reward, terminated, truncated, _ = envs.step(algorithm.spec.env.env_actions(action))
         returns += np.where(active, reward, 0.0)
         lengths += active

@@ -24,6 +24,8 @@ from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
 from jaxppo.program.build import auto_chunk
 from jaxppo.program.layout import Layout, describe_layout
+from jaxppo.run.actorlearner import METRIC_KEYS as ACTOR_LEARNER_KEYS
+from jaxppo.run.actorlearner import metric_keys as actor_learner_metric_keys
 from jaxppo.run.folder import RunFolder
 from jaxppo.run.progress import Reporter
 from jaxppo.run.result import TrainResult
@@ -86,8 +88,8 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
             while it < end_iter and stopped is None and not signals.stopping():
                 stop = _chunk_stop(config, it, end_iter, at_evals=folder is not None)
                 signals.final_chunk = stop >= end_iter
-                metrics, rows, wall, sps = _run_chunk(runner, config, history.keys, it, stop,
-                                                      wall_offset)
+                metrics, rows, wall, sps, stop = _run_chunk(runner, config, history.keys, it,
+                                                            stop, wall_offset, signals)
                 with signals.writing:  # a second signal waits for these writes
                     _check_rows(metrics, rows, last_row, folder, config)
                     history.append(metrics, it, stop, wall, sps)
@@ -116,16 +118,27 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
                    interrupted=interrupted, stopped=stopped if it < config.num_iterations else None)
 
 
-def _run_chunk(runner: Runner, config: PPOConfig, keys, it: int, stop: int,
-               wall_offset: float) -> tuple[dict, list[dict], float, float]:
+def _run_chunk(runner: Runner, config: PPOConfig, keys, it: int, stop: int, wall_offset: float,
+               signals: StopSignals) -> tuple[dict, list[dict], float, float, int]:
     """Iterations it+1..stop on the runner: their metrics and metrics.jsonl rows, the wall
-    time at the chunk's end and its env steps per second (all seeds)."""
+    time at the chunk's end, its env steps per second (all seeds) and the iteration it ended
+    at. A runner with a `stop_check` (the actor-learner) may end the chunk early when a stop
+    signal comes, after one iteration at least. An error from the runner gets a note on what
+    the run folder keeps."""
+    if hasattr(runner, "stop_check"):
+        runner.stop_check = lambda: signals.stopping() and not signals.final_chunk
     t0 = time.perf_counter()
-    metrics = runner.train_chunk(it, stop)
+    try:
+        metrics = runner.train_chunk(it, stop)
+    except Exception as e:
+        _note_last_checkpoint(e, signals.folder, signals.saver, it)
+        raise
+    stop = it + np.shape(metrics["env_steps"])[-1]
     dt = time.perf_counter() - t0
     wall = wall_offset + process_uptime()
     sps = (stop - it) * config.batch_size * config.num_seeds / max(dt, 1e-9)
-    return metrics, _chunk_rows(metrics, keys, it, stop, wall, sps, config.num_seeds), wall, sps
+    rows = _chunk_rows(metrics, keys, it, stop, wall, sps, config.num_seeds)
+    return metrics, rows, wall, sps, stop
 
 
 def _check_rows(metrics: dict, rows: list[dict], last_row: dict | None, folder,
@@ -134,6 +147,19 @@ def _check_rows(metrics: dict, rows: list[dict], last_row: dict | None, folder,
     (each raises after writing the rows before the first bad one)."""
     _check_masks(metrics, rows, last_row, folder, config)
     _check_health(rows, last_row, folder, config.num_seeds)
+
+
+def _note_last_checkpoint(err: Exception, folder: RunFolder | None, saver: _Saver,
+                          it: int) -> None:
+    """A note on an error from the runner (an actor's exception, a stalled env): what the run
+    folder keeps to continue from."""
+    if folder is None:
+        return
+    saved = saver.saved_at
+    err.add_note(f"jaxppo: the run stopped in the chunk after iteration {it}; "
+                 + (f"{folder.path} keeps the checkpoint of iteration {saved}: continue with "
+                    f"--resume {folder.path}" if saved else
+                    f"{folder.path} holds no checkpoint yet (only the metrics so far)"))
 
 
 def _keep_best(folder: RunFolder | None, rules: StopRules, runner: Runner, it: int) -> None:
@@ -262,13 +288,16 @@ def layout_text(runner: Runner, config: PPOConfig) -> str:
         else:
             layout = Layout()
     hp = getattr(runner, "hp", None)
-    return describe_layout(config, layout, sweep=hp is not None and np.ndim(hp.clip_param) == 1)
+    text = describe_layout(config, layout, sweep=hp is not None and np.ndim(hp.clip_param) == 1)
+    note = getattr(runner, "layout_note", None)  # e.g. the actor-learner's threads and lag
+    return f"{text}; {note}" if note else text
 
 
 def metric_keys(config: PPOConfig) -> tuple[str, ...]:
-    """The metrics each iteration gives: the training ones, eval_* and PBT's when configured."""
+    """The metrics each iteration gives: the training ones, and eval_*, PBT's and the
+    actor-learner's when configured."""
     return (METRIC_KEYS + (EVAL_METRIC_KEYS if config.eval_every else ())
-            + pbt_metric_keys(config))
+            + pbt_metric_keys(config) + actor_learner_metric_keys(config))
 
 
 def chunk_length(config: PPOConfig) -> int:
@@ -412,7 +441,8 @@ def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
             arr = arr.astype(np.int64)
         elif k in ("env_steps", "episodes"):  # the dtypes the compiled program returns
             arr = arr.astype(np.int32)
-        elif k in METRIC_KEYS or k in EVAL_METRIC_KEYS or k.startswith(("pbt_", "hp_")):
+        elif (k in METRIC_KEYS or k in EVAL_METRIC_KEYS or k.startswith(("pbt_", "hp_"))
+              or k in ACTOR_LEARNER_KEYS):
             arr = arr.astype(np.float32)
         history[k].append(arr if seeds > 1 else arr[0])
     return history

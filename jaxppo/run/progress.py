@@ -47,10 +47,12 @@ class Reporter:
             ]
             if config.eval_every:
                 columns.append(TextColumn("eval {task.fields[eval]}"))
+            if config.max_policy_lag:
+                columns.append(TextColumn("{task.fields[actors]}"))
             columns += [TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
             self.bar = Progress(*columns)
             self.task = self.bar.add_task("train", total=n_iter, completed=start, ret="   -  ",
-                                          sps="-", eval="-")
+                                          sps="-", eval="-", actors="")
             self.bar.start()
 
     def show_layout(self, text: str, devices_used: int) -> None:
@@ -100,9 +102,10 @@ class Reporter:
                 self.last_eval = f"best {lab}: {value:.1f}@{last}"
             else:
                 self.last_eval = f"{np.mean([r['eval_return_mean'] for r in at_last]):.1f}@{last}"
+        actors = actor_learner_text(rows)
         if self.bar is not None:
             self.bar.update(self.task, completed=done_iters, ret=self.return_text(),
-                            sps=f"{sps:,.0f}", eval=self.last_eval)
+                            sps=f"{sps:,.0f}", eval=self.last_eval, actors=actors)
         elif not self.quiet:
             steps = done_iters * self.config.batch_size
             elapsed = time.perf_counter() - self.t0
@@ -110,11 +113,22 @@ class Reporter:
             ev = f"  eval {self.last_eval}" if self.config.eval_every else ""
             print(f"[{self.label}] iter {done_iters}/{self.n_iter}  "
                   f"steps {steps:,}  return {self.return_text()}{ev}  {sps:,.0f} steps/s  "
-                  f"ETA {eta:.0f}s", file=sys.stderr, flush=True)
+                  f"{actors + '  ' if actors else ''}ETA {eta:.0f}s", file=sys.stderr, flush=True)
 
     def close(self):
         if self.bar is not None:
             self.bar.stop()
+
+
+def actor_learner_text(rows: list[dict]) -> str:
+    """An actor-learner chunk's mean policy lag and waits per update, e.g. "lag 1.0, wait:
+    actors 0.00 s, learner 0.12 s" (a learner that waits long: the actors are the bottleneck;
+    actors that wait long: the learner is); "" for other runs."""
+    if not rows or "policy_lag" not in rows[0]:
+        return ""
+    mean = lambda k: float(np.mean([r[k] for r in rows]))  # noqa: E731
+    return (f"lag {mean('policy_lag'):.1f}, wait: actors {mean('actor_wait_seconds'):.2f} s, "
+            f"learner {mean('learner_wait_seconds'):.2f} s")
 
 
 @contextlib.contextmanager

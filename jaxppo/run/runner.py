@@ -1,8 +1,9 @@
 """The `Runner` protocol: what the run loop (jaxppo.run.loop) drives, wherever the chunk runs.
 
-Three classes implement it: `ChunkRunner` (below: the compiled chunk on this process's
-devices), `jaxppo.run.hostloop.HostLoopRunner` (a gymnasium env stepped in Python) and
-`jaxppo.distributed.group.HostGroup` (the chunk on several Ray hosts).
+Four classes implement it: `ChunkRunner` (below: the compiled chunk on this process's
+devices), `jaxppo.run.hostloop.HostLoopRunner` (a gymnasium env stepped in Python),
+`jaxppo.run.actorlearner.ActorLearnerRunner` (the same with actor threads, max_policy_lag >=
+1) and `jaxppo.distributed.group.HostGroup` (the chunk on several Ray hosts).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class Runner(Protocol):
         params_replicated: True when the params in `final_state()` carry a leading shard axis
             of identical copies (False for one shard, or shards holding different PBT members).
         host_failures: the hosts lost and replaced so far, one dict each (empty in-process).
+
+    A runner may also have `stop_check`, which the run loop sets to a function that says
+    whether a stop signal asks the running chunk to end: `train_chunk` may then return after
+    fewer iterations (one at least), and `layout_note`, a line on where it trains.
     """
 
     algorithm: Algorithm
@@ -45,7 +50,8 @@ class Runner(Protocol):
         """Train iterations start+1..stop (at most one chunk).
 
         Returns:
-            Their metrics, name -> numpy array [num_seeds?, stop - start].
+            Their metrics, name -> numpy array [num_seeds?, stop - start] (fewer iterations
+            when a `stop_check` ended the chunk early).
         """
 
     def snapshot(self) -> TrainState:

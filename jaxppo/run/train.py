@@ -24,6 +24,7 @@ from jaxppo.config_fields import is_flax_module
 from jaxppo.envs.record import network_record
 from jaxppo.errors import ConfigError, warn
 from jaxppo.run import hostloop
+from jaxppo.run.actorlearner import ActorLearnerRunner
 from jaxppo.run.hostloop import HostLoopRunner
 from jaxppo.run.runner import ChunkRunner
 from jaxppo.program.build import build_program, train_function
@@ -242,10 +243,12 @@ def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig 
 
 
 def _local_runner(start: Start) -> Runner:
-    """The chunk on this host's devices, or a gymnasium env's host loop."""
+    """The chunk on this host's devices, or for an env that steps in Python the host loop
+    (max_policy_lag 0) or the actor-learner."""
     resolved, hp = start.resolved, start.hp
     if resolved.host_loop:
-        return HostLoopRunner(resolved, hp, start.restored)
+        host = ActorLearnerRunner if resolved.config.max_policy_lag else HostLoopRunner
+        return host(resolved, hp, start.restored)
     program = build_program(resolved, hp, chunk_length(resolved.config))
     return ChunkRunner(program, hp, jax.random.PRNGKey(resolved.config.seed), start.restored)
 

@@ -233,3 +233,60 @@ def test_learns_gymnasium_cartpole():
     assert np.nanmean(curve[:3]) < 60
     assert np.nanmean(curve[-5:]) > 400, curve[-10:]
     assert result.evaluate(episodes=4)["return_mean"] > 400
+
+
+class Lives(gymnasium.Env):
+    """A game of 2 lives of 3 steps each, as an episodic-life wrapper shows it: losing a life
+    terminates (reset then goes on with the same game); reward 1 a step (clipped), the game's
+    own score 10 a step in info["episode_reward"], and info["episode_end"] at the game's end.
+    Observations are uint8 [lives, step of the life, 200]."""
+
+    observation_space = gymnasium.spaces.Box(0, 255, (3,), np.uint8)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if getattr(self, "lives", 0) == 0:  # a new game; otherwise the next life
+            self.lives = 2
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        lost = self.t == 3
+        self.lives -= lost
+        info = {"episode_reward": 10.0, "episode_end": lost and self.lives == 0}
+        return self._obs(), 1.0, lost, False, info
+
+    def _obs(self):
+        return np.array([self.lives, self.t, 200], np.uint8)
+
+
+if "JaxppoLives-v0" not in gymnasium.envs.registry:
+    gymnasium.register(id="JaxppoLives-v0", entry_point=Lives)
+
+
+def test_reported_episodes_and_uint8_observations():
+    """Learning sees a life lost as an end and the clipped reward; the episode metrics add up
+    the env's episode_reward until its episode_end (the game over). uint8 observations stay
+    uint8 in the rollout and the checkpointed state, and become floats at the network input."""
+    cfg = WALK.replace(env="gymnasium:JaxppoLives-v0", num_envs=2, num_steps=12,
+                       total_timesteps=2 * 12 * 2, normalize_observations=True)
+    run = jaxppo.resolve(cfg)
+    runner = HostLoopRunner(run, HyperParams.from_config(run.config))
+    try:
+        metrics, traj = runner.iterate()
+    finally:
+        runner.close()
+    assert traj.obs.dtype == traj.final_obs.dtype == np.uint8
+    np.testing.assert_array_equal(traj.terminated[:, 0], np.arange(1, 13) % 3 == 0)
+    np.testing.assert_array_equal(traj.reward, 1.0)
+    np.testing.assert_array_equal(traj.episode_end[:, 0], np.arange(1, 13) % 6 == 0)
+    assert metrics["episodes"] == 4  # two games over in each env, not eight lives
+    assert metrics["episode_return_mean"] == metrics["episode_return_min"] == 60.0
+    assert metrics["episode_length_mean"] == 6.0
+    from jaxppo.run.hostloop import abstract_state
+    assert abstract_state(run, HyperParams.from_config(run.config)).last_obs.dtype == np.uint8
+    algo, st = runner.algorithm, runner.state
+    np.testing.assert_array_equal(algo.value(st.params, st.obs_stats, traj.obs[0]),
+                                  algo.value(st.params, st.obs_stats, traj.obs[0].astype(np.float32)))
