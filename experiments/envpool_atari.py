@@ -6,9 +6,8 @@
   `step`: raw envpool, then jaxppo's SAME_STEP vector env (`EnvpoolVectorEnv`), alternated;
 * torsos: forward + backward (the gradient of a scalar of the actor-critic's outputs) of a
   1024 batch of 84x84x4 frames and the 8-env policy forward, for the Nature and IMPALA CNNs,
-  each with its convolutions computed as jaxppo does (`jaxppo.core.networks.Conv`: one matmul
-  over windows) and with XLA's convolution (`lax.conv_general_dilated`), alternated rep by
-  rep; min and median;
+  each with its convolutions computed both ways `jaxppo.core.networks.Conv` can (one matmul
+  over windows; XLA's convolution), alternated rep by rep; min and median;
 * with --run-steps N: jaxppo.train on envpool:Breakout-v5 with the tuned config for N env
   steps through the host loop: its env steps/s, and the game scores of the whole games played
   (recorded from the vector env's episode_reward / episode_end).
@@ -60,27 +59,7 @@ def env_speed(steps: int, rounds: int = 3) -> dict:
             for k, v in rates.items()}
 
 
-def _xla_conv():
-    """jaxppo's Conv computed with XLA's convolution (same parameters)."""
-    import flax.linen as nn
-    import jax
-
-    from jaxppo.core import networks
-
-    class XlaConv(networks.Conv):
-        @nn.compact
-        def __call__(self, x):
-            k = self.kernel
-            kernel = self.param("kernel", self.kernel_init, (k, k, x.shape[-1], self.features))
-            bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
-            return jax.lax.conv_general_dilated(
-                x, kernel, (self.stride, self.stride), self.padding,
-                dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
-
-    return XlaConv
-
-
-def torso_cost(reps: int, batch: int = 1024) -> dict:
+def torso_cost(reps: int, batch: int = 1024, torsos=("nature_cnn", "impala_cnn")) -> dict:
     """ms of forward+backward [batch] and of the policy forward [8] per torso and conv."""
     import jax
     import jax.numpy as jnp
@@ -90,10 +69,11 @@ def torso_cost(reps: int, batch: int = 1024) -> dict:
 
     frames = np.random.default_rng(0).integers(0, 256, (batch, 84 * 84 * 4)).astype(np.float32)
     x, x8 = jnp.asarray(frames), jnp.asarray(frames[:8])
-    fns, original = {}, networks.Conv
-    for torso in ("nature_cnn", "impala_cnn"):
-        for conv, cls in (("windows", original), ("xla", _xla_conv())):
-            networks.Conv = cls  # the torsos look the class up when they are traced
+    fns, chosen = {}, (networks.NATURE_CONV_VIA, networks.IMPALA_CONV_VIA)
+    for torso in torsos:
+        for conv in ("windows", "xla"):
+            # the torsos read these when they are traced
+            networks.NATURE_CONV_VIA = networks.IMPALA_CONV_VIA = conv
             try:
                 cfg = jaxppo.PPOConfig(env="envpool:Breakout-v5", network=jaxppo.NetworkConfig(
                     torso=torso, shared_trunk=True), compilation_cache_dir=None)
@@ -108,7 +88,7 @@ def torso_cost(reps: int, batch: int = 1024) -> dict:
                 jax.block_until_ready(grad(params, x))
                 jax.block_until_ready(fwd(params, x8))
             finally:
-                networks.Conv = original
+                networks.NATURE_CONV_VIA, networks.IMPALA_CONV_VIA = chosen
             count = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
             fns[(torso, conv)] = (grad, fwd, params, count)
     times = {k: ([], []) for k in fns}
@@ -183,6 +163,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=6, help="timed reps per torso and conv")
     ap.add_argument("--run-steps", type=int, default=0,
                     help="env steps of the training run (0: none)")
+    ap.add_argument("--batch", type=int, default=1024, help="the forward+backward batch")
+    ap.add_argument("--torsos", nargs="+", default=["nature_cnn", "impala_cnn"])
     ap.add_argument("--skip", nargs="*", default=[], choices=["env", "torsos"])
     args = ap.parse_args()
     out = {"cpu": cpu_model(), "load_avg_before": os.getloadavg()}
@@ -190,8 +172,8 @@ def main() -> None:
         out["breakout_8_envs"] = env_speed(args.steps)
         print(json.dumps(out["breakout_8_envs"], indent=1), flush=True)
     if "torsos" not in args.skip:
-        out["torsos"] = torso_cost(args.reps)
-        print(json.dumps(out["torsos"], indent=1), flush=True)
+        out[f"torsos_batch_{args.batch}"] = torso_cost(args.reps, args.batch, args.torsos)
+        print(json.dumps(out[f"torsos_batch_{args.batch}"], indent=1), flush=True)
     if args.run_steps:
         out["breakout_run"] = short_run(args.run_steps)
         print(json.dumps({k: v for k, v in out["breakout_run"].items()

@@ -65,6 +65,13 @@ def tuned_env_names() -> list[str]:
     return sorted(p.stem for p in TUNED_DIR.glob("*.yaml"))
 
 
+def tuned_envs() -> list[str]:
+    """The envs the tuned configs are for, as `env` names them ("CartPole-v1",
+    "envpool:Breakout-v5"), in the order of `tuned_env_names()`."""
+    return [str(read_config_file(TUNED_DIR / f"{name}.yaml").get("env", name))
+            for name in tuned_env_names()]
+
+
 def tuned_config_for(env: str) -> tuple[Path, str] | None:
     """(the tuned config a new run of `env` starts from, the env it was tuned on), or None.
 

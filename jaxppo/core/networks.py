@@ -220,14 +220,15 @@ def _patches(x: jax.Array, k: int) -> jax.Array:
 
 class Conv(nn.Module):
     """A 2-D convolution over [N, H, W, C] with nn.Conv's parameters (`kernel` [k, k, C,
-    features], `bias` [features]; its layout, so checkpoints do not depend on how it is
-    computed), computed as one matmul over each output pixel's k x k window (`_windows`): on
-    a CPU faster than XLA's convolution for the Atari torsos (docs/design.md)."""
+    features], `bias` [features]; its layout, whichever way it is computed): `via="windows"`
+    as one matmul over each output pixel's k x k window (`_windows`), `via="xla"` with XLA's
+    convolution. Which is faster on a CPU depends on the layer (docs/design.md)."""
 
     features: int
     kernel: int
     stride: int = 1
     padding: str = "SAME"  # or "VALID"
+    via: str = "windows"  # or "xla"
     kernel_init: Callable = nn.initializers.lecun_normal()  # nn.Conv's default
 
     @nn.compact
@@ -235,6 +236,10 @@ class Conv(nn.Module):
         k = self.kernel
         kernel = self.param("kernel", self.kernel_init, (k, k, x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        if self.via == "xla":
+            return jax.lax.conv_general_dilated(
+                x, kernel, (self.stride, self.stride), self.padding,
+                dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
         windows = _windows(x, k, self.stride, self.padding)
         return windows @ kernel.reshape(-1, self.features) + bias
 
@@ -269,6 +274,11 @@ def _avg_pool(x: jax.Array, p: int) -> jax.Array:
 NATURE_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
 NATURE_MIN_SIDE = 36  # the smallest image side its three convs leave a pixel of
 IMPALA_CHANNELS = (16, 32, 32)  # Espeholt et al. (2018)'s stages, as cleanba's PPO
+# How each torso computes its convolutions (`Conv.via`), the faster on a 2-core CPU
+# (experiments/envpool_atari.py, docs/design.md): the Nature CNN's few large strided windows
+# as matmuls; the IMPALA CNN's many 3x3 convs at full resolution (9x the activations as
+# windows) with XLA's convolution.
+NATURE_CONV_VIA, IMPALA_CONV_VIA = "windows", "xla"
 
 
 class NatureCNN(nn.Module):
@@ -285,7 +295,7 @@ class NatureCNN(nn.Module):
         lead = x.shape[:-1]
         x = x.reshape((-1,) + tuple(self.obs_shape)) / 255.0
         for features, kernel, stride in NATURE_CONVS:
-            x = nn.relu(Conv(features, kernel, stride, "VALID",
+            x = nn.relu(Conv(features, kernel, stride, "VALID", NATURE_CONV_VIA,
                              kernel_init=orthogonal(float(np.sqrt(2.0))))(x))
         x = x.reshape(lead + (-1,))
         return nn.relu(_dense(512, float(np.sqrt(2.0)))(x))
@@ -305,11 +315,11 @@ class ImpalaCNN(nn.Module):
         lead = x.shape[:-1]
         x = x.reshape((-1,) + tuple(self.obs_shape)) / 255.0
         for channels in IMPALA_CHANNELS:
-            x = Conv(channels, 3)(x)
+            x = Conv(channels, 3, via=IMPALA_CONV_VIA)(x)
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
             for _ in range(2):
-                y = Conv(channels, 3)(nn.relu(x))
-                x = x + Conv(channels, 3)(nn.relu(y))
+                y = Conv(channels, 3, via=IMPALA_CONV_VIA)(nn.relu(x))
+                x = x + Conv(channels, 3, via=IMPALA_CONV_VIA)(nn.relu(y))
         x = nn.relu(x).reshape(lead + (-1,))
         return nn.relu(_dense(256, float(np.sqrt(2.0)))(x))
 

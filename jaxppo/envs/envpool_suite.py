@@ -174,13 +174,13 @@ class EnvpoolVectorEnv:
             self._make_pool(_env_seeds(seed, self.num_envs))
         obs, info = self.pool.reset()
         order = _order(info, self.num_envs)
-        return self._obs(obs)[order], _per_env(info, order, self.num_envs)
+        return self._obs(obs, order), _per_env(info, order, self.num_envs)
 
     def step(self, actions):
         """One step of every env (SAME_STEP auto-reset; see the class)."""
         obs, reward, terminated, truncated, info = self.pool.step(np.asarray(actions))
         order = _order(info, self.num_envs)
-        obs = self._obs(obs)[order]
+        obs = self._obs(obs, order)
         reward = np.asarray(reward, np.float32)[order]
         terminated = np.asarray(terminated, bool)[order]
         truncated = np.asarray(truncated, bool)[order]
@@ -200,9 +200,17 @@ class EnvpoolVectorEnv:
             info["episode_end"] = np.asarray(info["terminated"], bool) | truncated
         return obs, reward, terminated, truncated, info
 
-    def _obs(self, obs) -> np.ndarray:
+    def _obs(self, obs, order: np.ndarray | None = None) -> np.ndarray:
+        """envpool's observations [N, ...] (in `order`) as an array of jaxppo's own: frames
+        channel-last, C-contiguous, not a view of envpool's buffers."""
         obs = np.asarray(obs)
-        return np.moveaxis(obs, 1, -1) if self.channels_first else obs
+        obs = obs[order] if order is not None else obs.copy()
+        if not self.channels_first:
+            return obs
+        out = np.empty(obs.shape[:1] + obs.shape[2:] + obs.shape[1:2], obs.dtype)
+        for c in range(obs.shape[1]):  # plane by plane: 3-4x numpy's transposing copy
+            out[..., c] = obs[:, c]
+        return out
 
     def close(self) -> None:
         if self.pool is not None:

@@ -72,9 +72,17 @@ _SUITE_NAMES = {
     "xminigrid": (lambda n: n.startswith(("MiniGrid-", "XLand-MiniGrid-")),
                   registered_xminigrid_envs),
     # Atari's "Breakout-v5", ...; envpool's own names of other suites' envs come after theirs.
-    "envpool": (lambda n: re.fullmatch(r"[A-Z][\w/-]*-v\d+", n) is not None,
-                registered_envpool_envs),
+    "envpool": (lambda n: _looks_like_envpool(n), registered_envpool_envs),
 }
+
+
+def _looks_like_envpool(name: str) -> bool:
+    """An id of envpool's look ("Breakout-v5") whose env gymnax does not have under another
+    version: "CartPole-v0" is a typo of gymnax's "CartPole-v1", though envpool has it too."""
+    if re.fullmatch(r"[A-Z][\w/-]*-v\d+", name) is None:
+        return False
+    unversioned = {n.rpartition("-v")[0] for n in registered_env_names()}
+    return name.rpartition("-v")[0] not in unversioned
 
 
 def _suite_with_name(name: str) -> str | None:

@@ -79,25 +79,25 @@ def _lax_conv(x, p, stride, padding):
                                         dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["bias"]
 
 
+@pytest.mark.parametrize("via", ["windows", "xla"])
 @pytest.mark.parametrize("features,k,stride,padding,shape", [
     (32, 8, 4, "VALID", (2, 84, 84, 4)), (64, 4, 2, "VALID", (2, 20, 20, 32)),
     (16, 3, 1, "SAME", (2, 21, 21, 4)), (8, 4, 3, "SAME", (2, 11, 10, 3))])
-def test_conv_equals_xlas_convolution_with_the_same_parameters(features, k, stride, padding, shape):
-    """jaxppo's Conv (a matmul over windows) against lax's convolution, and its parameters
-    are nn.Conv's: the same names and shapes."""
+def test_conv_is_flaxs_conv_either_way_it_is_computed(features, k, stride, padding, shape, via):
+    """jaxppo's Conv, as a matmul over windows or with XLA's convolution, has nn.Conv's
+    parameters (names, shapes and initial values) and outputs."""
     import flax.linen as nn
 
     from jaxppo.core.networks import Conv
 
     x = jax.random.normal(jax.random.PRNGKey(0), shape)
-    params = Conv(features, k, stride, padding).init(jax.random.PRNGKey(1), x)
-    ref_params = nn.Conv(features, (k, k), (stride, stride), padding=padding).init(
-        jax.random.PRNGKey(1), x)
-    assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, ref_params)
+    ours, ref = Conv(features, k, stride, padding, via), nn.Conv(features, (k, k), (stride, stride),
+                                                                  padding=padding)
+    params = ours.init(jax.random.PRNGKey(1), x)
+    jax.tree.map(np.testing.assert_array_equal, params, ref.init(jax.random.PRNGKey(1), x))
     params = jax.tree.map(lambda a: a + jax.random.normal(jax.random.PRNGKey(2), a.shape), params)
-    ours = Conv(features, k, stride, padding).apply(params, x)
-    ref = _lax_conv(x, params["params"], stride, padding)
-    np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(ours.apply(params, x)), np.asarray(ref.apply(params, x)),
+                               rtol=1e-4, atol=1e-4)
 
 
 def _atari_net(torso: str, shared: bool = True) -> ActorCritic:
