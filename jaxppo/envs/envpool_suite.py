@@ -322,15 +322,13 @@ def _presented_obs_space(space):
 
 def _env_seeds(seed, n: int) -> list[int]:
     """Each env's seed: seeds[i] of a list, seed + i of an int, fresh entropy for None (as a
-    gymnasium vector env seeds its envs)."""
+    gymnasium vector env seeds its envs), each taken mod 2**31 (envpool's seeds are int32)."""
     if seed is None:
-        seed = int(np.random.SeedSequence().generate_state(1)[0] >> 1)
-    if np.ndim(seed) == 0:
-        return [int(seed) + i for i in range(n)]
-    seeds = [int(s) for s in seed]
+        seed = int(np.random.SeedSequence().generate_state(1)[0])
+    seeds = [int(seed) + i for i in range(n)] if np.ndim(seed) == 0 else [int(s) for s in seed]
     if len(seeds) != n:
         raise ValueError(f"reset(seed=...) got {len(seeds)} seeds for {n} envs")
-    return seeds
+    return [s % 2**31 for s in seeds]
 
 
 def _order(info: dict, n: int) -> np.ndarray:

@@ -170,6 +170,9 @@ def test_same_seeds_replay_the_same_envs():
     np.testing.assert_array_equal(envs.step(np.array([1, 0], np.int32))[0], steps[0])
     assert not np.array_equal(envs.reset(seed=[8, 9])[0][0], first[0])
     np.testing.assert_array_equal(envs.reset(seed=[8, 9])[0][0], first[1])  # env seeded 8
+    # An int seeds env i with seed + i, as a gymnasium vector env; seeds are taken mod 2**31.
+    np.testing.assert_array_equal(envs.reset(seed=7)[0], first)
+    np.testing.assert_array_equal(envs.reset(seed=[2**31 + 7, 2**32 + 8])[0], first)
     envs.close()
 
 
