@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxppo.run import command
 from jaxppo.search import sweep
-from jaxppo.config import MAX_TIMESTEPS, check_seed, tuned_env_names
+from jaxppo.config import MAX_TIMESTEPS, check_seed, tuned_env_names, tuned_envs
 from jaxppo.envs.make import registered_env_names
 from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RolloutTimeoutError,
                            RunFolderError, TrainingDivergedError, TrainingInterrupted, VideoError)
@@ -47,7 +47,7 @@ def _add_training_commands(sub) -> None:
         help="train a policy and write a run folder",
         description=textwrap.fill(
             f"Train PPO. Config precedence: {command.PRECEDENCE}. Tuned configs ship for "
-            f"{', '.join(tuned_env_names())}. The run folder runs/<env>-<time>/ gets "
+            f"{', '.join(tuned_envs())}. The run folder runs/<env>-<time>/ gets "
             "config.yaml, metrics.jsonl, checkpoints/, params.msgpack, summary.json and curve.png.",
             width=88, break_on_hyphens=False),
         epilog=command.config_keys_help(),

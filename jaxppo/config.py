@@ -35,41 +35,63 @@ from jaxppo.search import space
 Schedule = Union[float, Sequence[Sequence[float]]]
 
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
-TORSOS = ("auto", "mlp", "cnn")
+TORSOS = ("auto", "mlp", "cnn", "nature_cnn", "impala_cnn")
 SCHEDULE_KINDS = ("constant", "linear")
 EXTEND_KINDS = ("new_total", "continue")
 SYNC_KINDS = ("gradients", "batch")
 VECTORIZATION_MODES = ("sync", "async")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
 
-# Tuned configs shipped with the package: configs/<env>.yaml.
+# Tuned configs shipped with the package: configs/<env>.yaml, named by the env's short name
+# (`PPOConfig.env_name`: "Breakout-v5" for env "envpool:Breakout-v5").
 TUNED_DIR = Path(__file__).resolve().parent / "configs"
+# Prefixes of host-loop envs whose tuned config may be gymnax's of the same name.
+_HOST_PREFIXES = ("gymnasium:", "envpool:")
 
 
 def tuned_config_path(env_name: str) -> Path | None:
-    """The packaged tuned config of `env_name`, or None when there is none."""
+    """The packaged tuned config of `env_name` (its short name, or for an envpool task also
+    "envpool:<task>"), or None when there is none."""
     path = TUNED_DIR / f"{env_name}.yaml"
-    return path if path.is_file() else None
+    if path.is_file():
+        return path
+    task = env_name.removeprefix("envpool:")
+    if task == env_name or not task or "/" in task or ":" in task:
+        return None
+    path = TUNED_DIR / f"{task}.yaml"
+    return path if path.is_file() and read_config_file(path).get("env") == env_name else None
 
 
 def tuned_env_names() -> list[str]:
     return sorted(p.stem for p in TUNED_DIR.glob("*.yaml"))
 
 
+def tuned_envs() -> list[str]:
+    """The envs the tuned configs are for, as `env` names them ("CartPole-v1",
+    "envpool:Breakout-v5"), in the order of `tuned_env_names()`."""
+    return [str(read_config_file(TUNED_DIR / f"{name}.yaml").get("env", name))
+            for name in tuned_env_names()]
+
+
 def tuned_config_for(env: str) -> tuple[Path, str] | None:
     """(the tuned config a new run of `env` starts from, the env it was tuned on), or None.
 
-    The env's own; for "gymnasium:<id>", gymnax's <id> when jaxppo ships one (gymnax's
-    classic-control envs are gymnasium's, same dynamics and time limits) and it sets no
-    transforms (the host loop that steps a gymnasium env runs no gymnax wrappers)."""
+    The env's own; for "gymnasium:<id>" and "envpool:<id>", gymnax's <id> when jaxppo ships
+    one (gymnax's classic-control envs are gymnasium's and envpool's, same dynamics and time
+    limits) and it sets no transforms (the host loop that steps such an env runs no gymnax
+    wrappers)."""
     path = tuned_config_path(env)
     if path is not None:
         return path, env
-    if not env.startswith("gymnasium:"):
+    prefix = next((p for p in _HOST_PREFIXES if env.startswith(p)), None)
+    if prefix is None:
         return None
-    name = env[len("gymnasium:"):]
+    name = env[len(prefix):]
     path = tuned_config_path(name) if name and ":" not in name else None
-    if path is None or read_config_file(path).get("transforms"):
+    if path is None:
+        return None
+    values = read_config_file(path)
+    if values.get("transforms") or values.get("env", name) != name:
         return None
     return path, name
 
@@ -89,8 +111,10 @@ class NetworkConfig:
         (64, 64), "widths of the MLP layers (of each torso)", check=cf.positive_ints("e.g. [64, 64]"))
     activation: str = field("tanh", "tanh | relu | gelu | silu | elu", check=cf.one_of(ACTIVATIONS))
     shared_trunk: bool = field(False, "one torso for actor and critic, two heads", check=cf.boolean)
-    torso: str = field("auto", '"mlp", "cnn" (image observations), or "auto": cnn for [H, W, C] obs',
-                       check=cf.one_of(TORSOS))
+    torso: str = field(
+        "auto", '"mlp", "cnn" (image observations), or "auto": cnn for [H, W, C] obs; '
+        '"nature_cnn" / "impala_cnn": the fixed Atari-scale CNNs (pixels / 255)',
+        check=cf.one_of(TORSOS))
     # conv_channels and conv_kernel are checked together (`_network_rules`)
     conv_channels: tuple[int, ...] = field((16,), "cnn torso: channels of each conv layer")
     conv_kernel: int = field(3, "cnn torso: kernel size")
@@ -322,11 +346,14 @@ class PPOConfig:
     @property
     def env_name(self) -> str:
         """A short readable name of the env (run folder names, labels): the registered name,
-        "brax-<name>" for "brax:<name>" (no ':' in folder names), the class of a
-        "module:Class" env, or an env object's `name` (else its class name)."""
+        "brax-<name>" for "brax:<name>" (no ':' in folder names), an envpool task's id with
+        '-' for '/' ("phys2d-CartPole-v1": no nested folder), the class of a "module:Class"
+        env, or an env object's `name` (else its class name)."""
         if isinstance(self.env, str):
             if self.env.startswith("brax:"):  # "brax-halfcheetah": the suite stays in the name
                 return "brax-" + self.env[len("brax:"):]
+            if self.env.startswith("envpool:"):
+                return self.env[len("envpool:"):].replace("/", "-") or self.env
             return self.env.rpartition(":")[2].rpartition(".")[2] or self.env
         return getattr(self.env, "name", type(self.env).__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
@@ -218,6 +218,49 @@ def _patches(x: jax.Array, k: int) -> jax.Array:
     return jnp.concatenate(views, axis=-1)
 
 
+class Conv(nn.Module):
+    """A 2-D convolution over [N, H, W, C] with nn.Conv's parameters (`kernel` [k, k, C,
+    features], `bias` [features]; its layout, whichever way it is computed): `via="windows"`
+    as one matmul over each output pixel's k x k window (`_windows`), `via="xla"` with XLA's
+    convolution. Which is faster on a CPU depends on the layer (docs/design.md)."""
+
+    features: int
+    kernel: int
+    stride: int = 1
+    padding: str = "SAME"  # or "VALID"
+    via: str = "windows"  # or "xla"
+    kernel_init: Callable = nn.initializers.lecun_normal()  # nn.Conv's default
+
+    @nn.compact
+    def __call__(self, x):
+        k = self.kernel
+        kernel = self.param("kernel", self.kernel_init, (k, k, x.shape[-1], self.features))
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        if self.via == "xla":
+            return jax.lax.conv_general_dilated(
+                x, kernel, (self.stride, self.stride), self.padding,
+                dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
+        windows = _windows(x, k, self.stride, self.padding)
+        return windows @ kernel.reshape(-1, self.features) + bias
+
+
+def _windows(x: jax.Array, k: int, stride: int, padding: str) -> jax.Array:
+    """[N, H, W, C] -> [N, H', W', k*k*C]: the k x k window of each output pixel of a conv of
+    that stride, in the order of a conv kernel [k, k, C] flattened; "SAME" pads with zeros as
+    XLA does (H' = ceil(H / stride)), "VALID" does not (H' = (H - k) // stride + 1)."""
+    n, h, w, c = x.shape
+    if padding == "SAME":
+        out_h, out_w = -(-h // stride), -(-w // stride)
+        pad_h, pad_w = (max((o - 1) * stride + k - d, 0) for o, d in ((out_h, h), (out_w, w)))
+        x = jnp.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2),
+                        (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+    else:
+        out_h, out_w = (h - k) // stride + 1, (w - k) // stride + 1
+    span_h, span_w = (out_h - 1) * stride + 1, (out_w - 1) * stride + 1
+    views = [x[:, i:i + span_h:stride, j:j + span_w:stride, :] for i in range(k) for j in range(k)]
+    return jnp.concatenate(views, axis=-1)
+
+
 def _avg_pool(x: jax.Array, p: int) -> jax.Array:
     """[N, H, W, C] -> [N, H // p, W // p, C]: means of non-overlapping p x p windows (a
     remainder row or column is dropped, as a "VALID" pool drops it)."""
@@ -227,12 +270,71 @@ def _avg_pool(x: jax.Array, p: int) -> jax.Array:
     return jnp.mean(x, axis=(2, 4))
 
 
+# Mnih et al. (2015)'s convolutions: (features, kernel, stride), "VALID" padding.
+NATURE_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+NATURE_MIN_SIDE = 36  # the smallest image side its three convs leave a pixel of
+IMPALA_CHANNELS = (16, 32, 32)  # Espeholt et al. (2018)'s stages, as cleanba's PPO
+# How each torso computes its convolutions (`Conv.via`), the faster on a 2-core CPU
+# (experiments/envpool_atari.py, docs/design.md): the Nature CNN's few large strided windows
+# as matmuls; the IMPALA CNN's many 3x3 convs at full resolution (9x the activations as
+# windows) with XLA's convolution.
+NATURE_CONV_VIA, IMPALA_CONV_VIA = "windows", "xla"
+
+
+class NatureCNN(nn.Module):
+    """The DQN torso of Mnih et al. (2015), as CleanRL's ppo_atari: pixels / 255, convs of 32
+    8x8 stride 4, 64 4x4 stride 2 and 64 3x3 stride 1 ("VALID"), Dense 512, each followed by
+    a ReLU; orthogonal init sqrt(2), zero biases. Images [..., H, W, C] (given flat) of at
+    least NATURE_MIN_SIDE pixels a side (84x84x4 frames: 1,686,693 parameters with two heads
+    of 4 actions over one trunk, as CleanRL's)."""
+
+    obs_shape: Sequence[int]
+
+    @nn.compact
+    def __call__(self, x):
+        lead = x.shape[:-1]
+        x = x.reshape((-1,) + tuple(self.obs_shape)) / 255.0
+        for features, kernel, stride in NATURE_CONVS:
+            x = nn.relu(Conv(features, kernel, stride, "VALID", NATURE_CONV_VIA,
+                             kernel_init=orthogonal(float(np.sqrt(2.0))))(x))
+        x = x.reshape(lead + (-1,))
+        return nn.relu(_dense(512, float(np.sqrt(2.0)))(x))
+
+
+class ImpalaCNN(nn.Module):
+    """The IMPALA torso (Espeholt et al. 2018), as cleanba's PPO: pixels / 255, then per
+    stage of IMPALA_CHANNELS a 3x3 conv, a 3x3 max-pool of stride 2 and two residual blocks
+    (ReLU, 3x3 conv, ReLU, 3x3 conv, plus the input); a ReLU, Dense 256 and a ReLU. Convs
+    "SAME" with flax's default (LeCun normal) init as cleanba's, the Dense orthogonal sqrt(2).
+    Images [..., H, W, C] (given flat) of any size."""
+
+    obs_shape: Sequence[int]
+
+    @nn.compact
+    def __call__(self, x):
+        lead = x.shape[:-1]
+        x = x.reshape((-1,) + tuple(self.obs_shape)) / 255.0
+        for channels in IMPALA_CHANNELS:
+            x = Conv(channels, 3, via=IMPALA_CONV_VIA)(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            for _ in range(2):
+                y = Conv(channels, 3, via=IMPALA_CONV_VIA)(nn.relu(x))
+                x = x + Conv(channels, 3, via=IMPALA_CONV_VIA)(nn.relu(y))
+        x = nn.relu(x).reshape(lead + (-1,))
+        return nn.relu(_dense(256, float(np.sqrt(2.0)))(x))
+
+
 def make_torso(net) -> nn.Module:
-    """The CNN or MLP torso described by a network module's fields (torso, obs_shape,
-    conv_channels, conv_kernel, conv_pool, hidden_sizes, activation)."""
+    """The torso described by a network module's fields (torso, obs_shape, conv_channels,
+    conv_kernel, conv_pool, hidden_sizes, activation): the configurable CNN or MLP, or the
+    fixed Nature or IMPALA CNN."""
     if net.torso == "cnn":
         return CNN(net.obs_shape, net.conv_channels, net.conv_kernel, net.hidden_sizes,
                    net.activation, net.conv_pool)
+    if net.torso == "nature_cnn":
+        return NatureCNN(net.obs_shape)
+    if net.torso == "impala_cnn":
+        return ImpalaCNN(net.obs_shape)
     return MLP(net.hidden_sizes, net.activation)
 
 
@@ -448,19 +550,32 @@ def module_name(module) -> str:
     return repr(module) if isinstance(module, str) else type(module).__name__
 
 
+CNN_TORSOS = ("cnn", "nature_cnn", "impala_cnn")
+
+
 def resolve_torso(config, spec) -> str:
-    """The torso, "cnn" or "mlp"; "auto" picks the CNN for image observations [H, W, C].
+    """The torso, "mlp" or one of CNN_TORSOS; "auto" picks "cnn" for image observations
+    [H, W, C].
 
     Raises:
-      ConfigError: network.torso="cnn" for observations that are not images.
+      ConfigError: a CNN torso for observations that are not images, or the Nature CNN for
+        images smaller than its convolutions.
     """
     torso = config.network.torso
     if torso == "auto":
         return "cnn" if len(spec.obs_shape) == 3 else "mlp"
-    if torso == "cnn" and len(spec.obs_shape) != 3:
+    if torso in CNN_TORSOS and len(spec.obs_shape) != 3:
         raise ConfigError(
-            f"network.torso='cnn' needs image observations [H, W, C], but {config.env_name} "
-            f"has observation shape {spec.obs_shape}; use network.torso='mlp' or 'auto'"
+            f"network.torso={torso!r} needs image observations [H, W, C], but "
+            f"{config.env_name} has observation shape {spec.obs_shape}; use "
+            "network.torso='mlp' or 'auto'"
+        )
+    if torso == "nature_cnn" and min(spec.obs_shape[:2]) < NATURE_MIN_SIDE:
+        raise ConfigError(
+            f"network.torso='nature_cnn' needs images of at least {NATURE_MIN_SIDE}x"
+            f"{NATURE_MIN_SIDE} pixels (its 8x8/4, 4x4/2 and 3x3 convolutions leave nothing of "
+            f"smaller ones), but {config.env_name}'s are {spec.obs_shape[0]}x{spec.obs_shape[1]}; "
+            "use network.torso='impala_cnn' or 'cnn' (any size)"
         )
     return torso
 

@@ -1,1 +1,2 @@
-"""Environments behind one contract: gymnax by name, suite adapters, gymnasium, a user's env, transforms."""
+"""Environments behind one contract: gymnax by name, suite adapters, gymnasium and envpool
+(host loop), a user's env, transforms."""

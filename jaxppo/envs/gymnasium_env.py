@@ -208,7 +208,8 @@ def check_actor_options(config) -> None:
 
 
 def check_config(config, layout) -> None:
-    """Checks that the host loop (or the actor-learner) can run the config.
+    """Checks that the host loop (or the actor-learner) can run the config (a gymnasium
+    env's or an envpool task's).
 
     Raises:
       ConfigError: several seeds or devices, hosts, a recurrent policy, env wrappers (they
@@ -229,9 +230,11 @@ def check_config(config, layout) -> None:
                           "with feed-forward policies only; set network.recurrent_size=0")
     wrappers = env_wrappers(config)
     if wrappers:
+        fix = ("set envpool's own options in env_kwargs instead (e.g. stack_num for frame "
+               "stacking)" if str(config.env).startswith("envpool:") else
+               "use gymnasium wrappers in a registered env instead")
         raise ConfigError(f"transforms {[type(w).__name__ for w in wrappers]} wrap a gymnax env; "
-                          f"{where}: use gymnasium wrappers in a registered env instead (reward "
-                          "hooks such as count_bonus work)")
+                          f"{where}: {fix} (reward hooks such as count_bonus work)")
 
 
 def _check_registered(gym, env_id: str) -> None:

@@ -1,6 +1,7 @@
 """Environments by name: `make_env(config)` builds a gymnax env, a suite's adapter
-("brax:<name>", ...), a gymnasium env or a user's gymnax-API env ("module:Class" or an object,
-checked by `jaxppo.envs.check`), and returns it with its params and spaces as an `EnvSpec`.
+("brax:<name>", ...), a gymnasium env, an envpool task or a user's gymnax-API env
+("module:Class" or an object, checked by `jaxppo.envs.check`), and returns it with its params
+and spaces as an `EnvSpec`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jaxppo.envs.gymnax_import import import_gymnax
 from jaxppo.envs.imports import import_user_module
 from jaxppo.errors import ConfigError
 from jaxppo.envs.check import check_env, error_summary
+from jaxppo.envs.envpool_suite import is_envpool_env, make_envpool_env, registered_envpool_envs
 from jaxppo.envs.gymnasium_env import is_gymnasium_env, make_gymnasium_env
 from jaxppo.envs.adapter import SUITES, is_suite_env, suite_of
 from jaxppo.envs.brax_suite import make_brax_env, registered_brax_envs
@@ -56,8 +58,8 @@ def check_env_name(name: str) -> None:
     raise ConfigError(
         f"env={name!r} is not a registered gymnax environment{hint or '.'} "
         f"Registered: {', '.join(names)}. Other suites by prefix: brax:<name>, jumanji:<Id>, "
-        "craftax:<name>, xminigrid:<name>, gymnasium:<id>; or module:Class of your own env, "
-        "or an env object with the gymnax API as env="
+        "craftax:<name>, xminigrid:<name>, gymnasium:<id>, envpool:<task>; or module:Class of "
+        "your own env, or an env object with the gymnax API as env="
     )
 
 
@@ -70,7 +72,18 @@ _SUITE_NAMES = {
     "craftax": (lambda n: n.startswith("Craftax-"), registered_craftax_envs),
     "xminigrid": (lambda n: n.startswith(("MiniGrid-", "XLand-MiniGrid-")),
                   registered_xminigrid_envs),
+    # Atari's "Breakout-v5", ...; envpool's own names of other suites' envs come after theirs.
+    "envpool": (lambda n: _looks_like_envpool(n), registered_envpool_envs),
 }
+
+
+def _looks_like_envpool(name: str) -> bool:
+    """An id of envpool's look ("Breakout-v5") whose env gymnax does not have under another
+    version: "CartPole-v0" is a typo of gymnax's "CartPole-v1", though envpool has it too."""
+    if re.fullmatch(r"[A-Z][\w/-]*-v\d+", name) is None:
+        return False
+    unversioned = {n.rpartition("-v")[0] for n in registered_env_names()}
+    return name.rpartition("-v")[0] not in unversioned
 
 
 def _suite_with_name(name: str) -> str | None:
@@ -79,7 +92,8 @@ def _suite_with_name(name: str) -> str | None:
     import importlib.util
 
     for suite, (looks_like, registered) in _SUITE_NAMES.items():
-        if not looks_like(name) or importlib.util.find_spec(SUITES[suite][0]) is None:
+        package = SUITES[suite][0] if suite in SUITES else suite  # envpool: its own name
+        if not looks_like(name) or importlib.util.find_spec(package) is None:
             continue
         try:
             found = name in registered()
@@ -110,8 +124,9 @@ def check_recorded_env(config, run_dir, fix: str) -> None:
 
 def imported_module(env) -> str | None:
     """The module of the user's that building `env` imports: "module" of "module:Class" or
-    of "gymnasium:module:Id"; None for a registered gymnax name, a suite's env or an object."""
-    if not isinstance(env, str):
+    of "gymnasium:module:Id"; None for a registered gymnax name, a suite's env (envpool's
+    included) or an object."""
+    if not isinstance(env, str) or is_envpool_env(env):
         return None
     if is_gymnasium_env(env):
         module = env.partition(":")[2].rpartition(":")[0]
@@ -154,10 +169,11 @@ def make_env(config) -> EnvSpec:
     """Builds the config's env with its params.
 
     `config.env` is a registered gymnax name, "<suite>:<name>", "gymnasium:<id>",
-    "module:Class" or an env object; a user's env is checked first (`check_env`). The
-    `env_kwargs` keys that are fields of the env's params (e.g. `max_steps_in_episode`) set
-    those params; the rest go to the env's constructor (for "module:Class", the constructor's
-    arguments go to it and the rest set params). `config.transforms` wrap the env last.
+    "envpool:<task>", "module:Class" or an env object; a user's env is checked first
+    (`check_env`). The `env_kwargs` keys that are fields of the env's params (e.g.
+    `max_steps_in_episode`) set those params; the rest go to the env's constructor (for
+    "module:Class", the constructor's arguments go to it and the rest set params).
+    `config.transforms` wrap the env last.
 
     Args:
       config: a validated PPOConfig.
@@ -170,8 +186,9 @@ def make_env(config) -> EnvSpec:
         a user's env that breaks the contract the rollout relies on.
     """
     env_kwargs = dict(config.env_kwargs or {})
-    if is_gymnasium_env(config.env):  # steps in Python, outside the compiled program
-        env, env_params = make_gymnasium_env(config)
+    if is_gymnasium_env(config.env) or is_envpool_env(config.env):  # steps in Python
+        make = make_gymnasium_env if is_gymnasium_env(config.env) else make_envpool_env
+        env, env_params = make(config)
         return _env_spec(config, env, env_params)
     if isinstance(config.env, str) and ":" not in config.env:
         gymnax = import_gymnax()

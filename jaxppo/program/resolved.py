@@ -205,10 +205,14 @@ def _plain_value(v):
 
 
 def _check_conv_options(config: PPOConfig, spec: EnvSpec) -> None:
-    """network.conv_* only shape a CNN torso, a kernel wider than the image is padding, and
-    pooling must leave at least one pixel."""
+    """network.conv_* only shape the configurable CNN torso, the fixed CNNs take no layer
+    options, a kernel wider than the image is padding, and pooling must leave at least one
+    pixel."""
     net, default = config.network, NetworkConfig()
     torso = networks.resolve_torso(config, spec)
+    if torso in ("nature_cnn", "impala_cnn"):
+        _check_fixed_cnn(config, torso)
+        return
     if torso != "cnn":
         given = [f"network.{name}={listed(getattr(net, name))!r}"
                  for name in ("conv_channels", "conv_kernel", "conv_pool")
@@ -236,6 +240,26 @@ def _check_conv_options(config: PPOConfig, spec: EnvSpec) -> None:
             f"network.conv_pool={net.conv_pool} after each of {len(net.conv_channels)} conv "
             f"layer(s) shrinks {config.env_name}'s {spec.obs_shape[0]}x{spec.obs_shape[1]} "
             "images to nothing; use fewer conv layers or a smaller conv_pool")
+
+
+def _check_fixed_cnn(config: PPOConfig, torso: str) -> None:
+    """The Nature and IMPALA CNNs are fixed architectures over raw pixels: the layer options
+    of the other torsos, and observation normalisation before their own / 255, are errors."""
+    net, default = config.network, NetworkConfig()
+    given = [f"network.{name}={listed(getattr(net, name))!r}"
+             for name in ("hidden_sizes", "activation", "conv_channels", "conv_kernel", "conv_pool")
+             if getattr(net, name) != getattr(default, name)]
+    if given:
+        raise ConfigError(
+            f"{' and '.join(given)} {'shape' if len(given) > 1 else 'shapes'} the 'mlp' and "
+            f"'cnn' torsos, but network.torso={torso!r} is a fixed architecture (its own "
+            "convolutions, Dense layer and ReLUs; docs/configuration.md); remove "
+            f"{'them' if len(given) > 1 else 'it'}, or use network.torso='cnn' to choose layers")
+    if config.normalize_observations:
+        raise ConfigError(
+            f"normalize_observations=true standardises the pixels that network.torso={torso!r} "
+            "scales by 1/255 itself (as the Atari baselines do); set normalize_observations="
+            "false")
 
 
 def _default_limit(config: PPOConfig):

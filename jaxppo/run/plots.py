@@ -190,7 +190,7 @@ def return_bounds(run) -> tuple[float, float] | None:
     env = cfg.get("env")
     if not isinstance(env, str):
         return None
-    return RETURN_BOUNDS.get(env.removeprefix("gymnasium:"))
+    return RETURN_BOUNDS.get(env.removeprefix("gymnasium:").removeprefix("envpool:"))
 
 
 def compact_number(x, pos=None) -> str:

@@ -73,6 +73,138 @@ def test_cnn_torso_on_flat_observations_is_a_config_error():
         raise AssertionError("expected ConfigError")
 
 
+# ------------------------------------------------------------------ the Atari torsos
+def _lax_conv(x, p, stride, padding):
+    return jax.lax.conv_general_dilated(x, p["kernel"], (stride, stride), padding,
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC")) + p["bias"]
+
+
+@pytest.mark.parametrize("via", ["windows", "xla"])
+@pytest.mark.parametrize("features,k,stride,padding,shape", [
+    (32, 8, 4, "VALID", (2, 84, 84, 4)), (64, 4, 2, "VALID", (2, 20, 20, 32)),
+    (16, 3, 1, "SAME", (2, 21, 21, 4)), (8, 4, 3, "SAME", (2, 11, 10, 3))])
+def test_conv_is_flaxs_conv_either_way_it_is_computed(features, k, stride, padding, shape, via):
+    """jaxppo's Conv, as a matmul over windows or with XLA's convolution, has nn.Conv's
+    parameters (names, shapes and initial values) and outputs."""
+    import flax.linen as nn
+
+    from jaxppo.core.networks import Conv
+
+    x = jax.random.normal(jax.random.PRNGKey(0), shape)
+    ours, ref = Conv(features, k, stride, padding, via), nn.Conv(features, (k, k), (stride, stride),
+                                                                  padding=padding)
+    params = ours.init(jax.random.PRNGKey(1), x)
+    jax.tree.map(np.testing.assert_array_equal, params, ref.init(jax.random.PRNGKey(1), x))
+    params = jax.tree.map(lambda a: a + jax.random.normal(jax.random.PRNGKey(2), a.shape), params)
+    np.testing.assert_allclose(np.asarray(ours.apply(params, x)), np.asarray(ref.apply(params, x)),
+                               rtol=1e-4, atol=1e-4)
+
+
+def _atari_net(torso: str, shared: bool = True) -> ActorCritic:
+    return ActorCritic(action_dim=4, discrete=True, torso=torso, obs_shape=(84, 84, 4),
+                       shared_trunk=shared)
+
+
+def _frames(n: int):
+    return jax.random.randint(jax.random.PRNGKey(3), (n, 84 * 84 * 4), 0, 256).astype(jnp.float32)
+
+
+def test_nature_cnn_is_cleanrls_network():
+    """CleanRL's Atari agent: its parameter count by hand, and the outputs against a plain
+    lax forward pass with the torso's weights."""
+    conv1 = 8 * 8 * 4 * 32 + 32  # 84 -> 20
+    conv2 = 4 * 4 * 32 * 64 + 64  # 20 -> 9
+    conv3 = 3 * 3 * 64 * 64 + 64  # 9 -> 7
+    dense = 7 * 7 * 64 * 512 + 512
+    heads = 512 * 4 + 4 + 512 + 1
+    assert conv1 + conv2 + conv3 + dense + heads == 1_686_693
+    net, obs = _atari_net("nature_cnn"), _frames(3)
+    params = jax.jit(net.init)(jax.random.PRNGKey(0), obs)
+    assert sum(a.size for a in jax.tree.leaves(params)) == 1_686_693
+    # Two torsos (actor and critic apart, jaxppo's default) hold the trunk twice.
+    two = jax.eval_shape(_atari_net("nature_cnn", shared=False).init, jax.random.PRNGKey(0), obs)
+    assert sum(a.size for a in jax.tree.leaves(two)) == 2 * (conv1 + conv2 + conv3 + dense) + heads
+    p = params["params"]
+    x = obs.reshape(3, 84, 84, 4) / 255.0
+    for i, stride in enumerate((4, 2, 1)):
+        x = jax.nn.relu(_lax_conv(x, p["actor_torso"][f"Conv_{i}"], stride, "VALID"))
+    h = jax.nn.relu(x.reshape(3, -1) @ p["actor_torso"]["Dense_0"]["kernel"]
+                    + p["actor_torso"]["Dense_0"]["bias"])
+    dist, value, _ = net.apply(params, obs)
+    assert dist.loc.shape == (3, 4) and value.shape == (3,)
+    logits = h @ p["policy_head"]["kernel"] + p["policy_head"]["bias"]
+    np.testing.assert_allclose(np.asarray(dist.loc), np.asarray(logits), rtol=1e-4, atol=1e-5)
+    v = (h @ p["value_head"]["kernel"] + p["value_head"]["bias"])[:, 0]
+    np.testing.assert_allclose(np.asarray(value), np.asarray(v), rtol=1e-4, atol=1e-4)
+
+
+def test_impala_cnn_is_cleanbas_network():
+    """cleanba's IMPALA torso: its parameter count by hand (84 -> 42 -> 21 -> 11 per side),
+    and the value against a plain lax forward pass (max-pool by reduce_window)."""
+    count, c_in = 0, 4
+    for c in (16, 32, 32):
+        count += 3 * 3 * c_in * c + c + 4 * (3 * 3 * c * c + c)
+        c_in = c
+    count += 11 * 11 * 32 * 256 + 256 + 256 * 4 + 4 + 256 + 1
+    net, obs = _atari_net("impala_cnn"), _frames(2)
+    params = jax.jit(net.init)(jax.random.PRNGKey(0), obs)
+    assert sum(a.size for a in jax.tree.leaves(params)) == count
+
+    @jax.jit
+    def reference(params, obs):
+        p = params["params"]["actor_torso"]
+        x, i = obs.reshape(2, 84, 84, 4) / 255.0, 0
+        for _ in range(3):
+            x = _lax_conv(x, p[f"Conv_{i}"], 1, "SAME")
+            x = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+            for _ in range(2):
+                y = _lax_conv(jax.nn.relu(x), p[f"Conv_{i + 1}"], 1, "SAME")
+                x = x + _lax_conv(jax.nn.relu(y), p[f"Conv_{i + 2}"], 1, "SAME")
+                i += 2
+            i += 1
+        h = jax.nn.relu(jax.nn.relu(x).reshape(2, -1) @ p["Dense_0"]["kernel"]
+                        + p["Dense_0"]["bias"])
+        head = params["params"]["value_head"]
+        return (h @ head["kernel"] + head["bias"])[:, 0]
+
+    v = reference(params, obs)
+    dist, value, _ = jax.jit(net.apply)(params, obs)
+    assert dist.loc.shape == (2, 4) and value.shape == (2,)
+    np.testing.assert_allclose(np.asarray(value), np.asarray(v), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("env,network,match", [
+    ("CartPole-v1", {"torso": "nature_cnn"},
+     r"^network.torso='nature_cnn' needs image observations \[H, W, C\], but CartPole-v1 has "
+     r"observation shape \(4,\)"),
+    ("Breakout-MinAtar", {"torso": "nature_cnn"},
+     r"needs images of at least 36x36 pixels .* Breakout-MinAtar's are 10x10; use "
+     r"network.torso='impala_cnn'"),
+    ("Breakout-MinAtar", {"torso": "impala_cnn", "hidden_sizes": [128]},
+     r"^network.hidden_sizes=\[128\] shapes the 'mlp' and 'cnn' torsos, but "
+     r"network.torso='impala_cnn' is a fixed architecture"),
+    ("Breakout-MinAtar", {"torso": "impala_cnn", "activation": "relu", "conv_kernel": 2},
+     r"^network.activation='relu' and network.conv_kernel=2 shape .* remove them"),
+])
+def test_fixed_cnn_torsos_refuse_what_they_cannot_take(env, network, match):
+    cfg = jaxppo.PPOConfig(env=env, network=jaxppo.NetworkConfig(**network))
+    with pytest.raises(jaxppo.ConfigError, match=match):
+        jaxppo.resolve(cfg)
+
+
+def test_fixed_cnn_torsos_refuse_observation_normalisation_and_take_small_images():
+    cfg = jaxppo.PPOConfig(env="Breakout-MinAtar", network=jaxppo.NetworkConfig(torso="impala_cnn"))
+    with pytest.raises(jaxppo.ConfigError, match=r"normalize_observations=true standardises the "
+                                                 r"pixels that network.torso='impala_cnn' scales"):
+        jaxppo.resolve(cfg.replace(normalize_observations=True))
+    net = jaxppo.resolve(cfg).network  # 10x10 frames: 5 -> 3 -> 2 per side
+    obs = jax.ShapeDtypeStruct((3, 10 * 10 * 4), jnp.float32)
+    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), obs)
+    assert params["params"]["actor_torso"]["Dense_0"]["kernel"].shape == (2 * 2 * 32, 256)
+    dist, value, _ = jax.eval_shape(net.apply, params, obs)
+    assert dist.loc.shape == (3, 3) and value.shape == (3,)
+
+
 # ------------------------------------------------------------------ Gaussian std options
 def test_log_std_init_sets_the_free_log_std():
     net = ActorCritic(action_dim=2, discrete=False, hidden_sizes=(8,), log_std_init=-0.7)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SHADOWED = ("gymnasium", "jumanji", "xminigrid", "gymnax")
+SHADOWED = ("gymnasium", "jumanji", "xminigrid", "gymnax", "envpool")
 
 
 @pytest.fixture

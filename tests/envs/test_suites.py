@@ -3,9 +3,11 @@ checked against the suite's own reset and step, one small spec per suite: its sp
 name; a reset and steps equal to the suite's own (observations, rewards, no end); jaxppo's time
 limit as a truncation, with the final observation and the reset drawn with the step's key; a
 real end as a termination; the env contract check; the errors that name the fix; and the
-install named when the suite is missing. What only one suite has stays in its own file
-(tests/envs/test_<suite>.py). A suite that is not installed is skipped (CI installs them all
-with the dev extra).
+install named when the suite is missing. A suite stepped in Python by the host loop
+("envpool:") keeps the spec, run name, error and install checks here; its transitions are
+checked against the suite's own vector env in its own file. What only one suite has stays in
+its own file (tests/envs/test_<suite>.py). A suite that is not installed is skipped (CI
+installs them all with the dev extra).
 
 Per suite one jitted adapter rollout and one of the suite's own serve every comparison (a
 rollout starts from a given state, so a test may edit it, and params are arguments, so a
@@ -49,15 +51,10 @@ class Scenario:
     edit: Callable[[Any], Any] | None = None
 
 
-@dataclass(frozen=True)
-class Suite:
-    """What the shared checks need to know of one suite.
-
-    native(spec) -> jitted f(key, state, keys, actions, params, limit) -> (obs0, (obs, reward,
-    done, discount)) [T]: the suite's own env without auto-reset, reset with `key` (or, where
-    the adapter's state is the suite's, stepping from `state`); `params` the adapter's, `limit`
-    the time limit applied to the suite's own env where it has one.
-    """
+@dataclass(frozen=True, kw_only=True)
+class NamedSuite:
+    """What the spec, run name, error and install checks need to know of one suite (all of a
+    suite the host loop steps in Python)."""
     package: str
     config: jaxppo.PPOConfig
     env_name: str
@@ -65,6 +62,22 @@ class Suite:
     discrete: bool
     action_dim: int
     max_steps: int  # the suite's own episode limit, as max_steps_in_episode
+    typo: str
+    listing: str  # what the did-you-mean message lists
+    bare: str  # the name without its suite prefix
+    hidden: tuple  # modules that, missing, make the suite missing
+    own_limit: tuple | None = None  # (env_kwargs, message) of the suite's own limit, refused
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suite(NamedSuite):
+    """And what the transition checks need to know of a suite adapter.
+
+    native(spec) -> jitted f(key, state, keys, actions, params, limit) -> (obs0, (obs, reward,
+    done, discount)) [T]: the suite's own env without auto-reset, reset with `key` (or, where
+    the adapter's state is the suite's, stepping from `state`); `params` the adapter's, `limit`
+    the time limit applied to the suite's own env where it has one.
+    """
     time: Callable[[Any], jax.Array]  # the adapter state's step counter
     native: Callable
     T: int
@@ -75,14 +88,9 @@ class Suite:
     limit_native: tuple  # (done, discount) of the suite's own env at its limit
     every_limit: bool  # nothing but the limit ends an episode in limit_steps
     end: Scenario  # a real end
-    typo: str
-    listing: str  # what the did-you-mean message lists
-    bare: str  # the name without its suite prefix
-    hidden: tuple  # modules that, missing, make the suite missing
     reset_key: Callable[[jax.Array], jax.Array] = lambda k: k  # the step key -> its reset's
     tol: float = 0.0
     check_steps: int | None = None  # the contract check's random steps; 0: trace only
-    own_limit: tuple | None = None  # (env_kwargs, message) of the suite's own limit, refused
     on_end: Callable | None = None  # suite-specific checks of the end
     on_limit: Callable | None = None  # and of the time limit
 
@@ -286,15 +294,23 @@ XMINIGRID = Suite(
 SUITES = {"brax": BRAX, "jumanji": JUMANJI, "craftax": CRAFTAX, "xminigrid": XMINIGRID}
 
 
+ENVPOOL = NamedSuite(
+    package="envpool", config=_tiny("envpool:Breakout-v5"), env_name="Breakout-v5",
+    obs_shape=(84, 84, 4), discrete=True, action_dim=4, max_steps=27000,  # envpool's limit
+    typo="envpool:Breakuot-v5", listing=r"list_all_envs\(\) lists its \d+ tasks",
+    bare="Breakout-v5", hidden=("envpool",),
+    own_limit=({"max_steps_in_episode": 100}, r"instead of max_steps_in_episode, set env_kwargs "
+                                              r"max_episode_steps \(envpool's own time limit\)"))
+
+HOST_SUITES = {"envpool": ENVPOOL}
+
+
 # ------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module", params=list(SUITES))
 def suite(request):
     """(suite, spec, reset, adapter rollout, the suite's own rollout), jitted, per suite."""
     s = SUITES[request.param]
-    if importlib.util.find_spec(s.package) is None:
-        pytest.skip(f"{s.package} is not installed: pip install 'jaxppo[{s.package}]' "
-                    "(the dev extra installs it)")
-    spec = make_env(s.config)
+    spec = _built(s)
     env = spec.env
 
     @jax.jit
@@ -335,9 +351,33 @@ def _same(a, b, s: Suite):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=s.tol, atol=s.tol)
 
 
+@pytest.fixture(scope="module", params=list(HOST_SUITES))
+def host_suite(request):
+    """(suite, spec) per host-loop suite."""
+    s = HOST_SUITES[request.param]
+    return s, _built(s)
+
+
+def _built(s):
+    """The spec of the suite's config; the test is skipped where the suite is not installed."""
+    if importlib.util.find_spec(s.package) is None:
+        pytest.skip(f"{s.package} is not installed: pip install 'jaxppo[{s.package}]' "
+                    "(the dev extra installs it)")
+    return make_env(s.config)
+
+
 # ------------------------------------------------------------------------------- the contract
 def test_spec_and_run_name(suite):
-    s, spec, *_ = suite
+    _check_spec_and_run_name(*suite[:2])
+
+
+def test_host_suite_spec_and_run_name(host_suite):
+    s, spec = host_suite
+    _check_spec_and_run_name(s, spec)
+    assert spec.host_loop
+
+
+def _check_spec_and_run_name(s, spec):
     assert spec.obs_shape == s.obs_shape
     assert spec.discrete == s.discrete and spec.action_dim == s.action_dim
     assert spec.env_params.max_steps_in_episode == s.max_steps
@@ -420,7 +460,14 @@ def test_the_adapter_keeps_the_env_contract(suite):
 
 
 def test_errors_name_the_fix(suite):
-    s = suite[0]
+    _check_errors(suite[0])
+
+
+def test_host_suite_errors_name_the_fix(host_suite):
+    _check_errors(host_suite[0])
+
+
+def _check_errors(s):
     env = s.config.env
     with pytest.raises(ConfigError, match=rf"did you mean '{env}'.*{s.listing}"):
         make_env(s.config.replace(env=s.typo))
@@ -432,9 +479,9 @@ def test_errors_name_the_fix(suite):
             make_env(s.config.replace(env_kwargs=kwargs))
 
 
-@pytest.mark.parametrize("name", list(SUITES))
+@pytest.mark.parametrize("name", list(SUITES) + list(HOST_SUITES))
 def test_without_the_suite_its_envs_name_the_install(monkeypatch, name):
-    s = SUITES[name]
+    s = {**SUITES, **HOST_SUITES}[name]
     for module in s.hidden:
         monkeypatch.setitem(sys.modules, module, None)  # import -> ImportError
     with pytest.raises(ConfigError, match=rf"pip install 'jaxppo\[{s.package}\]'"):
