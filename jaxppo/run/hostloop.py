@@ -350,7 +350,9 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
                   deterministic: bool) -> tuple[np.ndarray, np.ndarray]:
     """(returns [N], lengths [N]) of one episode in each env of the vector env `envs` (N
     copies), reset from seeds of `key`; an env whose episode ended keeps stepping (autoreset)
-    but no longer counts. Stops when all ended or after max_steps steps."""
+    but no longer counts. Stops when all ended or after max_steps steps. An episode is what the
+    training metrics count (`HostRollout`): with info["episode_reward"] / ["episode_end"]
+    (Atari's game score over all lives), those."""
     n = envs.num_envs
     k_reset, k_act = jax.random.split(key)
     obs, _ = envs.reset(seed=_env_seeds(k_reset, n))
@@ -361,10 +363,12 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
     for t in range(max_steps):
         obs = np.asarray(obs, dtype).reshape(shape)
         action = np.asarray(step(params, obs_stats, obs, jax.random.fold_in(k_act, t)))
-        obs, reward, terminated, truncated, _ = envs.step(algorithm.spec.env.env_actions(action))
+        obs, reward, terminated, truncated, info = envs.step(algorithm.spec.env.env_actions(action))
+        done = np.asarray(terminated, bool) | np.asarray(truncated, bool)
+        reward = _episode_info(info, "episode_reward", done, np.asarray(reward, np.float64))
         returns += np.where(active, reward, 0.0)
         lengths += active
-        active &= ~(np.asarray(terminated, bool) | np.asarray(truncated, bool))
+        active &= ~_episode_info(info, "episode_end", done, done)
         if not active.any():
             break
     return returns, lengths

@@ -290,3 +290,9 @@ def test_reported_episodes_and_uint8_observations():
     algo, st = runner.algorithm, runner.state
     np.testing.assert_array_equal(algo.value(st.params, st.obs_stats, traj.obs[0]),
                                   algo.value(st.params, st.obs_stats, traj.obs[0].astype(np.float32)))
+    # Evaluation counts the same episodes: whole games of the env's own score.
+    from jaxppo.run.hostloop import evaluate_host
+    returns, lengths = evaluate_host(algo, st.params, st.obs_stats, episodes=3, seed=0,
+                                     deterministic=True, max_steps=50)
+    np.testing.assert_array_equal(returns, 60.0)
+    np.testing.assert_array_equal(lengths, 6)
