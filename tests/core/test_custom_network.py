@@ -324,7 +324,7 @@ SPREAD_SCRIPT = """
 import json, os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, jaxppo, numpy as np
-from jaxppo import HyperParams, NetworkConfig
+from jaxppo import NetworkConfig
 base = jaxppo.PPOConfig(env="CartPole-v1", num_envs=4, num_steps=16, total_timesteps=3 * 64,
                         num_minibatches=2, num_epochs=2, compilation_cache_dir=None)
 lstm = base.replace(network=NetworkConfig(module="jaxppo.examples.networks:LSTMActorCritic",
@@ -336,13 +336,6 @@ m = lambda r: {k: np.asarray(r.metrics[k]).tolist() for k in keys}
 out = {"devices": jax.local_device_count()}
 for nd in (1, 2):
     out[f"lstm-{nd}"] = m(jaxppo.train(lstm.replace(num_devices=nd), progress=False, plot=False))
-lrs = (1e-3, 3e-4)
-sweep = jaxppo.train(norm.replace(num_seeds=2, num_devices=1), progress=False, plot=False,
-                     hparams=HyperParams.stack([HyperParams.from_config(norm.replace(lr=lr))
-                                                for lr in lrs]))
-out["sweep"] = m(sweep)
-out["seeds"] = m(jaxppo.train(norm.replace(lr=lrs[0], num_seeds=2, num_devices=1), progress=False,
-                              plot=False))
 pbt = jaxppo.train(norm.replace(num_seeds=2, search={"lr": {"loguniform": [1e-4, 1e-2]}},
                                 pbt={"interval": 1, "fraction": 0.5}, log_every=1),
                    progress=False, plot=False)
@@ -351,14 +344,19 @@ print(json.dumps(out))
 """
 
 
-def test_a_module_splits_over_devices_and_trains_in_sweeps_and_pbt():
+KEYS = ("policy_loss", "value_loss", "entropy", "kl")
+
+
+def test_a_module_splits_over_devices_and_trains_in_sweeps_and_pbt(layer_norm_run):
     """Your own network wherever a built-in one goes: envs split over 2 devices (the LSTM
     example: the same numbers as one device), a vmapped sweep (member 0 is seed 0 of a
-    two-seed run at its lr) and a PBT population over the devices."""
-    import json
+    two-seed run at its lr: the layer-norm example's run from its YAML file) and a PBT
+    population over the devices."""
     import os
     import subprocess
     import sys
+
+    from jaxppo import HyperParams
 
     env = {**os.environ, "JAXPPO_CPU_DEVICES": "2"}
     proc = subprocess.run([sys.executable, "-c", SPREAD_SCRIPT], capture_output=True, text=True,
@@ -368,8 +366,16 @@ def test_a_module_splits_over_devices_and_trains_in_sweeps_and_pbt():
     assert out["devices"] == 2
     for k, v in out["lstm-1"].items():
         np.testing.assert_allclose(out["lstm-2"][k], v, rtol=1e-4, atol=1e-6, err_msg=k)
-    for k, v in out["seeds"].items():  # seed 0 at lrs[0], in a sweep or in a 2-seed run
-        np.testing.assert_allclose(np.asarray(out["sweep"][k])[0], np.asarray(v)[0], rtol=1e-5,
-                                   atol=1e-7, err_msg=k)
-    assert not np.allclose(out["sweep"]["policy_loss"][1], out["seeds"]["policy_loss"][1])
     assert np.isfinite(np.asarray(out["pbt"]["value_loss"])).all()
+    # The two-seed run, and a sweep of its lr and another with its config otherwise.
+    run = layer_norm_run["run"]
+    two_seeds = PPOConfig.from_file(run / "config.yaml")
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    seeds = {k: np.asarray([[r[k] for r in rows if r["seed"] == s] for s in (0, 1)]) for k in KEYS}
+    sweep = jaxppo.train(two_seeds.replace(num_devices=1), progress=False, plot=False,
+                         hparams=HyperParams.stack([HyperParams.from_config(two_seeds.replace(
+                             lr=lr)) for lr in (two_seeds.lr, 3 * two_seeds.lr)]))
+    for k, v in seeds.items():  # seed 0 at the run's lr, in a sweep or in a 2-seed run
+        np.testing.assert_allclose(np.asarray(sweep.metrics[k])[0], v[0], rtol=1e-5, atol=1e-7,
+                                   err_msg=k)
+    assert not np.allclose(sweep.metrics["policy_loss"][1], seeds["policy_loss"][1])

@@ -22,15 +22,23 @@ def _run(*which: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+# The worker's checks each test reads.
+CHECKS_OF = {"test_one_iteration_on_four_devices_equals_one_device": EQUIVALENCE_CHECKS,
+             "test_cartpole_learns_on_two_devices_and_params_stay_replicated": ["learn"],
+             "test_stop_at_return_and_best_params_on_two_devices": ["stop"]}
+
+
 @pytest.fixture(scope="module")
-def equivalence_results() -> dict:
-    """Every equivalence check in one worker process (one jax start, not four)."""
-    return _run(*EQUIVALENCE_CHECKS)
+def worker_results(request) -> dict:
+    """Every check the selected tests of this module read, in one worker process (one jax
+    start, not one per check or per fixture)."""
+    selected = [item for item in request.session.items if item.path == request.path]
+    return _run(*dict.fromkeys(c for item in selected for c in CHECKS_OF[item.originalname]))
 
 
 @pytest.mark.parametrize("which", EQUIVALENCE_CHECKS)
-def test_one_iteration_on_four_devices_equals_one_device(equivalence_results, which):
-    r = equivalence_results[which]
+def test_one_iteration_on_four_devices_equals_one_device(worker_results, which):
+    r = worker_results[which]
     assert r["replicated_after_iteration"]
     assert r["max_param_diff"] < 1e-5, r["max_param_diff"]
     assert r["max_obs_mean_diff"] < 1e-5 and r["max_obs_var_diff"] < 1e-5
@@ -40,15 +48,9 @@ def test_one_iteration_on_four_devices_equals_one_device(equivalence_results, wh
         assert m1[key] == pytest.approx(m4[key], rel=1e-4, abs=1e-6), key
 
 
-@pytest.fixture(scope="module")
-def two_device_runs() -> dict:
-    """The learning run and the early-stopping run on two devices, in one worker process."""
-    return _run("learn", "stop")
-
-
 @pytest.mark.slow
-def test_cartpole_learns_on_two_devices_and_params_stay_replicated(two_device_runs):
-    r = two_device_runs["learn"]
+def test_cartpole_learns_on_two_devices_and_params_stay_replicated(worker_results):
+    r = worker_results["learn"]
     assert r["devices"] == 2
     assert r["replicated_after_training"]
     # Random play scores ~20; a learning run is far above that after 300k steps.
@@ -57,8 +59,8 @@ def test_cartpole_learns_on_two_devices_and_params_stay_replicated(two_device_ru
 
 
 @pytest.mark.slow
-def test_stop_at_return_and_best_params_on_two_devices(two_device_runs):
-    r = two_device_runs["stop"]
+def test_stop_at_return_and_best_params_on_two_devices(worker_results):
+    r = worker_results["stop"]
     assert r["devices"] == 2
     assert not r["completed"] and r["iterations"] < r["num_iterations"], r
     assert "stop_at_return" in r["stopped"], r

@@ -199,35 +199,41 @@ def test_listening_sockets_names_the_bound_address():
 
 
 # ---------------------------------------------------------------------- failures
-@pytest.mark.slow
-@pytest.mark.parametrize("snapshot_every_s", [0.0, 1e9], ids=["every-chunk", "initial-only"])
-def test_killed_host_process_is_restarted_and_no_iteration_is_lost(
-        two_host_run, tmp_path, caplog, snapshot_every_s):
-    """SIGKILL one learner's process after iteration 2: the group restarts from the newest
-    snapshot (after iteration 2; or the initial state, when snapshots are rare, replaying
-    iterations 1-2), metrics.jsonl has every iteration once, and the run ends exactly as an
-    uninterrupted one."""
+# Three runs of the module's config, each with the numbers of an uninterrupted run: a learner
+# process killed with rare snapshots; a learner process, then a whole worker node (its
+# raylet) killed in one run that may go on with fewer hosts; a worker node killed in a run
+# that must wait for a node to replace it.
+def _kill_a_learner(killed: list) -> None:
+    """SIGKILL the process of one learner (the newest); its pid goes to `killed`."""
     from ray.util.state import list_actors
 
+    alive = list_actors(filters=[("class_name", "=", "HostLearner"), ("state", "=", "ALIVE")])
+    pid = sorted(a.pid for a in alive)[-1]
+    os.kill(pid, signal.SIGKILL)
+    killed.append(pid)
+
+
+@pytest.mark.slow
+def test_killed_host_process_with_rare_snapshots_replays_from_the_start(two_host_run, tmp_path,
+                                                                         caplog):
+    """SIGKILL one learner's process after iteration 2, snapshots rare (only the initial
+    state): the group restarts from the initial state and replays iterations 1-2,
+    metrics.jsonl has every iteration once, and the run ends exactly as an uninterrupted one.
+    (With a snapshot after every chunk, the default: the first failure of
+    test_a_killed_learner_then_a_lost_node_continue_on_fewer_hosts.)"""
     killed = []
 
     def kill_a_learner(rows):
         if rows[-1]["iteration"] == 2 and not killed:
-            alive = list_actors(filters=[("class_name", "=", "HostLearner"),
-                                         ("state", "=", "ALIVE")])
-            pid = sorted(a.pid for a in alive)[-1]
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+            _kill_a_learner(killed)
 
     with caplog.at_level(logging.WARNING, logger="jaxppo.distributed"):
         result = train_distributed(two_host_run.cfg, hosts=2, run_dir=tmp_path / "run",
                                    progress=False, plot=False, callback=kill_a_learner,
-                                   snapshot_every_s=snapshot_every_s,
-                                   learner_env=two_host_run.learner_env)
+                                   snapshot_every_s=1e9, learner_env=two_host_run.learner_env)
     assert killed
     assert len(result.host_failures) == 1 and result.host_failures[0]["iteration"] == 3
-    since = 2 if snapshot_every_s == 0 else 0
-    assert any(f"restarting the group from the state after iteration {since} " in r.getMessage()
+    assert any("restarting the group from the state after iteration 0 " in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
     _assert_same_run(result, two_host_run.single)
@@ -272,46 +278,50 @@ def _add_worker_node(cluster):
                                         object_store_memory=100 * 1024 * 1024)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("min_hosts", [1, None], ids=["continues-on-fewer", "waits-for-a-node"])
-def test_killed_raylet_of_a_worker_node_mid_run(cluster, two_host_run, tmp_path, caplog, capfd,
-                                                min_hosts):
-    """SIGKILL of a worker node's raylet after iteration 2 (its learner dies with it; Ray
-    notices the node's death only after missed health checks). With min_hosts=1 the run goes
-    on with the host that is left; by default it waits for a node to replace the lost one
-    (here one joins once the driver says it waits) and goes on with 2 hosts. Either way every
-    iteration is logged once and the numbers are those of an uninterrupted run. The driver's
-    terminal gets its own lines only: what Ray forwards (the dead raylet's state dump, the
-    node's death, the learners' abort traces) goes to RUN_DIR/hosts.log, which the lost-host
-    message names."""
+def _kill_raylet(worker, killed: list) -> None:
+    """SIGKILL the raylet of the worker node `worker` and wait for its learner to go (Ray
+    notices the node's death only after missed health checks). `killed` gets the raylet's
+    pid, the time of the kill, and the seconds its learner outlived it."""
     from ray._private import ray_constants
 
-    cfg = two_host_run.cfg  # 6 iterations; its programs and its one-process run are shared
-    worker = next(iter(cluster.cluster.worker_nodes))
-    killed, added = [], []
+    raylet = worker.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    learners = [pid for pid in _children(raylet) if "HostLearner" in _cmdline(pid)]
+    assert len(learners) == 1, learners
+    worker.kill_raylet()
+    killed.extend([raylet, time.monotonic()])
+    # Its learner goes when it notices (within seconds); the chunks are shorter.
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{learners[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not Path(f"/proc/{learners[0]}").exists(), "the learner outlived its raylet"
+    killed.append(time.monotonic() - killed[1])
 
-    def kill_raylet(rows):
-        if rows[-1]["iteration"] == 2 and not killed:
-            raylet = worker.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-            learners = [pid for pid in _children(raylet) if "HostLearner" in _cmdline(pid)]
-            assert len(learners) == 1, learners
-            worker.kill_raylet()
-            killed.extend([raylet, time.monotonic()])
-            # Its learner goes when it notices (within seconds); the chunks are shorter.
-            deadline = time.monotonic() + 30
-            while Path(f"/proc/{learners[0]}").exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert not Path(f"/proc/{learners[0]}").exists(), "the learner outlived its raylet"
-            killed.append(time.monotonic() - killed[1])
+
+def _run_losing_a_node(cluster, two_host_run, run_dir: Path, caplog, capfd, min_hosts,
+                       learner_killed_at=None):
+    """Train the module's config (6 iterations; its programs and its one-process run are
+    shared) on 2 hosts and SIGKILL the worker node's raylet after iteration 4 if a learner's
+    process is killed after iteration `learner_killed_at`, else after iteration 2. When the
+    driver says it waits for a node, one joins. Gives the module's cluster its second node
+    back. Returns (result, the driver's log messages, its stderr lines, the raylet kill)."""
+    worker = next(iter(cluster.cluster.worker_nodes))
+    raylet_at = 2 if learner_killed_at is None else 4
+    learner_killed, killed, added = [], [], []
+
+    def on_rows(rows):
+        if rows[-1]["iteration"] == learner_killed_at and not learner_killed:
+            _kill_a_learner(learner_killed)
+        elif rows[-1]["iteration"] == raylet_at and not killed:
+            _kill_raylet(worker, killed)
 
     on_wait = _OnLog("waiting up to", lambda: added.append(_add_worker_node(cluster)))
     log = logging.getLogger("jaxppo.distributed")
     log.addHandler(on_wait)
     try:
         with caplog.at_level(logging.INFO, logger="jaxppo.distributed"):
-            result = train_distributed(cfg, hosts=2, min_hosts=min_hosts, run_dir=tmp_path / "run",
-                                       progress=False, plot=False, callback=kill_raylet,
-                                       learner_env=two_host_run.learner_env)
+            result = train_distributed(two_host_run.cfg, hosts=2, min_hosts=min_hosts,
+                                       run_dir=run_dir, progress=False, plot=False,
+                                       callback=on_rows, learner_env=two_host_run.learner_env)
         recovered_s = time.monotonic() - killed[1]
     finally:
         log.removeHandler(on_wait)
@@ -322,28 +332,70 @@ def test_killed_raylet_of_a_worker_node_mid_run(cluster, two_host_run, tmp_path,
             cluster.cluster.wait_for_nodes()
     messages = [r.getMessage() for r in caplog.records]
     stderr = capfd.readouterr().err.splitlines()
-    hosts_log = tmp_path / "run" / "hosts.log"
+    assert learner_killed or learner_killed_at is None
+    assert bool(added) == (min_hosts is None)
     print(f"killed raylet pid {killed[0]}; its learner exited {killed[2]:.1f}s later; the run "
           f"finished {recovered_s:.1f}s after the kill; failures: {result.host_failures}; "
-          f"driver stderr {len(stderr)} lines, hosts.log {len(hosts_log.read_text().splitlines())}")
-    assert result.host_failures and result.host_failures[0]["iteration"] == 3
+          f"driver stderr {len(stderr)} lines, hosts.log "
+          f"{len((run_dir / 'hosts.log').read_text().splitlines())}")
+    return result, messages, stderr, raylet_at
+
+
+def _assert_lost_node_reported(run_dir: Path, messages, stderr, raylet_at: int) -> None:
+    """The lost node is named, with the snapshot the group restarts from and the hosts' log;
+    the driver's terminal gets its own lines only: what Ray forwards (the dead raylet's state
+    dump, the node's death, the learners' abort traces) goes to RUN_DIR/hosts.log."""
+    hosts_log = run_dir / "hosts.log"
     assert any(m.startswith("lost host") and "node 127.0.0.1" in m and
-               "restarting the group from the state after iteration 2 " in m and
+               f"restarting the group from the state after iteration {raylet_at} " in m and
                str(hosts_log) in m for m in messages), messages
-    # What Ray forwards from the cluster is in the log, not on the driver's stderr.
     assert len(stderr) <= 5 and not [line for line in stderr if "raylet" in line
                                      or "pid=" in line], stderr[:50]
     assert "pid=" in hosts_log.read_text()
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["hosts_log"] == "hosts.log"
-    if min_hosts == 1:
-        assert result.hosts == 1
-        assert any("continuing on 1 host(s) instead of 2" in m for m in messages), messages
-    else:
-        assert added and result.hosts == 2
-        assert any("fewer than min_hosts=2: waiting up to 60s for a node to replace the lost "
-                   "one (--min-hosts 1 would continue without it)" in m for m in messages), messages
-        assert any("the group runs again on 2 hosts" in m for m in messages), messages
-    assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((run_dir / "summary.json").read_text())["hosts_log"] == "hosts.log"
+
+
+@pytest.mark.slow
+def test_a_killed_learner_then_a_lost_node_continue_on_fewer_hosts(cluster, two_host_run,
+                                                                   tmp_path, caplog, capfd):
+    """Two failures in one run with a snapshot after every chunk (the default) and
+    min_hosts=1. SIGKILL of one learner's process after iteration 2: the group restarts on 2
+    hosts from the snapshot after iteration 2. SIGKILL of the worker node's raylet after
+    iteration 4 (its learner dies with it): the run goes on with the host that is left, from
+    the snapshot after iteration 4. Every iteration is logged once and the numbers are those
+    of an uninterrupted run."""
+    run = tmp_path / "run"
+    result, messages, stderr, at = _run_losing_a_node(cluster, two_host_run, run, caplog, capfd,
+                                                      min_hosts=1, learner_killed_at=2)
+    failures = [f["iteration"] for f in result.host_failures]
+    assert failures.count(3) == 1 and failures[0] == 3 and failures[1] == 5, failures
+    assert any("restarting the group from the state after iteration 2 " in m
+               for m in messages), messages
+    _assert_lost_node_reported(run, messages, stderr, at)
+    assert result.hosts == 1
+    assert any("continuing on 1 host(s) instead of 2" in m for m in messages), messages
+    assert [row["iteration"] for row in _rows(run)] == [1, 2, 3, 4, 5, 6]
+    _assert_same_run(result, two_host_run.single)
+
+
+@pytest.mark.slow
+def test_killed_raylet_of_a_worker_node_waits_for_a_node(cluster, two_host_run, tmp_path,
+                                                          caplog, capfd):
+    """SIGKILL of a worker node's raylet after iteration 2 (its learner dies with it) in a run
+    that needs 2 hosts (min_hosts by default): it waits for a node to replace the lost one
+    (here one joins once the driver says it waits) and goes on with 2 hosts from the snapshot
+    after iteration 2; every iteration is logged once and the numbers are those of an
+    uninterrupted run."""
+    run = tmp_path / "run"
+    result, messages, stderr, at = _run_losing_a_node(cluster, two_host_run, run, caplog, capfd,
+                                                      min_hosts=None)
+    assert result.host_failures and result.host_failures[0]["iteration"] == 3
+    _assert_lost_node_reported(run, messages, stderr, at)
+    assert result.hosts == 2
+    assert any("fewer than min_hosts=2: waiting up to 60s for a node to replace the lost "
+               "one (--min-hosts 1 would continue without it)" in m for m in messages), messages
+    assert any("the group runs again on 2 hosts" in m for m in messages), messages
+    assert [row["iteration"] for row in _rows(run)] == [1, 2, 3, 4, 5, 6]
     _assert_same_run(result, two_host_run.single)
 
 
@@ -741,38 +793,6 @@ def test_cartpole_learns_on_two_hosts(cluster, compile_cache_dir, tmp_path):
     assert ret[0] < 40, ret[:3]
     assert np.nanmean(ret[-5:]) > 120, ret
     assert [r["iteration"] for r in _rows(tmp_path)] == list(range(1, 31))
-
-
-@pytest.mark.slow
-def test_lost_node_continues_on_fewer_hosts_with_min_hosts(cluster, two_host_run, tmp_path,
-                                                           caplog):
-    """A whole worker node goes away mid-run: with min_hosts=1 the run goes on with one host
-    (all envs on it) from the last snapshot, every iteration once, same numbers."""
-    cfg = two_host_run.cfg
-    worker = next(iter(cluster.cluster.worker_nodes))
-    removed = []
-
-    def remove_worker(rows):
-        if rows[-1]["iteration"] == 2 and not removed:
-            cluster.cluster.remove_node(worker)
-            removed.append(worker)
-
-    try:
-        with caplog.at_level(logging.WARNING, logger="jaxppo.distributed"):
-            result = train_distributed(cfg, hosts=2, min_hosts=1, run_dir=tmp_path / "run",
-                                       progress=False, plot=False, callback=remove_worker,
-                                       learner_env=two_host_run.learner_env)
-    finally:
-        if removed:  # give the module's cluster its second node back
-            with _quiet_fork_warning():
-                cluster.cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1",
-                                         object_store_memory=100 * 1024 * 1024)
-            cluster.cluster.wait_for_nodes()
-    assert removed and result.host_failures
-    assert result.hosts == 1
-    assert any("continuing on 1 host(s) instead of 2" in r.getMessage() for r in caplog.records)
-    assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
-    _assert_same_run(result, two_host_run.single)
 
 
 # ---------------------------------------------------------------------- make targets

@@ -137,12 +137,17 @@ def test_resume_drops_rows_written_after_the_checkpoint(runs, stopped_copy):
     assert _strip_timing(got) == _strip_timing(_rows(runs["base"] / "full")[: STOP + 1])
 
 
+# Every extension below goes to 12 iterations (EXTENDED env steps): the programs of a run
+# count its iterations, so one total for all of them compiles one program, not one each.
+EXTENDED = 12 * CFG.batch_size
+
+
 def test_cli_resume_extends_a_run_with_a_larger_total_timesteps(runs, tmp_path, capsys):
-    """A finished run (lr annealed to 0 at 512 steps) extended to 640: by default the lr is
-    the anneal a run of 640 steps has, 2.5e-4 * (1 - step / 640), from the checkpoint on."""
+    """A finished run (lr annealed to 0 at 512 steps) extended to 768: by default the lr is
+    the anneal a run of 768 steps has, 2.5e-4 * (1 - step / 768), from the checkpoint on."""
     run = tmp_path / "full"
     shutil.copytree(runs["base"] / "full", run)
-    old, more = CFG.total_timesteps, CFG.total_timesteps + 2 * CFG.batch_size
+    old, more = CFG.total_timesteps, EXTENDED
     capsys.readouterr()
     rc = cli.main(["train", "--resume", str(run), "--set", f"total_timesteps={more}",
                    "--no-progress", "--no-plot"])
@@ -150,15 +155,16 @@ def test_cli_resume_extends_a_run_with_a_larger_total_timesteps(runs, tmp_path, 
     assert rc == 0, err
     assert (f"resuming at env step {old:,} of {more:,} (total_timesteps was {old:,}: each "
             "schedule is now the one a run started with the new total has") in err, err
-    assert f"lr: linear from 5e-05 at step {old:,} to 0 at step {more:,}" in err, err
+    assert f"lr: linear from 8.33e-05 at step {old:,} to 0 at step {more:,}" in err, err
     assert "nearly run out" not in err
     rows = _rows(run)
-    assert [r["iteration"] for r in rows] == list(range(1, CFG.num_iterations + 3))
-    assert rows[8]["lr"] == pytest.approx(5e-05, rel=1e-5)  # 2.5e-4 * (1 - 512 / 640)
-    assert rows[9]["lr"] == pytest.approx(2.5e-05, rel=1e-5)  # 2.5e-4 * (1 - 576 / 640)
+    assert [r["iteration"] for r in rows] == list(range(1, 13))
+    assert rows[8]["lr"] == pytest.approx(2.5e-4 / 3, rel=1e-5)  # 2.5e-4 * (1 - 512 / 768)
+    assert rows[9]["lr"] == pytest.approx(6.25e-05, rel=1e-5)  # 2.5e-4 * (1 - 576 / 768)
+    assert rows[11]["lr"] == pytest.approx(2.5e-4 / 12, rel=1e-5)  # 2.5e-4 * (1 - 704 / 768)
     assert f"total_timesteps: {more}" in (run / "config.yaml").read_text()
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["iterations"] == CFG.num_iterations + 2 and summary["completed"]
+    assert summary["iterations"] == 12 and summary["completed"]
 
 
 def test_a_resumed_folder_chooses_no_path_of_this_machine(runs, stopped_copy):
@@ -211,7 +217,7 @@ def test_extending_a_finished_run_with_continue_keeps_its_spent_schedule(runs, t
     end of a finished anneal, and the lines say how to train the extension instead."""
     run = tmp_path / "full"
     shutil.copytree(runs["base"] / "full", run)
-    old, more = CFG.total_timesteps, CFG.total_timesteps + CFG.batch_size
+    old, more = CFG.total_timesteps, EXTENDED
     capsys.readouterr()
     assert cli.main(["train", "--resume", str(run), "--set", f"total_timesteps={more}",
                      "--set", "schedule_on_extend=continue", "--no-progress", "--no-plot"]) == 0
@@ -222,14 +228,15 @@ def test_extending_a_finished_run_with_continue_keeps_its_spent_schedule(runs, t
     assert ("(the lr schedule had nearly run out; to train the extension, let it anneal over "
             "the new total (schedule_on_extend=new_total) or give it as points from here, e.g. "
             f"--set 'lr=[[{old}, 0.00025], [{more}, 2.5e-06]]')") in err, err
-    assert _rows(run)[-1]["iteration"] == 9 and _rows(run)[-1]["lr"] == 0.0
+    assert [r["lr"] for r in _rows(run)[8:]] == [0.0] * 4
+    assert _rows(run)[-1]["iteration"] == 12
     assert "schedule_on_extend: continue" in (run / "config.yaml").read_text()
 
 
 def test_an_extended_run_anneals_over_the_new_total(runs, stopped_copy, capsys):
     """Extended at iteration STOP from 8 to 12 iterations, the lr is the anneal of a run of
     12 iterations from there on (up from the old one's value), and a second resume keeps it."""
-    old, new = CFG.total_timesteps, 12 * CFG.batch_size
+    old, new = CFG.total_timesteps, EXTENDED
     capsys.readouterr()
     jaxppo.train(CFG.replace(total_timesteps=new), resume=stopped_copy, progress=False,
                  stop_after_iterations=2, plot=False)  # to iteration 6, a checkpoint
@@ -252,7 +259,7 @@ def test_an_extended_run_continues_its_schedule_from_the_checkpoint(runs, stoppe
     """schedule_on_extend=continue: lr anneals linearly to 0 at total_timesteps; extended at
     iteration STOP, it goes on from its value there to 0 at the new total, and a second
     resume keeps that schedule."""
-    step, old, new = STOP * CFG.batch_size, CFG.total_timesteps, 12 * CFG.batch_size
+    step, old, new = STOP * CFG.batch_size, CFG.total_timesteps, EXTENDED
     at_checkpoint = CFG.lr * (1 - step / old)
     capsys.readouterr()
     jaxppo.train(CFG.replace(total_timesteps=new, schedule_on_extend="continue"),
@@ -625,22 +632,28 @@ def test_sigint_stops_after_the_chunk_saves_everything_and_resumes_exactly(runs,
     assert [r["iteration"] for r in _rows(run)] == list(range(1, CFG.num_iterations + 1))
 
 
-def test_cli_sigterm_saves_and_exits_143(tmp_path):
+def _cli_train(cache_dir: str | None, *settings: str) -> list[str]:
+    """`python -m jaxppo train` of a long CartPole run in chunks of 1 iteration, with the
+    suite's compilation cache: the CLI tests below train one program, compiled once."""
+    return [sys.executable, "-m", "jaxppo", "train", "--env", "CartPole-v1", "--defaults",
+            "--set", "num_envs=4", "num_steps=16", "num_minibatches=2", "total_timesteps=200000",
+            "log_every=1", "network.hidden_sizes=[16,16]",
+            f"compilation_cache_dir={cache_dir or 'null'}", *settings]
+
+
+def test_cli_sigterm_saves_and_exits_143(tmp_path, compile_cache_dir):
     """SIGTERM to `jaxppo train` (what a scheduler sends) mid-run: exit code 143, a
     checkpoint at the last finished iteration, and the resume command on stderr."""
     import os
     import signal
     import subprocess
-    import sys
     import time
 
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxppo", "train", "--env", "CartPole-v1", "--defaults",
-         "--set", "num_envs=4", "num_steps=16", "num_minibatches=2", "total_timesteps=200000",
-         "log_every=1", "network.hidden_sizes=[16,16]", "compilation_cache_dir=null",
-         "--runs-dir", str(tmp_path), "--run-name", "run", "--no-progress", "--no-plot"],
+        _cli_train(compile_cache_dir) + ["--runs-dir", str(tmp_path), "--run-name", "run",
+                                         "--no-progress", "--no-plot"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 120
     while time.time() < deadline and not (
@@ -779,7 +792,7 @@ def test_a_plot_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch):
     run = tmp_path / "run"
     with pytest.warns(UserWarning, match=rf"curve\.png was not written \(No space left on device\); "
                                          rf"draw it later with `jaxppo plot {run}`"):
-        res = jaxppo.train(CFG.replace(total_timesteps=2 * 64), run_dir=run, progress=False)
+        res = jaxppo.train(CFG, run_dir=run, progress=False)  # CFG's program, compiled once
     assert res.completed and (run / "params.msgpack").exists() and (run / "summary.json").exists()
 
 
@@ -799,16 +812,14 @@ def tiny_disk(tmp_path):
     subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
-def test_cli_on_a_really_full_disk_and_a_read_only_folder(tiny_disk, tmp_path):
+def test_cli_on_a_really_full_disk_and_a_read_only_folder(tiny_disk, tmp_path, compile_cache_dir):
     """A real 48 KiB file system: the CLI stops with one clear line naming the file and the
     reason (no traceback, no orbax log), and exit code 1; the same for a read-only one."""
     import os
 
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    argv = [sys.executable, "-m", "jaxppo", "train", "--env", "CartPole-v1", "--defaults",
-            "--set", "num_envs=4", "num_steps=16", "num_minibatches=2", "total_timesteps=40000",
-            "network.hidden_sizes=[16,16]", "compilation_cache_dir=null", "checkpoint_every=20",
-            "--runs-dir", str(tiny_disk), "--run-name", "run", "--no-progress"]
+    argv = _cli_train(compile_cache_dir, "checkpoint_every=20") + [
+        "--runs-dir", str(tiny_disk), "--run-name", "run", "--no-progress"]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "ERROR:absl" not in proc.stderr, proc.stderr[-3000:]

@@ -295,10 +295,22 @@ def test_hyperparams_of_a_pbt_member_are_recorded_per_iteration(pbt_runs):
     assert ok.all() and math.isfinite(float(lr0.min()))
 
 
-def test_a_population_split_over_devices_trains_the_same_members(compile_cache_dir):
+# What a run split over devices is compared on with one device (tests/search/pbt_worker.py).
+COMPARED = ("pbt_parent", "episodes", "episode_return_mean", "value_loss", "grad_norm", "hp_lr",
+            "hp_clip_param")
+
+
+def _rel_diff(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.nanmax(np.abs(a - b) / (1e-6 + np.abs(b)))) if a.size else 0.0
+
+
+def test_a_population_split_over_devices_trains_the_same_members(pbt_runs, compile_cache_dir,
+                                                                 tmp_path):
     """Members split over 2 or 4 devices (no collective between exploit steps) train as on
-    one device, and a checkpoint moves between device counts. Equal up to float rounding:
-    XLA's batched matmuls over 1, 2 or 4 members may sum in another order."""
+    one device, and a checkpoint moves between device counts (2 -> 4 in a process of 4
+    devices, 2 -> 1 here). Equal up to float rounding: XLA's batched matmuls over 1, 2 or 4
+    members may sum in another order. The one-device run is this module's (pbt_runs)."""
     import os
     import subprocess
     import sys
@@ -306,17 +318,32 @@ def test_a_population_split_over_devices_trains_the_same_members(compile_cache_d
 
     worker = Path(__file__).with_name("pbt_worker.py")
     env = {**os.environ, **({"JAXPPO_TEST_CACHE_DIR": compile_cache_dir} if compile_cache_dir else {})}
-    proc = subprocess.run([sys.executable, str(worker)], capture_output=True, text=True,
-                          timeout=600, cwd=worker.parent, env=env)
+    proc = subprocess.run([sys.executable, str(worker), str(tmp_path)], capture_output=True,
+                          text=True, timeout=600, cwd=worker.parent, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
-    assert r["devices"] == {"1": 1, "2": 2, "4": 4}
-    for name in ("d2", "d4", "resumed4", "resumed1"):
-        got = r[name]
-        assert got["params_shape"][0] == 4, got  # [members, ...]: one per member
-        assert got["same_parents"] and got["same_episodes"] and got["same_returns"], (name, got)
-        assert max(got["max_rel_diff"].values()) < 1e-3, (name, got)
-        assert got["max_param_diff"] < 1e-4, (name, got)
+    one = pbt_runs[0]
+    resumed1 = jaxppo.train(PBT.replace(num_devices=1), resume=tmp_path / "stopped",
+                            progress=False, plot=False)
+    runs = {name: dict(np.load(tmp_path / f"{name}.npz")) for name in ("d2", "d4", "resumed4")}
+    runs["resumed1"] = {"devices": resumed1.num_devices,
+                        **{f"metric:{k}": resumed1.metrics[k] for k in COMPARED},
+                        **{f"param:{i}": x for i, x in
+                           enumerate(jax.tree.leaves(jax.device_get(resumed1.params)))}}
+    assert {name: int(r["devices"]) for name, r in runs.items()} == {
+        "d2": 2, "d4": 4, "resumed4": 4, "resumed1": 1} and one.num_devices == 1
+    base = jax.tree.leaves(jax.device_get(one.params))
+    for name, r in runs.items():
+        m = {k: r[f"metric:{k}"] for k in COMPARED}
+        params = [r[f"param:{i}"] for i in range(len(base))]
+        assert f"param:{len(base)}" not in r and np.shape(params[0])[0] == 4, name  # [members]
+        np.testing.assert_array_equal(m["pbt_parent"], one.metrics["pbt_parent"], err_msg=name)
+        np.testing.assert_array_equal(m["episodes"], one.metrics["episodes"], err_msg=name)
+        np.testing.assert_array_equal(m["episode_return_mean"], one.metrics["episode_return_mean"],
+                                      err_msg=name)
+        for k in ("value_loss", "grad_norm", "hp_lr", "hp_clip_param"):
+            assert _rel_diff(m[k], one.metrics[k]) < 1e-3, (name, k)
+        assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(params, base)) < 1e-4, name
 
 
 # ---------------------------------------------------------------------- learning
