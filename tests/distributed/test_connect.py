@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("ray")
 
 from jaxppo.distributed.cluster import choose_address  # noqa: E402
+from ray_heads import free_port, start_head  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,19 +95,12 @@ def test_a_cluster_that_requires_a_token_is_named_as_such(tmp_path):
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
     ray_tmp = tempfile.mkdtemp(prefix="jxr-", dir="/tmp")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO))
     env.pop("RAY_ADDRESS", None)
-    head = subprocess.run(
-        [sys.executable, "-m", "jaxppo.distributed.loopback", "start", "--head",
-         f"--port={port}", f"--temp-dir={ray_tmp}", "--node-ip-address=127.0.0.1",
-         "--num-cpus=0", "--include-dashboard=false", "--disable-usage-stats",
-         "--object-store-memory=80000000", f"--ray-client-server-port={_free_port()}",
-         "--dashboard-agent-listen-port=0"],
-        env=dict(env, RAY_AUTH_MODE="token"), capture_output=True, text=True, timeout=120)
     try:
-        assert head.returncode == 0, head.stderr[-2000:]
+        start_head(port, ray_tmp, dict(env, RAY_AUTH_MODE="token"))
         probe = ("from jaxppo.distributed.cluster import connect\n"
                  f"connect('127.0.0.1:{port}', timeout_s=10)\n")
         out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
@@ -121,10 +115,3 @@ def test_a_cluster_that_requires_a_token_is_named_as_such(tmp_path):
         stop_cluster(f"127.0.0.1:{port}", ray_tmp)
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

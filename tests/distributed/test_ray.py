@@ -38,6 +38,7 @@ from jaxppo.distributed import (DistributedError, HostsConfigError,  # noqa: E40
                                 NotEnoughNodesError, train_distributed)
 from jaxppo.distributed.cluster import _quiet_fork_warning, connect  # noqa: E402
 from jaxppo.distributed.loopback import LOOPBACK_ENV, listening_sockets  # noqa: E402
+from ray_heads import free_port, start_head  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 COMPARED = ("episode_return_mean", "episodes", "episode_length_mean", "policy_loss",
@@ -57,12 +58,6 @@ HEALTH_CHECK_ENV = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_che
                     "RAY_health_check_timeout_ms": "2000", "RAY_health_check_failure_threshold": "4"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
@@ -77,7 +72,7 @@ def cluster():
             mp.setenv(k, v)
         # Ray 2.60 reads and writes a token in ~/.ray; the tests' cluster uses none.
         mp.setenv("RAY_AUTH_MODE", "disabled")
-        port = _free_port()
+        port = free_port()
         with _quiet_fork_warning():
             c = Cluster(initialize_head=True, head_node_args=dict(
                 num_cpus=1, node_ip_address="127.0.0.1", include_dashboard=True,
@@ -450,7 +445,7 @@ def test_the_cluster_is_chosen_as_ray_users_expect(tmp_path):
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         live = f"127.0.0.1:{listening.getsockname()[1]}"
-        dead = f"127.0.0.1:{_free_port()}"
+        dead = f"127.0.0.1:{free_port()}"
         assert choose_address(None, None, [(dead, a), (live, b)], None)[0] == live
         assert choose_address(None, None, [(dead, a)], None)[0] is None
 
@@ -841,17 +836,6 @@ def test_make_ray_submit_resume_and_runs_dir():
                           capture_output=True, text=True).stdout.strip() == str(REPO / "mine")
 
 
-def _start_head(port: int, temp_dir: Path, env: dict) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxppo.distributed.loopback", "start", "--head",
-         f"--port={port}", f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1",
-         "--num-cpus=0", "--include-dashboard=false", "--disable-usage-stats",
-         "--object-store-memory=80000000", f"--ray-client-server-port={_free_port()}",
-         "--dashboard-agent-listen-port=0"],
-        capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-
-
 def test_make_ray_cluster_with_a_ray_token_and_make_ray_stop_stops_only_its_cluster(tmp_path):
     """Two loopback clusters on two ports, each with its own temp dir. The first is `make
     ray-cluster`'s (head + 1 worker), from a user's shell with a Ray token in the home folder
@@ -881,20 +865,20 @@ def test_make_ray_cluster_with_a_ray_token_and_make_ray_stop_stops_only_its_clus
                 **LOOPBACK_ENV)
     env2.pop("RAY_ADDRESS", None)
     base = Path(tempfile.mkdtemp(prefix="jp-stop-", dir="/tmp"))  # short: Ray's socket paths
-    (p1, t1), (p2, t2) = ((_free_port(), base / "a"), (_free_port(), base / "b"))
+    (p1, t1), (p2, t2) = ((free_port(), base / "a"), (free_port(), base / "b"))
     where = [f"RAY_PORT={p1}", f"RAY_TEMP_DIR={t1}"]
     reader = None
     t0 = time.perf_counter()
     try:
-        out = _make("ray-cluster", *where, f"RAY_CLIENT_PORT={_free_port()}",
-                    f"RAY_DASHBOARD={_free_port()}", "RAY_WORKERS=1", timeout=300, env=env)
+        out = _make("ray-cluster", *where, f"RAY_CLIENT_PORT={free_port()}",
+                    f"RAY_DASHBOARD={free_port()}", "RAY_WORKERS=1", timeout=300, env=env)
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
         assert "AuthenticationError" not in out.stdout + out.stderr
         assert out.stdout.count(" node_") == 2, out.stdout[-2000:]  # head + 1 worker, alive
         first = cluster_processes(f"127.0.0.1:{p1}", str(t1))
         gcs = [pid for pid in first if _is_gcs(pid)]
         assert gcs and b"RAY_AUTH_MODE=token" in Path(f"/proc/{gcs[0]}/environ").read_bytes()
-        _start_head(p2, t2, env2)
+        start_head(p2, t2, env2)
         second = cluster_processes(f"127.0.0.1:{p2}", str(t2))
         assert len(first) >= 4 and len(second) >= 4 and not set(first) & set(second)
         # Not a Ray process, though it names the first cluster's logs: left alone.
