@@ -16,7 +16,7 @@ from jaxppo.config import PPOConfig, tuned_config_for
 from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
 from jaxppo.envs.make import check_recorded_env, refuse_imports
-from jaxppo.errors import CheckpointError, ConfigError, warn
+from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.search.space import SEARCH_EXAMPLE
 from jaxppo.run.files import name_too_long
 from jaxppo.run.folder import fresh_run_dir
@@ -46,7 +46,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                         "may change fields such as total_timesteps (to extend the run), not shapes")
     p.add_argument("--no-imports", action="store_true",
                    help="refuse a --config file's or --resume folder's env that names a module "
-                        "to import (module:Class): for files and run folders you did not write")
+                        "to import (module:Class), and use none of a --config file's paths of "
+                        "this machine (compilation cache, W&B dir): for files and run folders "
+                        "you did not write")
     p.add_argument("--stop-after", type=int, metavar="N",
                    help="stop after N iterations of this call (a checkpoint is written); "
                         "continue later with --resume")
