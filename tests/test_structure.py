@@ -139,3 +139,19 @@ def test_code_layout_lists_every_module_below_what_it_imports():
         for d in deps:
             if d not in packages and entry(d) != entry(m):
                 assert rank[entry(d)] <= rank[entry(m)], f"{m} imports {d}, listed below it"
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_a_screen_and_a_half():
+    """Every function and method in jaxppo/ spans at most MAX_FUNCTION_LINES lines, its
+    docstring included: a longer one does several jobs, each of which can be named."""
+    long = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PKG.parent)}:{node.name} ({lines} lines)")
+    assert not long, long

@@ -98,14 +98,13 @@ def train_distributed(
     """
     folder = run_dir if run_dir is not None else resume
     hosts_log = Path(folder) / HOSTS_LOG if folder is not None else None
-    group_options = dict(
-        min_hosts=min_hosts, strategy=strategy, gpus_per_host=gpus_per_host,
-        placement_timeout_s=placement_timeout_s, init_timeout_s=init_timeout_s,
-        coordinator_port=coordinator_port, max_restarts=max_restarts, pin_cpus=pin_cpus,
-        learner_env=learner_env, snapshot_every_s=snapshot_every_s)
     start_group = functools.partial(
         _start_group, hosts=hosts, address=address, connect_timeout_s=connect_timeout_s,
-        progress=progress, options=group_options, hosts_log=hosts_log)
+        progress=progress, hosts_log=hosts_log, options=dict(
+            min_hosts=min_hosts, strategy=strategy, gpus_per_host=gpus_per_host,
+            placement_timeout_s=placement_timeout_s, init_timeout_s=init_timeout_s,
+            coordinator_port=coordinator_port, max_restarts=max_restarts, pin_cpus=pin_cpus,
+            learner_env=learner_env, snapshot_every_s=snapshot_every_s))
     return train_with(start_group, _entry_point(hosts, min_hosts, hosts_log), config, hparams=hparams,
                       run_dir=run_dir, progress=progress, callback=callback, resume=resume,
                       stop_after_iterations=stop_after_iterations, plot=plot)

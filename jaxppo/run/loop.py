@@ -72,8 +72,7 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     Raises:
         TrainingDivergedError: a health metric became NaN/inf (the rows before it are kept).
     """
-    end_iter = config.num_iterations if stop_after_iterations is None else min(
-        config.num_iterations, start_iter + stop_after_iterations)
+    end_iter = _end_iteration(config, start_iter, stop_after_iterations)
     resumed_from = start_iter if resumed else None
     history = _History(config, folder.previous_rows if folder else [])
     reporter = Reporter(config, config.num_iterations, progress, start=start_iter, label=label,
@@ -116,6 +115,11 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     return _result(runner, config, folder, history.metrics(), iterations_done=it,
                    resumed_from=resumed_from, train_seconds=time.perf_counter() - t_train,
                    interrupted=interrupted, stopped=stopped if it < config.num_iterations else None)
+
+
+def _end_iteration(config: PPOConfig, start_iter: int, more: int | None) -> int:
+    """Where this call's training ends: the run's last iteration, or `more` after start_iter."""
+    return config.num_iterations if more is None else min(config.num_iterations, start_iter + more)
 
 
 def _run_chunk(runner: Runner, config: PPOConfig, keys, it: int, stop: int, wall_offset: float,
