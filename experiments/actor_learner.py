@@ -79,10 +79,10 @@ def worker(case: str, lag: int) -> dict:
            "env_steps": steps, "train_seconds": w1 - w0, "sps": steps / (w1 - w0),
            "cores_busy_training": (c1 - c0) / (w1 - w0),
            "compile_seconds": result.compile_seconds,
-           "return_last": float(result.metrics["episode_return_mean"][-1])}
+           "return_last": float(result.metrics["episode_return_mean"][0, -1])}
     if lag:
         for key in ("policy_lag", "actor_wait_seconds", "learner_wait_seconds"):
-            out[f"{key}_mean"] = float(result.metrics[key][1:].mean())
+            out[f"{key}_mean"] = float(result.metrics[key][0, 1:].mean())
     else:
         out.update(phases(cfg))
     return out

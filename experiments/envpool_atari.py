@@ -142,7 +142,7 @@ def short_run(env_steps: int) -> dict:
             wall = time.perf_counter() - t
     finally:
         envpool_suite.EnvpoolVectorEnv.step = step
-    learning = [float(v) for v in result.metrics["episode_return_mean"]]
+    learning = [float(v) for v in result.metrics["episode_return_mean"][0]]
     return {"env_steps": int(cfg.num_iterations * cfg.batch_size), "wall_seconds": wall,
             "train_seconds": result.train_seconds, "compile_seconds": result.compile_seconds,
             "sps": int(cfg.num_iterations * cfg.batch_size) / result.train_seconds,

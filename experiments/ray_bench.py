@@ -51,7 +51,7 @@ steps = r.iterations_done * cfg.batch_size * cfg.num_seeds
 print("RESULT " + json.dumps({"sps": steps / r.train_seconds,
       "ms_per_iteration": 1e3 * r.train_seconds / r.iterations_done,
       "compile_s": r.compile_seconds,
-      "final_return": float(np.nanmean(r.metrics["episode_return_mean"][-10:]))}))
+      "final_return": float(np.nanmean(r.metrics["episode_return_mean"][0, -10:]))}))
 '''
 
 
@@ -68,7 +68,7 @@ def cpu_model() -> str:
 def final_return(metrics) -> float:
     import numpy as np
 
-    r = np.asarray(metrics["episode_return_mean"], float)[-10:]
+    r = np.asarray(metrics["episode_return_mean"], float)[..., -10:]  # every seed's last 10
     r = r[np.isfinite(r)]
     return float(r.mean()) if len(r) else float("nan")
 

@@ -12,6 +12,7 @@ first thing a newcomer copies works:
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -123,6 +124,8 @@ def _check_getting_started(namespace, tmp_path):
     # What the quickstart claims: 8 seeds of the tuned CartPole learn.
     returns = namespace["result"].metrics["episode_return_mean"]
     assert returns.shape[0] == 8 and np.nanmean(returns[:, -5:]) > 400
+    summary = json.loads((tmp_path / "runs" / "quickstart" / "summary.json").read_text())
+    assert summary["num_seeds"] == 8 and summary["completed"]
 
 
 def _check_runs(namespace, tmp_path):

@@ -327,11 +327,23 @@ def _chunk_stop(config: PPOConfig, it: int, end_iter: int, at_evals: bool = Fals
 def _chunk_rows(metrics: dict, keys, it: int, stop: int, wall: float, sps: float,
                 seeds: int) -> list[dict]:
     """metrics.jsonl's rows of iterations it+1..stop: one per iteration (and seed)."""
+    n = stop - it
+    arrays = {k: np.asarray(metrics[k]).reshape(seeds, n) for k in keys}
+    for k, v in (("iteration", np.arange(it + 1, stop + 1)), ("wall_time", np.full(n, wall)),
+                 ("sps", np.full(n, sps))):
+        arrays[k] = np.broadcast_to(v, (seeds, n))
+    return metric_rows(arrays, keys, seeds)
+
+
+def metric_rows(metrics: dict, keys, seeds: int) -> list[dict]:
+    """metrics.jsonl's rows, one per iteration (and seed, when several), from [seeds, n]
+    arrays of `keys` and of iteration, wall_time and sps."""
     rows = []
-    for j in range(stop - it):
+    for j in range(np.shape(metrics["iteration"])[-1]):
         for s in range(seeds):
-            row = {k: float(metrics[k][s, j] if seeds > 1 else metrics[k][j]) for k in keys}
-            row.update(iteration=it + j + 1, wall_time=wall, sps=sps)
+            row = {k: float(metrics[k][s, j]) for k in keys}
+            row.update(iteration=int(metrics["iteration"][s, j]),
+                       wall_time=float(metrics["wall_time"][s, j]), sps=float(metrics["sps"][s, j]))
             if seeds > 1:
                 row["seed"] = s
             rows.append(row)
@@ -421,11 +433,12 @@ class _History:
 
     def append(self, metrics: dict, it: int, stop: int, wall: float, sps: float) -> None:
         for k in self.keys:
-            self.parts[k].append(np.asarray(metrics[k]))
+            arr = np.asarray(metrics[k])  # [seeds, n]; the chunk of one seed is [n]
+            self.parts[k].append(arr[None] if self.seeds == 1 else arr)
         n = stop - it
         for k, v in (("iteration", np.arange(it + 1, stop + 1)),
                      ("wall_time", np.full(n, wall)), ("sps", np.full(n, sps))):
-            self.parts[k].append(np.broadcast_to(v, (self.seeds, n)) if self.seeds > 1 else v)
+            self.parts[k].append(np.broadcast_to(v, (self.seeds, n)))
 
     def metrics(self) -> dict[str, np.ndarray]:
         return {k: np.concatenate(v, axis=-1) for k, v in self.parts.items() if v}
@@ -448,7 +461,7 @@ def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
         elif (k in METRIC_KEYS or k in EVAL_METRIC_KEYS or k.startswith(("pbt_", "hp_"))
               or k in ACTOR_LEARNER_KEYS):
             arr = arr.astype(np.float32)
-        history[k].append(arr if seeds > 1 else arr[0])
+        history[k].append(arr)
     return history
 
 
@@ -476,11 +489,18 @@ class _Saver:
             self.save(it, wall)
 
     def save(self, iteration: int, wall: float) -> None:
-        cfg, runner = self.config, self.runner
-        self.folder.save_checkpoint(iteration, runner.snapshot(), {
-            "env_steps": iteration * cfg.batch_size, "num_devices": runner.shards,
-            "hosts": runner.hosts, "num_seeds": cfg.num_seeds,
-            "wall_time": wall, "config": self.config_record, "env": cfg.env_name,
-            "jaxppo_version": __version__, **self.record,
-        })
+        runner = self.runner
+        self.folder.save_checkpoint(iteration, runner.snapshot(), checkpoint_meta(
+            self.config, iteration, wall, runner.shards, runner.hosts, self.record,
+            self.config_record))
         self.saved_at, self.saved_time = iteration, time.monotonic()
+
+
+def checkpoint_meta(config: PPOConfig, iteration: int, wall: float, shards: int, hosts: int,
+                    record: dict, config_record: dict | None = None) -> dict:
+    """A checkpoint's record: where the run was, how it was laid out, its config, and
+    `record` (the schedules it trains with, which a resume continues)."""
+    return {"env_steps": iteration * config.batch_size, "num_devices": shards, "hosts": hosts,
+            "num_seeds": config.num_seeds, "wall_time": wall,
+            "config": config_record or config.to_dict(), "env": config.env_name,
+            "jaxppo_version": __version__, **record}

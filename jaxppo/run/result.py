@@ -28,7 +28,7 @@ class TrainResult:
     num_seeds > 1. Seeds or PBT members split over devices come back as one
     [num_seeds, ...] state, as from one device. `layout`: where the run trained, in words
     (e.g. "16 seeds over 2 CPU devices (8 each, no collectives)").
-    metrics: name -> array [num_iterations] (num_seeds == 1) or [num_seeds, num_iterations];
+    metrics: name -> array [num_seeds, num_iterations], for one seed too (`[0]` is its row);
     also `iteration`, `wall_time` (s since process start, at the end of the chunk that held
     the iteration; a resumed run adds the time of the processes before it) and `sps` (env
     steps per second of that chunk, all seeds); with eval_every, eval_return_mean/std and
@@ -58,6 +58,7 @@ class TrainResult:
     _algorithm: Algorithm | None = field(default=None, repr=False)
     _policy_fn: Callable | None = field(default=None, repr=False)
     _value_fn: Callable | None = field(default=None, repr=False)
+    _save: Callable | None = field(default=None, repr=False)
 
     num_devices: int = 1
     iterations_done: int = 0
@@ -113,6 +114,22 @@ class TrainResult:
         obs = check_obs(obs, self._algorithm)
         st = self._seed_slice(self.state, seed)
         return self._value_fn(st.params, st.obs_stats, obs)
+
+    def save(self, run_dir: str | Path, *, plot: bool = True) -> Path:
+        """Write the run's folder at `run_dir` (a new or empty folder), as `train(config,
+        run_dir=...)` would have: config.yaml, metrics.jsonl, the checkpoint of the last
+        iteration (`jaxppo train --resume RUN_DIR` continues the run), params.msgpack,
+        summary.json, curve.png (with `plot`), and sweep.json for a sweep. Not written: best/
+        (the best evaluation's params are kept only while a run folder is open). Returns the
+        folder's path; `jaxppo.load_policy(path)` then loads the policy.
+
+        Raises:
+            ConfigError: run_dir exists and holds files.
+        """
+        if self._save is None:
+            raise ValueError("this TrainResult was not returned by jaxppo.train (or "
+                             "train_distributed), so it has no run to save")
+        return self._save(self, run_dir, plot)
 
     def evaluate(self, episodes: int = 10, seed: int = 0, deterministic: bool = True,
                  max_steps: int | None = None, policy_seed: int = 0) -> dict:

@@ -8,6 +8,7 @@ runner that runs the chunks (a `jaxppo.run.runner.Runner`) differs.
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from jaxppo.run.folder import ResumePoint, begin_resume, check_start
 from jaxppo.run.logs import check_wandb
 from jaxppo.run.progress import compiling
 from jaxppo.run.result import TrainResult
+from jaxppo.run.saving import save_result
 from jaxppo.run.runner import Runner
 from jaxppo.run.schedules import continue_schedules, schedule_record
 from jaxppo.process import enable_compilation_cache
@@ -225,15 +227,19 @@ def train_with(make_runner: RunnerFactory, entry: EntryPoint, config: PPOConfig 
             if folder is not None:
                 folder.record_sweep(start.sweep_record)
             record = start.sweep_record
+            schedules = schedule_record(start.hp, config)
             result = train_loop(
                 runner, config, folder=folder, start_iter=start.iteration,
                 resumed=point is not None, wall_offset=start.wall_offset,
                 stop_after_iterations=stop_after_iterations, progress=progress,
                 callback=callback, label=entry.label and entry.label.format(**env),
                 member_labels=None if record is None else record["labels"],
-                checkpoint_record=schedule_record(start.hp, config))
-            return finish_run(result, folder, entry.command, plot=plot,
-                              label=entry.plot_label and entry.plot_label.format(**env),
+                checkpoint_record=schedules)
+            plot_label = entry.plot_label and entry.plot_label.format(**env)
+            result._save = functools.partial(
+                save_result, snapshot=runner.snapshot, record=schedules, sweep_record=record,
+                label=plot_label, extra_summary=entry.summary)
+            return finish_run(result, folder, entry.command, plot=plot, label=plot_label,
                               extra_summary=entry.summary(result) if entry.summary else None)
         finally:
             if folder is not None:

@@ -73,7 +73,7 @@ def learns_on_two_devices():
     )
     result = jaxppo.train(cfg, progress=False)
     leaves = jax.tree.leaves(result.state.params)
-    ret = result.metrics["episode_return_mean"]
+    ret = result.metrics["episode_return_mean"][0]
     tail = ret[-10:]
     return {
         "devices": int(result.num_devices),
@@ -97,7 +97,7 @@ def stops_on_two_devices():
         result = jaxppo.train(cfg, run_dir=f"{tmp}/run", progress=False, plot=False)
         best = json.loads(open(f"{tmp}/run/best/best.json").read())
         policy = jaxppo.load_policy(f"{tmp}/run", best=True)
-        evals = result.metrics["eval_return_mean"]
+        evals = result.metrics["eval_return_mean"][0]
         return {
             "devices": int(result.num_devices), "completed": bool(result.completed),
             "stopped": result.stopped, "iterations": int(result.iterations_done),

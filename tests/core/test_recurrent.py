@@ -156,7 +156,7 @@ def test_train_runs_recurrent_and_its_policy_carries_its_state(tmp_path):
     result = jaxppo.train(MEMORY.replace(eval_every=2, eval_episodes=4), run_dir=run_dir,
                           progress=False, plot=False)
     assert result._algorithm.recurrent
-    assert np.isfinite(result.metrics["eval_return_mean"][-1])
+    assert np.isfinite(result.metrics["eval_return_mean"][0, -1])
     assert np.all(np.isfinite(result.metrics["policy_loss"]))
     obs = jnp.zeros((3, 3))
     with pytest.raises(TypeError, match="needs its carry"):
@@ -189,9 +189,9 @@ def test_gru_learns_memory_chain_where_feed_forward_cannot():
     cfg = MEMORY.replace(num_envs=16, num_steps=32, num_minibatches=4, num_epochs=4,
                          total_timesteps=30_000, lr=3e-3, lr_schedule="constant",
                          network=jaxppo.NetworkConfig((32,), recurrent_size=32))
-    gru = jaxppo.train(cfg, progress=False).metrics["episode_return_mean"]
+    gru = jaxppo.train(cfg, progress=False).metrics["episode_return_mean"][0]
     ff = jaxppo.train(cfg.replace(network=jaxppo.NetworkConfig((32,))),
-                      progress=False).metrics["episode_return_mean"]
+                      progress=False).metrics["episode_return_mean"][0]
     gru_final, ff_final = np.nanmean(gru[-10:]), np.nanmean(ff[-10:])
     assert gru_final > 0.8, gru  # chance (and the best memoryless policy) is 0, perfect is 1
     assert abs(ff_final) < 0.3, ff

@@ -89,11 +89,11 @@ def one_seed():
 
 # ------------------------------------------------------------------ seeds
 def test_metrics_layout(one_seed, two_seeds):
-    for res, shape in ((one_seed, (N_ITER,)), (two_seeds, (2, N_ITER))):
+    for res, shape in ((one_seed, (1, N_ITER)), (two_seeds, (2, N_ITER))):
         for k in METRIC_KEYS + ("iteration", "wall_time", "sps"):
             assert np.shape(res.metrics[k]) == shape, k
-    np.testing.assert_array_equal(one_seed.metrics["iteration"], np.arange(1, N_ITER + 1))
-    np.testing.assert_array_equal(one_seed.metrics["env_steps"], 64 * np.arange(1, N_ITER + 1))
+    np.testing.assert_array_equal(one_seed.metrics["iteration"][0], np.arange(1, N_ITER + 1))
+    np.testing.assert_array_equal(one_seed.metrics["env_steps"][0], 64 * np.arange(1, N_ITER + 1))
     np.testing.assert_array_equal(two_seeds.metrics["env_steps"][1], 64 * np.arange(1, N_ITER + 1))
     assert int(one_seed.state.iteration) == N_ITER
     assert int(one_seed.state.env_steps) == N_ITER * 64
@@ -105,7 +105,7 @@ def test_metrics_layout(one_seed, two_seeds):
 def test_train_equals_make_train(one_seed, train_fn, hp):
     """train() in chunks (with a skipped tail) = make_train's single scan, same key."""
     state, metrics = train_fn(jax.random.PRNGKey(SMALL.seed), hp)
-    assert_metrics_close(one_seed.metrics, metrics)
+    assert_metrics_close(seed_slice(one_seed.metrics, 0), metrics)
     assert_trees_close(one_seed.params, state.params)
 
 
@@ -182,7 +182,7 @@ def test_lr_schedule_metric(one_seed):
     """Default linear anneal from lr to 0 over total_timesteps, read at each iteration's start."""
     steps = 64 * np.arange(N_ITER)
     expected = SMALL.lr * (1 - steps / SMALL.total_timesteps)
-    np.testing.assert_allclose(one_seed.metrics["lr"], expected, rtol=1e-5)
+    np.testing.assert_allclose(one_seed.metrics["lr"][0], expected, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ a user's own env
@@ -234,7 +234,7 @@ def test_user_env_trains():
     assert res.config.env_name == "SignEnv"
     for k in HEALTH:
         assert np.all(np.isfinite(res.metrics[k])), k
-    ret = res.metrics["episode_return_mean"]
+    ret = res.metrics["episode_return_mean"][0]
     # 10-step episodes end 4 times per env per 16 steps (truncation): stats are never empty
     assert np.all(np.isfinite(ret)) and np.all(res.metrics["episode_length_mean"] == 10)
     # random play gets 5 of 10; the policy learns to follow the sign
@@ -309,7 +309,7 @@ def pendulum():
 
 def test_pendulum_runs_with_finite_metrics(pendulum):
     m = pendulum.metrics
-    assert m["policy_loss"].shape == (4,)
+    assert m["policy_loss"].shape == (1, 4)
     for k in HEALTH:
         assert np.all(np.isfinite(m[k])), k
     # 10-step episodes (truncated by the time limit) end in every iteration

@@ -48,6 +48,6 @@ def test_training_runs_end_to_end_with_a_run_folder(tmp_path):
     pytest.importorskip("craftax")
     cfg = readme_train_config(ENV).replace(compilation_cache_dir=None)  # README's command
     result = jaxppo.train(cfg, run_dir=tmp_path / "run", progress=False, plot=False)
-    assert np.asarray(result.metrics["policy_loss"]).shape == (2,)
+    assert np.asarray(result.metrics["policy_loss"]).shape == (1, 2)
     assert np.isfinite(np.asarray(result.metrics["policy_loss"])).all()
     assert f"env: {ENV}" in (tmp_path / "run" / "config.yaml").read_text()

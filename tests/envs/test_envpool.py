@@ -258,7 +258,7 @@ def test_cartpole_learns_through_the_host_loop():
                            num_minibatches=8, total_timesteps=8 * 128 * 14, lr=1e-3,
                            vf_clip_param=None, compilation_cache_dir=None, seed=1)
     result = jaxppo.train(cfg, progress=False)
-    curve = result.metrics["episode_return_mean"]
+    curve = result.metrics["episode_return_mean"][0]
     assert np.nanmean(curve[:2]) < 40, curve
     assert np.nanmean(curve[-3:]) > 150, curve
     assert result.evaluate(episodes=4)["return_mean"] > 200

@@ -229,7 +229,7 @@ def test_learns_gymnasium_cartpole():
                            num_minibatches=8, total_timesteps=8 * 128 * 58, lr=1e-3,
                            vf_clip_param=None, compilation_cache_dir=None, seed=1)
     result = jaxppo.train(cfg, progress=False)
-    curve = result.metrics["episode_return_mean"]
+    curve = result.metrics["episode_return_mean"][0]
     assert np.nanmean(curve[:3]) < 60
     assert np.nanmean(curve[-5:]) > 400, curve[-10:]
     assert result.evaluate(episodes=4)["return_mean"] > 400

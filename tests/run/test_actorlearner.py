@@ -152,8 +152,8 @@ def test_lag_one_is_its_schedule_replayed_in_one_thread():
     state, metrics = replay_lag_one(DRIFT, DRIFT.num_iterations, threads=2)
     assert _same(result.state.params, state.params)
     assert _same(result.state.obs_stats, state.obs_stats)
-    np.testing.assert_array_equal(result.metrics["kl"], [m["kl"] for m in metrics])
-    np.testing.assert_array_equal(result.metrics["policy_lag"], [0, 1, 1, 1, 1])
+    np.testing.assert_array_equal(result.metrics["kl"], [[m["kl"] for m in metrics]])
+    np.testing.assert_array_equal(result.metrics["policy_lag"], [[0, 1, 1, 1, 1]])
     assert result.layout.endswith("actor-learner: 2 actor threads x 2 envs (actor_threads=2), "
                                   "max_policy_lag 1")
     assert (result.metrics["actor_wait_seconds"] >= 0).all()
@@ -226,7 +226,7 @@ def test_lag_zero_is_the_synchronous_host_loop_bit_for_bit():
         kl.append(float(m["kl"]))
     envs.close()
     assert _same(result.state.params, state.params)
-    np.testing.assert_array_equal(result.metrics["kl"], np.asarray(kl, np.float32))
+    np.testing.assert_array_equal(result.metrics["kl"], np.asarray([kl], np.float32))
 
 
 # ---------------------------------------------------------------------- config
@@ -354,7 +354,7 @@ def test_learns_gymnasium_cartpole_at_lag_one():
                            vf_clip_param=None, compilation_cache_dir=None, seed=1,
                            max_policy_lag=1)
     result = jaxppo.train(cfg, progress=False)
-    curve = result.metrics["episode_return_mean"]
+    curve = result.metrics["episode_return_mean"][0]
     assert np.nanmean(curve[:3]) < 60
     assert np.nanmean(curve[-5:]) > 400, curve[-10:]
     assert result.evaluate(episodes=4)["return_mean"] > 400

@@ -81,10 +81,37 @@ def stopped_copy(runs, tmp_path):
 
 
 # ---------------------------------------------------------------------- exact resume
+def test_a_result_saved_afterwards_is_the_folder_training_in_it_leaves(runs, tmp_path):
+    """TrainResult.save writes what train(run_dir=) would have: the same config.yaml and
+    metrics.jsonl rows (timings aside), a checkpoint from which --resume continues bit for bit
+    to the uninterrupted run's end, a policy that load_policy loads, and the curve; it never
+    writes into a folder that holds files."""
+    unsaved = jaxppo.train(CFG, progress=False, stop_after_iterations=STOP)
+    assert unsaved.run_dir is None
+    saved = unsaved.save(tmp_path / "saved")
+    stopped = runs["base"] / "stopped"
+    assert (saved / "config.yaml").read_text() == (stopped / "config.yaml").read_text()
+    assert _strip_timing(_rows(saved)) == _strip_timing(_rows(stopped))
+    assert find_latest(saved)[1] == STOP and (saved / "curve.png").stat().st_size > 0
+    summary = json.loads((saved / "summary.json").read_text())
+    assert summary["iterations"] == STOP and summary["completed"] is False
+    loaded, trained = jaxppo.load_policy(saved).evaluate(episodes=4), unsaved.evaluate(episodes=4)
+    np.testing.assert_array_equal(loaded["returns"], trained["returns"])
+    resumed = jaxppo.train(None, resume=saved, progress=False, plot=False)
+    full = runs["full"]
+    assert _tree_equal(full.state, resumed.state)
+    for k, v in full.metrics.items():
+        if k not in TIMING_KEYS:
+            np.testing.assert_array_equal(v, resumed.metrics[k], err_msg=k)
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        unsaved.save(saved)
+    assert find_latest(saved)[1] == CFG.num_iterations  # the refused save changed nothing
+
+
 def test_stopped_run_reports_where_it_stopped(runs):
     part = runs["part"]
     assert part.iterations_done == STOP and not part.completed
-    assert len(part.metrics["iteration"]) == STOP
+    assert part.metrics["iteration"].shape == (1, STOP)
     with CheckpointStore(runs["base"] / "stopped", read_only=True) as store:
         assert store.steps() == [3, 4]  # every 3 iterations, and where it stopped (keep 2)
     resumed = runs["resumed"]
@@ -104,7 +131,7 @@ def test_resumed_run_is_bit_identical_to_uninterrupted(runs):
         assert v.dtype == resumed.metrics[k].dtype, k
         np.testing.assert_array_equal(v, resumed.metrics[k], err_msg=k)
     # Evaluation ran (and resumed) too: iterations 2, 4, 6, 8.
-    ev = full.metrics["eval_return_mean"]
+    ev = full.metrics["eval_return_mean"][0]
     assert np.isfinite(ev[1::2]).all() and np.isnan(ev[0::2]).all()
 
 
@@ -376,7 +403,7 @@ def test_stop_at_return_stops_at_the_evaluation_that_reaches_it(stopped_copy):
     result = jaxppo.train(CFG.replace(stop_at_return=1.0), resume=stopped_copy, progress=False,
                           plot=False, callback=lambda rows: None)
     assert result.iterations_done == 6 and not result.completed
-    ev = result.metrics["eval_return_mean"][5]
+    ev = result.metrics["eval_return_mean"][0, 5]
     assert result.stopped == (f"the eval return {ev:.1f} reached stop_at_return=1 at "
                               "iteration 6")
     assert find_latest(stopped_copy)[1] == 6
