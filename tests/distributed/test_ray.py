@@ -194,10 +194,10 @@ def test_listening_sockets_names_the_bound_address():
 
 
 # ---------------------------------------------------------------------- failures
-# Three runs of the module's config, each with the numbers of an uninterrupted run: a learner
-# process killed with rare snapshots; a learner process, then a whole worker node (its
-# raylet) killed in one run that may go on with fewer hosts; a worker node killed in a run
-# that must wait for a node to replace it.
+# Two runs of the module's config, each with the numbers of an uninterrupted run: a learner
+# process, then a whole worker node (its raylet) killed in one run that may go on with fewer
+# hosts; a worker node killed in a run that must wait for a node to replace it and that
+# snapshots rarely (it replays from the start).
 def _kill_a_learner(killed: list) -> None:
     """SIGKILL the process of one learner (the newest); its pid goes to `killed`."""
     from ray.util.state import list_actors
@@ -206,32 +206,6 @@ def _kill_a_learner(killed: list) -> None:
     pid = sorted(a.pid for a in alive)[-1]
     os.kill(pid, signal.SIGKILL)
     killed.append(pid)
-
-
-@pytest.mark.slow
-def test_killed_host_process_with_rare_snapshots_replays_from_the_start(two_host_run, tmp_path,
-                                                                         caplog):
-    """SIGKILL one learner's process after iteration 2, snapshots rare (only the initial
-    state): the group restarts from the initial state and replays iterations 1-2,
-    metrics.jsonl has every iteration once, and the run ends exactly as an uninterrupted one.
-    (With a snapshot after every chunk, the default: the first failure of
-    test_a_killed_learner_then_a_lost_node_continue_on_fewer_hosts.)"""
-    killed = []
-
-    def kill_a_learner(rows):
-        if rows[-1]["iteration"] == 2 and not killed:
-            _kill_a_learner(killed)
-
-    with caplog.at_level(logging.WARNING, logger="jaxppo.distributed"):
-        result = train_distributed(two_host_run.cfg, hosts=2, run_dir=tmp_path / "run",
-                                   progress=False, plot=False, callback=kill_a_learner,
-                                   snapshot_every_s=1e9, learner_env=two_host_run.learner_env)
-    assert killed
-    assert len(result.host_failures) == 1 and result.host_failures[0]["iteration"] == 3
-    assert any("restarting the group from the state after iteration 0 " in r.getMessage()
-               for r in caplog.records), [r.getMessage() for r in caplog.records]
-    assert [row["iteration"] for row in _rows(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
-    _assert_same_run(result, two_host_run.single)
 
 
 class _OnLog(logging.Handler):
@@ -293,12 +267,13 @@ def _kill_raylet(worker, killed: list) -> None:
 
 
 def _run_losing_a_node(cluster, two_host_run, run_dir: Path, caplog, capfd, min_hosts,
-                       learner_killed_at=None):
+                       learner_killed_at=None, snapshot_every_s=0.0):
     """Train the module's config (6 iterations; its programs and its one-process run are
     shared) on 2 hosts and SIGKILL the worker node's raylet after iteration 4 if a learner's
     process is killed after iteration `learner_killed_at`, else after iteration 2. When the
     driver says it waits for a node, one joins. Gives the module's cluster its second node
-    back. Returns (result, the driver's log messages, its stderr lines, the raylet kill)."""
+    back. Returns (result, the driver's log messages, its stderr lines, the raylet kill's
+    iteration)."""
     worker = next(iter(cluster.cluster.worker_nodes))
     raylet_at = 2 if learner_killed_at is None else 4
     learner_killed, killed, added = [], [], []
@@ -316,7 +291,8 @@ def _run_losing_a_node(cluster, two_host_run, run_dir: Path, caplog, capfd, min_
         with caplog.at_level(logging.INFO, logger="jaxppo.distributed"):
             result = train_distributed(two_host_run.cfg, hosts=2, min_hosts=min_hosts,
                                        run_dir=run_dir, progress=False, plot=False,
-                                       callback=on_rows, learner_env=two_host_run.learner_env)
+                                       callback=on_rows, snapshot_every_s=snapshot_every_s,
+                                       learner_env=two_host_run.learner_env)
         recovered_s = time.monotonic() - killed[1]
     finally:
         log.removeHandler(on_wait)
@@ -336,13 +312,13 @@ def _run_losing_a_node(cluster, two_host_run, run_dir: Path, caplog, capfd, min_
     return result, messages, stderr, raylet_at
 
 
-def _assert_lost_node_reported(run_dir: Path, messages, stderr, raylet_at: int) -> None:
+def _assert_lost_node_reported(run_dir: Path, messages, stderr, restarted_from: int) -> None:
     """The lost node is named, with the snapshot the group restarts from and the hosts' log;
     the driver's terminal gets its own lines only: what Ray forwards (the dead raylet's state
     dump, the node's death, the learners' abort traces) goes to RUN_DIR/hosts.log."""
     hosts_log = run_dir / "hosts.log"
     assert any(m.startswith("lost host") and "node 127.0.0.1" in m and
-               f"restarting the group from the state after iteration {raylet_at} " in m and
+               f"restarting the group from the state after iteration {restarted_from} " in m and
                str(hosts_log) in m for m in messages), messages
     assert len(stderr) <= 5 and not [line for line in stderr if "raylet" in line
                                      or "pid=" in line], stderr[:50]
@@ -366,7 +342,7 @@ def test_a_killed_learner_then_a_lost_node_continue_on_fewer_hosts(cluster, two_
     assert failures.count(3) == 1 and failures[0] == 3 and failures[1] == 5, failures
     assert any("restarting the group from the state after iteration 2 " in m
                for m in messages), messages
-    _assert_lost_node_reported(run, messages, stderr, at)
+    _assert_lost_node_reported(run, messages, stderr, restarted_from=at)
     assert result.hosts == 1
     assert any("continuing on 1 host(s) instead of 2" in m for m in messages), messages
     assert [row["iteration"] for row in _rows(run)] == [1, 2, 3, 4, 5, 6]
@@ -374,18 +350,20 @@ def test_a_killed_learner_then_a_lost_node_continue_on_fewer_hosts(cluster, two_
 
 
 @pytest.mark.slow
-def test_killed_raylet_of_a_worker_node_waits_for_a_node(cluster, two_host_run, tmp_path,
-                                                          caplog, capfd):
+def test_a_lost_node_is_waited_for_and_rare_snapshots_replay_from_the_start(
+        cluster, two_host_run, tmp_path, caplog, capfd):
     """SIGKILL of a worker node's raylet after iteration 2 (its learner dies with it) in a run
-    that needs 2 hosts (min_hosts by default): it waits for a node to replace the lost one
-    (here one joins once the driver says it waits) and goes on with 2 hosts from the snapshot
-    after iteration 2; every iteration is logged once and the numbers are those of an
-    uninterrupted run."""
+    that needs 2 hosts (min_hosts by default) and snapshots rarely (only the initial state):
+    it waits for a node to replace the lost one (here one joins once the driver says it
+    waits), goes on with 2 hosts from the initial state and replays iterations 1-2; every
+    iteration is logged once and the numbers are those of an uninterrupted run. (The restart
+    from the snapshot after the last chunk, the default, is
+    test_a_killed_learner_then_a_lost_node_continue_on_fewer_hosts'.)"""
     run = tmp_path / "run"
-    result, messages, stderr, at = _run_losing_a_node(cluster, two_host_run, run, caplog, capfd,
-                                                      min_hosts=None)
+    result, messages, stderr, _ = _run_losing_a_node(cluster, two_host_run, run, caplog, capfd,
+                                                     min_hosts=None, snapshot_every_s=1e9)
     assert result.host_failures and result.host_failures[0]["iteration"] == 3
-    _assert_lost_node_reported(run, messages, stderr, at)
+    _assert_lost_node_reported(run, messages, stderr, restarted_from=0)
     assert result.hosts == 2
     assert any("fewer than min_hosts=2: waiting up to 60s for a node to replace the lost "
                "one (--min-hosts 1 would continue without it)" in m for m in messages), messages
