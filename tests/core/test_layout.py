@@ -189,26 +189,27 @@ def test_describe_says_what_jaxppo_did_to_the_cpu_devices(monkeypatch, action, d
 
 def test_a_run_on_jaxppos_cpu_devices_says_so_in_its_layout_line(compile_cache_dir):
     """In a fresh process with the default (one device per core): describe() says so, and a
-    run of 2 seeds, split over 2 of the devices, ends its layout line with where they come
-    from and how to turn them off; the layout it records (TrainResult.layout) stays what ran
-    where."""
-    if len(os.sched_getaffinity(0)) < 2:
+    run of 4 seeds, split over 2 (or 4) of the devices, ends its layout line with where they
+    come from and how to turn them off; the layout it records (TrainResult.layout) stays what
+    ran where. The run is _tiny()'s: on a machine of 2 cores its program is the one split_runs
+    compiles on 2 forced devices, compiled once for both."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
         pytest.skip("needs a machine of 2 or more cores")
     cache = (f"jax.config.update('jax_compilation_cache_dir', {compile_cache_dir!r}); "
              "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0); "
              if compile_cache_dir else "")
-    run = ("print('DESCRIBE', cpu_devices.describe()); r = jaxppo.train(jaxppo.PPOConfig("
-           "num_envs=4, num_steps=8, total_timesteps=32, num_seeds=2, num_minibatches=1, "
-           "num_epochs=1, network=jaxppo.NetworkConfig((8,)), compilation_cache_dir=None), "
-           "progress=True, plot=False); print('RECORDED', r.layout)")
+    run = ("print('DESCRIBE', cpu_devices.describe()); r = jaxppo.train(jaxppo.PPOConfig."
+           f"from_dict({_tiny().to_dict()!r}), progress=True, plot=False); "
+           "print('RECORDED', r.layout)")
     proc = _probe({}, cache, run)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     lines = dict(ln.split(" ", 1) for ln in out.splitlines() if ln.startswith(("DESCRIBE ",
                                                                               "RECORDED ")))
-    cores = len(os.sched_getaffinity(0))
     assert lines["DESCRIBE"].startswith(f"{cores} CPU devices, one per core: set by jaxppo")
-    where = "2 seeds over 2 CPU devices (1 each, no collectives)"
+    devices = 4 if cores >= 4 else 2  # the most devices that divide the 4 seeds
+    where = f"4 seeds over {devices} CPU devices ({4 // devices} each, no collectives)"
     assert lines["RECORDED"] == where
     assert [ln for ln in err.splitlines() if ln.startswith("layout:")] == [
         f"layout: {where}{NOTE}"], err[-2000:]
