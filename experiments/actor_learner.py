@@ -18,6 +18,15 @@ Cases (envs that step in Python, gymnasium 1.x):
 The synchronous process then times its two halves apart (a rollout, the update; medians of 5
 iterations): the most overlapping them can give is (act + update) / max(act, update).
 Writes experiments/results/actor-learner.json with the CPU model, the cores and the load.
+
+    .venv/bin/python experiments/actor_learner.py --learning [--seeds 4]
+
+measures learning per env step instead: envpool:CartPole-v1 with jaxppo's tuned CartPole-v1
+config (151,552 steps), seeds 0..N-1, at max_policy_lag 0 and 1 (alternating fresh
+processes). Per run: the env steps to the first iteration whose mean episode return is 500
+(every episode that ended in it ran the full 500 steps) and to the first whose 10-iteration
+mean is >= 475, and the mean return of the last 10 iterations. Writes
+experiments/results/actor-learner-learning.json.
 """
 
 from __future__ import annotations
@@ -119,6 +128,55 @@ def phases(cfg, iterations: int = 5) -> dict:
     return {"act_seconds": a, "update_seconds": u, "overlap_ceiling": (a + u) / max(a, u)}
 
 
+def learning_worker(seed: int, lag: int) -> dict:
+    """Train envpool:CartPole-v1 (tuned CartPole-v1 config) at `lag`; when it reached 500."""
+    import numpy as np
+
+    import jaxppo
+
+    cfg = jaxppo.PPOConfig.tuned("CartPole-v1").replace(
+        env="envpool:CartPole-v1", max_policy_lag=lag, seed=seed, compilation_cache_dir=None)
+    result = jaxppo.train(cfg, progress=False, plot=False)
+    ret = np.asarray(result.metrics["episode_return_mean"][0], np.float64)
+    steps = np.asarray(result.metrics["env_steps"][0], np.int64)
+
+    def first(hit):
+        idx = np.flatnonzero(hit)
+        return int(steps[idx[0]]) if idx.size else None
+
+    rolling = np.array([np.nanmean(ret[max(0, i - 9):i + 1]) if i >= 9 else np.nan
+                        for i in range(len(ret))])
+    return {"seed": seed, "max_policy_lag": lag, "env_steps": int(steps[-1]),
+            "steps_to_500": first(ret >= 500.0), "steps_to_rolling_475": first(rolling >= 475.0),
+            "final_return": float(np.nanmean(ret[-10:])), "layout": result.layout}
+
+
+def learning(seeds: int) -> dict:
+    """Steps to 500 at lag 0 and lag 1, seed by seed, alternating fresh processes."""
+    runs: dict[str, list] = {"lag0": [], "lag1": []}
+    for seed in range(seeds):
+        for name, lag in (("lag0", 0), ("lag1", 1)):
+            print(f"actor-learner learning: seed {seed}, {name} ...", file=sys.stderr, flush=True)
+            done, wall, cpu = timed([sys.executable, __file__, "--learning-worker", str(seed),
+                                     str(lag)], cwd=ROOT)
+            if done.returncode != 0:
+                raise RuntimeError(f"seed {seed} at {name} failed:\n{done.stderr[-3000:]}")
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            runs[name].append({**row, "process_wall_s": wall, "process_cores_busy": cpu / wall})
+    out: dict = {"runs": runs}
+    for key in ("steps_to_500", "steps_to_rolling_475"):
+        reached = {n: [r[key] for r in rs] for n, rs in runs.items()}
+        if all(v is not None for vs in reached.values() for v in vs):
+            med = {n: statistics.median(vs) for n, vs in reached.items()}
+            out[f"{key}_median"] = med
+            out[f"{key}_ratio_lag1_over_lag0"] = med["lag1"] / med["lag0"]
+        else:
+            out[f"{key}_not_reached"] = {n: sum(v is None for v in vs) for n, vs in reached.items()}
+    print(f"actor-learner learning: {json.dumps({k: v for k, v in out.items() if k != 'runs'})}",
+          file=sys.stderr, flush=True)
+    return out
+
+
 # ---------------------------------------------------------------------- the driver
 def _run(case: str, lag: int) -> dict:
     done, wall, cpu = timed([sys.executable, __file__, "--worker", case, str(lag)], cwd=ROOT)
@@ -181,10 +239,26 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--learning", action="store_true",
+                        help="steps to 500 on envpool:CartPole-v1 at lag 0 and 1 instead")
+    parser.add_argument("--seeds", type=int, default=4, help="seeds of --learning")
     parser.add_argument("--worker", nargs=2, metavar=("CASE", "LAG"), help=argparse.SUPPRESS)
+    parser.add_argument("--learning-worker", nargs=2, type=int, metavar=("SEED", "LAG"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]))))
+        return 0
+    if args.learning_worker:
+        print(json.dumps(learning_worker(*args.learning_worker)))
+        return 0
+    if args.learning:
+        out = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
+               "learning": learning(args.seeds)}
+        path = RESULTS / "actor-learner-learning.json"
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2))
+        print(f"wrote {path}")
         return 0
     cases = [c for c in args.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
