@@ -49,6 +49,12 @@ TUNED_DIR = Path(__file__).resolve().parent / "configs"
 _HOST_PREFIXES = ("gymnasium:", "envpool:")
 
 
+def steps_in_python(env) -> bool:
+    """True for an env that steps in Python, outside the compiled program (gymnasium and
+    envpool: `jaxppo.run.hostloop` runs it)."""
+    return isinstance(env, str) and env.startswith(_HOST_PREFIXES)
+
+
 def tuned_config_path(env_name: str) -> Path | None:
     """The packaged tuned config of `env_name` (its short name, or for an envpool task also
     "envpool:<task>"), or None when there is none."""
@@ -271,8 +277,9 @@ class PPOConfig:
                       check=cf.seed, section="run")
     num_seeds: int = field(1, "seeds trained together in one vmapped program", role=SHAPE,
                            check=cf.integer(1))
-    log_every: int = field(0, "iterations per compiled chunk between progress updates; 0 = auto",
-                           check=cf.integer(0))
+    log_every: int = field(0, "iterations per compiled chunk between progress updates; 0 = auto "
+                           "(about 40 chunks per run; every iteration for an env that steps in "
+                           "Python)", check=cf.integer(0))
     compilation_cache_dir: str | None = field("~/.cache/jaxppo/xla", "null disables the cache",
                                               check=cf.folder_or_null, machine_path=True)
     checkpoint_every: int = field(

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxppo.core.algorithm import METRIC_KEYS
-from jaxppo.config import PPOConfig
+from jaxppo.config import PPOConfig, steps_in_python
 from jaxppo.errors import ActionMaskError, StopTraining, TrainingDivergedError, TrainingInterrupted
 from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
@@ -306,9 +306,12 @@ def metric_keys(config: PPOConfig) -> tuple[str, ...]:
 
 def chunk_length(config: PPOConfig) -> int:
     """Iterations per call into the compiled program: log_every (default ~40 calls per run),
-    never past a checkpoint iteration."""
+    never past a checkpoint iteration. An env that steps in Python gains nothing from longer
+    chunks (each iteration is a call from Python anyway): by default its chunk is one
+    iteration, so that progress, checkpoint_minutes and stop signals come after each."""
     n_iter = config.num_iterations
-    chunk_len = min(config.log_every or auto_chunk(n_iter), n_iter)
+    auto = 1 if steps_in_python(config.env) else auto_chunk(n_iter)
+    chunk_len = min(config.log_every or auto, n_iter)
     if config.checkpoint_every:
         chunk_len = min(chunk_len, config.checkpoint_every)
     return chunk_len

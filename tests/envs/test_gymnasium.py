@@ -296,3 +296,19 @@ def test_reported_episodes_and_uint8_observations():
                                      deterministic=True, max_steps=50)
     np.testing.assert_array_equal(returns, 60.0)
     np.testing.assert_array_equal(lengths, 6)
+
+
+def test_an_env_that_steps_in_python_reports_after_every_iteration():
+    """Its default chunk is one iteration (progress, checkpoint_minutes and signals after
+    each), where a gymnax env's run of the same length gets ~40 chunks; log_every still sets
+    it, and checkpoint_every still bounds it."""
+    from jaxppo.run.loop import chunk_length
+
+    for env in ("gymnasium:CartPole-v1", "envpool:Breakout-v5"):
+        cfg = jaxppo.PPOConfig(env=env, num_envs=8, num_steps=128, total_timesteps=8 * 128 * 400)
+        assert chunk_length(cfg) == 1
+        assert chunk_length(cfg.replace(log_every=20)) == 20
+        assert chunk_length(cfg.replace(log_every=20, checkpoint_every=5)) == 5
+    gymnax = jaxppo.PPOConfig(env="CartPole-v1", num_envs=8, num_steps=128,
+                              total_timesteps=8 * 128 * 400)
+    assert chunk_length(gymnax) == 10
