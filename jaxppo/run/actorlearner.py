@@ -228,7 +228,8 @@ class ActorLearnerRunner(HostLoopRunner):
         super().__init__(resolved, hp, restored, keys)
         per = cfg.num_envs // self.threads
         self.layout_note = (f"actor-learner: {self.threads} actor thread"
-                            f"{'s' if self.threads > 1 else ''} x {per} envs ({why}), "
+                            f"{'s' if self.threads > 1 else ''} x {per} envs"
+                            f"{' of each seed' if self.seeded else ''} ({why}), "
                             f"max_policy_lag {self.max_lag}")
         state = self.state
         self._envs_after = (np.asarray(state.last_obs), *(np.asarray(x) for x in (

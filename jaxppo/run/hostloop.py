@@ -15,9 +15,17 @@ Gymnasium 1.x semantics: the vector env autoresets in SAME_STEP mode, so step t 
 when the episode ended (the returned observation already starts the next one); truncated is
 counted only where not terminated, and GAE bootstraps a truncation from V(final observation).
 
+Several seeds (num_seeds > 1): one vector env per seed (`SeedRollouts`), stepped in lockstep
+with one policy call vmapped over the seeds' params; the learner state, the noise and the
+update are vmapped over seeds as the compiled path vmaps its iteration, seed i from the i-th
+key of split(PRNGKey(seed), num_seeds) (`seed_keys`). A recurrent policy's carry lives with
+the envs (`HostRollout`), zeroed where an episode ended; each rollout records the carry it
+started from and the resets, which the update replays.
+
 Checkpoints hold the learner state (params, optimiser, statistics, KL coefficient, random
-key, counters); a gymnasium env's state cannot be saved, so a resumed run restarts its envs
-(fresh episodes, reset from a seed derived from the run's key and the iteration).
+key, counters; [num_seeds, ...] with several seeds); a gymnasium env's state cannot be saved,
+so a resumed run restarts its envs (fresh episodes, reset from a seed derived from each seed's
+key and the iteration, with a fresh carry and fresh frame stacks).
 """
 
 from __future__ import annotations
