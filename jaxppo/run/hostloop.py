@@ -133,8 +133,6 @@ class HostRollout:
     while learning sees clipped rewards and a life lost as an end), else they add up the
     rewards and end at terminated | truncated."""
 
-    seeded = False
-
     def __init__(self, algorithm: Algorithm, seeds: list[int]):
         self.algorithm = algorithm
         self.config = algorithm.config
@@ -256,8 +254,6 @@ class SeedRollouts:
     envs step. `collect` returns the Transition [S, T, E, ...]; obs and the trackers have a
     leading seed axis."""
 
-    seeded = True
-
     def __init__(self, algorithm: Algorithm, seeds: list[list[int]]):
         self.parts: list[HostRollout] = []
         try:
@@ -284,7 +280,10 @@ class SeedRollouts:
 
     def warm_up(self, params, obs_stats, noise: np.ndarray):
         """Compile the policy step for these envs (noise [S, E, A]); its outputs' shapes."""
-        return HostRollout.warm_up(self, params, obs_stats, noise)
+        args = (params, obs_stats, *self.policy_inputs(), noise)
+        outs = jax.eval_shape(self.act, *args)
+        self.act(*args)
+        return outs
 
     def collect(self, params, obs_stats, noise: np.ndarray, gamma) -> Transition:
         """num_steps steps of every seed's envs with its params (leaves [S, ...]); noise
