@@ -133,6 +133,13 @@ class HostDiscreteActionEnv(_Wrapped):
 
         return gymnasium.spaces.Discrete(self.bins ** self.dim)
 
+    def continuous_action(self, index, params=None):
+        """The Box action of a discrete action index, in JAX (what an exported policy's
+        action table lists): `DiscreteActionEnv.continuous_action`."""
+        from jaxppo.envs.transforms import DiscreteActionEnv
+
+        return DiscreteActionEnv(self._env, self.bins).continuous_action(index, params)
+
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Discrete action indices [E] as the wrapped env's Box actions [E, *shape]."""
         index = np.asarray(actions, np.int64).reshape(-1)

@@ -75,9 +75,9 @@ def test_stack_layout_is_the_compiled_wrappers():
         np.testing.assert_array_equal(stack_layout(frames), np.asarray(compiled))
 
 
-def test_discretized_actions_on_a_host_env():
+def test_discretized_actions_on_a_host_env(tmp_path):
     """Pendulum's torque in [-2, 2] through 5 bins: index j is -2 + j, as the compiled
-    wrapper maps it; a short run trains on it."""
+    wrapper maps it; a short run trains on it, and its exported policy lists the table."""
     cfg = jaxppo.PPOConfig(env="gymnasium:Pendulum-v1", num_envs=2, num_steps=8, num_epochs=1,
                            num_minibatches=1, total_timesteps=2 * 8 * 2,
                            compilation_cache_dir=None, transforms=[{"discretize_actions": {"bins": 5}}])
@@ -89,8 +89,10 @@ def test_discretized_actions_on_a_host_env():
     compiled = DiscreteActionEnv(env._env, 5)
     np.testing.assert_array_equal(env.env_actions(index), np.stack(
         [np.asarray(compiled.continuous_action(jnp.asarray(i))) for i in index]))
-    result = jaxppo.train(cfg, progress=False)
+    result = jaxppo.train(cfg, progress=False, run_dir=tmp_path / "run")
     assert result.metrics["env_steps"].tolist() == [16, 32]
+    exported = jaxppo.export_policy(tmp_path / "run", format="jax", path=tmp_path / "policy")
+    assert exported.metadata["env_action_table"] == [[-2.0], [-1.0], [0.0], [1.0], [2.0]]
 
 
 def numpy_running_stats(samples: np.ndarray, prior: float = 1e-4):
