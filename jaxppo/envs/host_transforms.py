@@ -123,10 +123,13 @@ class HostDiscreteActionEnv(_Wrapped):
     (`DiscretizeActions`): action index i has base-`bins` digits, the first dimension's most
     significant, digit j of dimension d meaning low[d] + j * (high[d] - low[d]) / (bins - 1)."""
 
-    def __init__(self, env, bins: int, box: Any):
+    def __init__(self, env, bins: int, compiled: Any):
+        """`compiled`: the compiled path's `DiscreteActionEnv` of `env` (its bounds, checked,
+        and its JAX action table)."""
         super().__init__(env)
         self.bins = bins
-        self.shape, self.dim, self.low, self.high = box
+        self._compiled = compiled
+        self.shape, self.dim, self.low, self.high = compiled._box(None)
 
     def action_space(self, params=None):
         import gymnasium
@@ -136,9 +139,7 @@ class HostDiscreteActionEnv(_Wrapped):
     def continuous_action(self, index, params=None):
         """The Box action of a discrete action index, in JAX (what an exported policy's
         action table lists): `DiscreteActionEnv.continuous_action`."""
-        from jaxppo.envs.transforms import DiscreteActionEnv
-
-        return DiscreteActionEnv(self._env, self.bins).continuous_action(index, params)
+        return self._compiled.continuous_action(index, params)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Discrete action indices [E] as the wrapped env's Box actions [E, *shape]."""

@@ -220,7 +220,7 @@ class DiscretizeActions(EnvWrapper):
     def wrap_host(self, env):
         from jaxppo.envs.host_transforms import HostDiscreteActionEnv
 
-        return HostDiscreteActionEnv(env, self.bins, DiscreteActionEnv(env, self.bins)._box(None))
+        return HostDiscreteActionEnv(env, self.bins, DiscreteActionEnv(env, self.bins))
 
 
 class DiscreteActionEnv:
