@@ -32,11 +32,11 @@ def _runner(cfg):
 
 def _replay(algo, params, obs_stats, traj):
     """The compiled update's replay of the network over a rollout [T, E] (ppo.unroll from the
-    rollout's carry and resets): (log-probs of its actions [T, E], carries [T, E, H])."""
+    rollout's carry and resets): (log-probs of its actions [T, E], carries [T, E, ...])."""
     obs_in = algo.obs_in(obs_stats, jnp.asarray(traj.obs))
     dist, _, carries = jax.jit(ppo.unroll, static_argnums=0)(
-        algo, params, jnp.asarray(traj.carry0), obs_in, jnp.asarray(traj.reset))
-    return np.asarray(log_prob(True, dist, jnp.asarray(traj.action))), np.asarray(carries)
+        algo, params, jax.tree.map(jnp.asarray, traj.carry0), obs_in, jnp.asarray(traj.reset))
+    return np.asarray(log_prob(True, dist, jnp.asarray(traj.action))), jax.device_get(carries)
 
 
 @pytest.mark.parametrize("lag", [0, 1])
@@ -71,6 +71,28 @@ def test_the_carry_crosses_steps_and_rollouts_and_resets_at_episode_ends(lag):
     np.testing.assert_allclose(second.carry0, carries[-1], rtol=0, atol=1e-5)
     logp, _ = _replay(algo, *acting[0 if lag else 1], second)
     np.testing.assert_allclose(logp, second.log_prob, rtol=0, atol=1e-5)
+
+
+def test_a_users_lstm_with_seeds_and_actor_threads():
+    """A user's module with a tuple carry (the LSTM example), 2 seeds, 2 actor threads at lag
+    1: each seed's rollout starts from its carry after the last one (joined over the threads'
+    envs), and the update's replay reproduces its log-probs."""
+    cfg = GRU.replace(num_seeds=2, max_policy_lag=1, actor_threads=2, network=jaxppo.NetworkConfig(
+        module="jaxppo.examples.networks:LSTMActorCritic"))
+    runner = _runner(cfg)
+    try:
+        acting = jax.device_get(runner.state)
+        first, second = (runner.iterate()[1] for _ in range(2))
+    finally:
+        runner.close()
+    for k in range(2):  # lag 1: both rollouts played with the initial params
+        seed = lambda t: jax.tree.map(lambda x: x[k], t)  # noqa: E731
+        params, stats = seed(acting.params), seed(acting.obs_stats)
+        logp, carries = _replay(runner.algorithm, params, stats, seed(first))
+        np.testing.assert_allclose(logp, first.log_prob[k], rtol=0, atol=1e-5)
+        for c0, c in zip(jax.tree.leaves(seed(second.carry0)), jax.tree.leaves(carries)):
+            assert c0.shape == (4, 32)
+            np.testing.assert_allclose(c0, c[-1], rtol=0, atol=1e-5)
 
 
 def test_the_update_sees_its_behaviour_policy_exactly():
