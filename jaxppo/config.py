@@ -84,8 +84,8 @@ def tuned_config_for(env: str) -> tuple[Path, str] | None:
 
     The env's own; for "gymnasium:<id>" and "envpool:<id>", gymnax's <id> when jaxppo ships
     one (gymnax's classic-control envs are gymnasium's and envpool's, same dynamics and time
-    limits) and it sets no transforms (the host loop that steps such an env runs no gymnax
-    wrappers)."""
+    limits) and it sets no transforms (a config tuned with transforms stays the gymnax env's:
+    it was not measured through the host loop's forms of them)."""
     path = tuned_config_path(env)
     if path is not None:
         return path, env

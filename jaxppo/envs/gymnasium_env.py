@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from jaxppo.envs.imports import import_package, import_user_module
-from jaxppo.envs.transforms import env_wrappers
 from jaxppo.errors import ConfigError
 
 PREFIX = "gymnasium:"
@@ -212,29 +211,21 @@ def check_config(config, layout) -> None:
     env's or an envpool task's).
 
     Raises:
-      ConfigError: several seeds or devices, hosts, a recurrent policy, env wrappers (they
-        wrap a gymnax env; reward hooks are fine), or actor-learner options that do not fit.
+      ConfigError: several devices, hosts, population-based training, or actor-learner
+        options that do not fit.
     """
     check_actor_options(config)
     where = f"env={config.env!r} steps in Python (host-loop mode)"
-    if config.num_seeds != 1:
-        raise ConfigError(f"num_seeds={config.num_seeds}: {where}, one seed per process; start "
-                          "one run per seed (seed=0, seed=1, ...)")
     if layout == "hosts" or getattr(layout, "num_processes", 1) > 1:
         raise ConfigError(f"{where}: it trains in one process; multi-host training needs a gymnax env")
+    if config.pbt is not None:
+        raise ConfigError(f"pbt={config.pbt!r}: {where}, where seeds train side by side but "
+                          "population-based training (exploit and explore between members) "
+                          "runs only in the compiled program; use a gymnax env, or a sweep "
+                          "(one set of hyperparameters per seed) without pbt")
     if config.num_devices not in (None, "auto", 1):
         raise ConfigError(f"num_devices={config.num_devices}: {where}, on one device; leave "
                           "num_devices unset")
-    if config.network.recurrent_size:
-        raise ConfigError(f"network.recurrent_size={config.network.recurrent_size}: {where}, "
-                          "with feed-forward policies only; set network.recurrent_size=0")
-    wrappers = env_wrappers(config)
-    if wrappers:
-        fix = ("set envpool's own options in env_kwargs instead (e.g. stack_num for frame "
-               "stacking)" if str(config.env).startswith("envpool:") else
-               "use gymnasium wrappers in a registered env instead")
-        raise ConfigError(f"transforms {[type(w).__name__ for w in wrappers]} wrap a gymnax env; "
-                          f"{where}: {fix} (reward hooks such as count_bonus work)")
 
 
 def _check_registered(gym, env_id: str) -> None:

@@ -189,6 +189,8 @@ def make_env(config) -> EnvSpec:
     if is_gymnasium_env(config.env) or is_envpool_env(config.env):  # steps in Python
         make = make_gymnasium_env if is_gymnasium_env(config.env) else make_envpool_env
         env, env_params = make(config)
+        if config.transforms:
+            env = wrap_env(env, config)  # their numpy forms (jaxppo.envs.host_transforms)
         return _env_spec(config, env, env_params)
     if isinstance(config.env, str) and ":" not in config.env:
         gymnax = import_gymnax()

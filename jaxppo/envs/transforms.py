@@ -1,6 +1,7 @@
 """User transforms inside the one compiled program: env wrappers (`EnvWrapper`: frame
-stacking, discretised actions) and reward hooks over the rollout batch (`RewardHook`: a
-count bonus), listed in order in `PPOConfig.transforms`, e.g.
+stacking, discretised actions; for envs that step in Python, their numpy forms in
+jaxppo.envs.host_transforms) and reward hooks over the rollout batch (`RewardHook`: a count
+bonus), listed in order in `PPOConfig.transforms`, e.g.
 
     transforms=[{"frame_stack": {"k": 4}}, {"count_bonus": {"scale": 0.1, "power": 0.5}}]
 """
@@ -34,6 +35,11 @@ class EnvWrapper:
 
     def wrap(self, env):
         raise NotImplementedError
+
+    def wrap_host(self, env):
+        """The wrapper for an env that steps in Python (jaxppo.envs.host_transforms): the same
+        transform on the host vector env's outputs; None when the wrapper has no such form."""
+        return None
 
     def to_config(self):
         return _dataclass_config(self)
@@ -108,6 +114,11 @@ class FrameStack(EnvWrapper):
 
     def wrap(self, env):
         return FrameStackEnv(env, self.k)
+
+    def wrap_host(self, env):
+        from jaxppo.envs.host_transforms import HostFrameStackEnv
+
+        return HostFrameStackEnv(env, self.k)
 
 
 class FrameStackState(NamedTuple):
@@ -205,6 +216,11 @@ class DiscretizeActions(EnvWrapper):
 
     def wrap(self, env):
         return DiscreteActionEnv(env, self.bins)
+
+    def wrap_host(self, env):
+        from jaxppo.envs.host_transforms import HostDiscreteActionEnv
+
+        return HostDiscreteActionEnv(env, self.bins, DiscreteActionEnv(env, self.bins))
 
 
 class DiscreteActionEnv:
@@ -417,9 +433,19 @@ def reward_hooks(config) -> list[RewardHook]:
 
 # ---------------------------------------------------------------------- hook points
 def wrap_env(env, config):
-    """The env wrapped by the config's observation transforms (first entry innermost)."""
+    """The env wrapped by the config's observation transforms (first entry innermost); an env
+    that steps in Python by their host forms (`EnvWrapper.wrap_host`)."""
     for t in env_wrappers(config):
-        env = t.wrap(env)
+        if getattr(env, "host_loop", False):
+            wrapped = t.wrap_host(env)
+            if wrapped is None:
+                raise ConfigError(
+                    f"transform {type(t).__name__} wraps a gymnax env and has no form for "
+                    f"env={config.env!r}, which steps in Python; give it a `wrap_host(env)` "
+                    "(see jaxppo.envs.host_transforms), or use the env's own wrappers")
+            env = wrapped
+        else:
+            env = t.wrap(env)
     return env
 
 

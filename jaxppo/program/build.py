@@ -52,7 +52,7 @@ def build_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Progra
     shards = layout.shards
     algo = Algorithm.create(resolved, axis_name=AXIS if shards > 1 else None)
     local = algo.local_envs
-    hp_axis = (0 if _is_batched(hp, seeds) else None) if seeds > 1 else None
+    hp_axis = (0 if is_batched(hp, seeds) else None) if seeds > 1 else None
 
     def init_one(key, hp, shard):
         return ppo.init(algo, key, hp, env_index_offset=shard * local)
@@ -94,7 +94,7 @@ def _population_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> 
     # A member's envs are one shard.
     algo = Algorithm.create(dataclasses.replace(resolved, layout=Layout()))
     devices = _program_devices(layout)
-    init = _whole_runs_init(algo, layout, seeds, _is_batched(hp, seeds), devices)
+    init = _whole_runs_init(algo, layout, seeds, is_batched(hp, seeds), devices)
     compiled = jax.pmap(_population_chunk(algo, chunk_len, AXIS), axis_name=AXIS,
                         in_axes=(0, None, None, None), devices=devices, donate_argnums=0)
     return Program(algo, layout, init, compiled, population=True)
@@ -109,7 +109,7 @@ def _seeds_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Progr
     seeds = resolved.config.num_seeds
     local = seeds // layout.shards
     algo = Algorithm.create(dataclasses.replace(resolved, layout=Layout()))
-    batched = _is_batched(hp, seeds)
+    batched = is_batched(hp, seeds)
 
     def chunk_dev(state, hp, start, stop):
         first = jax.lax.axis_index(AXIS) * local  # which device: no data crosses devices
@@ -271,7 +271,7 @@ def _program_devices(layout: Layout) -> list:
     return [d for p in sorted(by_process) for d in by_process[p][:layout.local_devices]]
 
 
-def _is_batched(hp: HyperParams, seeds: int) -> bool:
+def is_batched(hp: HyperParams, seeds: int) -> bool:
     """True when `hp` carries one set of hyperparameters per seed (a leading axis)."""
     n = np.ndim(hp.clip_param)
     if n == 0:

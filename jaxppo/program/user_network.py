@@ -67,10 +67,6 @@ def check_custom_network(config: PPOConfig, spec: EnvSpec, network) -> None:
         structure or shape, a value of another shape, or a carry that changes.
     """
     name = f"network.module={module_name(config.network.module)}"
-    if spec.host_loop and network.recurrent:
-        raise ConfigError(
-            f"{name} is recurrent, but env={config.env!r} steps in Python (a host loop), "
-            "which runs feed-forward policies only; use a module without initial_carry")
     obs1 = jax.ShapeDtypeStruct((1, spec.obs_dim), jnp.float32)
     variables = _traced(name, "init(key, obs [1, obs_dim], carry, reset)",
                         network.init, jax.random.PRNGKey(0), obs1)

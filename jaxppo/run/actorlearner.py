@@ -46,7 +46,8 @@ from jaxppo.core.hyperparams import HyperParams
 from jaxppo.core.losses import shares_log_std
 from jaxppo.errors import RolloutTimeoutError, warn
 from jaxppo.program.resolved import Resolved
-from jaxppo.run.hostloop import HostLoopRunner, HostRollout, zero_transition
+from jaxppo.run.hostloop import (HostLoopRunner, HostRollout, SeedRollouts, iteration_of,
+                                open_rollout, over_seeds, zero_transition)
 
 ACTOR_KEY_TAG = 0xAC7  # folds the actors' key stream out of the run's key
 METRIC_KEYS = ("policy_lag", "actor_wait_seconds", "learner_wait_seconds")
@@ -126,18 +127,21 @@ class _Shared:
 
     board: ParamsBoard
     stop: threading.Event
-    noise: Callable  # (key, env_ids) -> noise [T, E_a, A]
-    key: jax.Array  # the actors' key stream (rollout k: fold_in(key, k))
-    gamma: float
+    noise: Callable  # (key, env_ids) -> noise [S?, T, E_a, A]
+    key: jax.Array  # the actors' key stream (rollout k: fold(key, k)), one per seed [S?, 2]
+    fold: Callable  # jax.random.fold_in, over seeds
+    gamma: Any  # one per seed [S] with several
     max_lag: int
     end: int  # rollouts 0..end-1 (the run's num_iterations)
 
 
 class Actor:
-    """One actor thread: its envs (a HostRollout), the global ids of those envs and the queue
+    """One actor thread: its envs (a HostRollout, or SeedRollouts: its envs of every seed),
+    the global ids of those envs and the queue
     its rollouts go to (bounded: at most max_policy_lag wait there)."""
 
-    def __init__(self, index: int, rollout: HostRollout, env_ids: np.ndarray, max_lag: int):
+    def __init__(self, index: int, rollout: HostRollout | SeedRollouts, env_ids: np.ndarray,
+                 max_lag: int):
         self.index = index
         self.rollout = rollout
         self.env_ids = env_ids
@@ -171,7 +175,7 @@ class Actor:
         while got is not None:
             version, params, obs_stats, waited = got
             self.playing, self.phase = k, f"stepping its envs (rollout {k})"
-            noise = np.asarray(shared.noise(jax.random.fold_in(shared.key, k), self.env_ids))
+            noise = np.asarray(shared.noise(shared.fold(shared.key, k), self.env_ids))
             t0 = time.perf_counter()
             traj = self.rollout.collect(params, obs_stats, noise, shared.gamma)
             r = self.rollout
@@ -206,7 +210,8 @@ class ActorLearnerRunner(HostLoopRunner):
 
     extra_metric_keys = METRIC_KEYS
 
-    def __init__(self, resolved: Resolved, hp: HyperParams, restored: TrainState | None = None):
+    def __init__(self, resolved: Resolved, hp: HyperParams, restored: TrainState | None = None,
+                 keys: jax.Array | None = None):
         cfg = resolved.config
         self.max_lag = cfg.max_policy_lag
         self.threads, why = actor_threads(cfg)
@@ -220,39 +225,45 @@ class ActorLearnerRunner(HostLoopRunner):
         # it does after its first iteration: a chunk does at least one).
         self.stop_check: Callable[[], bool] | None = None
         self._may_stop = False
-        super().__init__(resolved, hp, restored)
+        super().__init__(resolved, hp, restored, keys)
         per = cfg.num_envs // self.threads
         self.layout_note = (f"actor-learner: {self.threads} actor thread"
-                            f"{'s' if self.threads > 1 else ''} x {per} envs ({why}), "
+                            f"{'s' if self.threads > 1 else ''} x {per} envs"
+                            f"{' of each seed' if self.seeded else ''} ({why}), "
                             f"max_policy_lag {self.max_lag}")
         state = self.state
         self._envs_after = (np.asarray(state.last_obs), *(np.asarray(x) for x in (
             state.discounted_return, state.episode_return, state.episode_length)))
 
-    def _open_envs(self, seeds: list[int]) -> np.ndarray:
-        per = len(seeds) // self.threads
+    def _open_envs(self, seeds: list[list[int]]) -> np.ndarray:
+        per = len(seeds[0]) // self.threads
         for a in range(self.threads):  # close() closes those made when one fails
             ids = np.arange(a * per, (a + 1) * per, dtype=np.int32)
-            self.actors.append(Actor(a, HostRollout(self.algorithm, seeds[a * per:(a + 1) * per]),
-                                     ids, self.max_lag))
-        return np.concatenate([a.rollout.obs for a in self.actors])
+            rollout = open_rollout(self.algorithm, [s[a * per:(a + 1) * per] for s in seeds])
+            self.actors.append(Actor(a, rollout, ids, self.max_lag))
+        return np.concatenate([a.rollout.obs for a in self.actors], axis=self._env_axis)
+
+    @property
+    def _env_axis(self) -> int:
+        return 1 if self.config.num_seeds > 1 else 0
 
     def _compile(self):
         state, first = self.state, self.actors[0]
         noise = jax.eval_shape(self._noise, state.rng, first.env_ids)
         np.asarray(self._noise(state.rng, first.env_ids))  # compiled for the actors' env count
-        outs = first.rollout.warm_up(state.params, state.obs_stats,
-                                     np.zeros(noise.shape[1:], noise.dtype))
-        zero = zero_transition(outs, self.config.num_steps, first.rollout.obs)
-        self._compile_update(join_rollouts([zero] * self.threads))
+        step_noise = np.zeros(noise.shape[:self._env_axis] + noise.shape[self._env_axis + 1:],
+                              noise.dtype)  # one step's: [S?, E_a, A]
+        outs = first.rollout.warm_up(state.params, state.obs_stats, step_noise)
+        zero = zero_transition(outs, self.config.num_steps, first.rollout.obs, self.seeded)
+        self._compile_update(join_rollouts([zero] * self.threads, self.seeded))
 
     # ------------------------------------------------------------------ the Runner protocol
     def train_chunk(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Iterations start+1..stop (fewer when `stop_check` asks the chunk to end: one at
         least); their metrics [iterations done]."""
-        if int(self.state.iteration) != start:
+        if iteration_of(self.state) != start:
             raise ValueError(f"train_chunk({start}, {stop}): the learner is at iteration "
-                             f"{int(self.state.iteration)}")
+                             f"{iteration_of(self.state)}")
         rows = []
         for it in range(start + 1, stop + 1):
             self._may_stop = bool(rows)
@@ -270,17 +281,17 @@ class ActorLearnerRunner(HostLoopRunner):
         then the compiled update; the new params are published. Returns its metrics (numpy
         scalars, the policy lag and the waits among them) and the joined rollout."""
         state = self.state
-        k = int(state.iteration)
+        k = iteration_of(state)
         self._start_actors(k)
         t0 = time.perf_counter()
         while len(self._taken) < self.threads:
             self._taken.append(self._take(self.actors[len(self._taken)], k))
         waited = time.perf_counter() - t0
         taken, self._taken = self._taken, []
-        traj = join_rollouts([r.traj for r in taken])
+        traj = join_rollouts([r.traj for r in taken], self.seeded)
         self.state, metrics = self._update(state, traj, self.hp, state.env_steps, state.obs_stats)
         self._shared.board.publish(k + 1, self.state.params, self.state.obs_stats)
-        self._envs_after = tuple(np.concatenate(parts) for parts in
+        self._envs_after = tuple(np.concatenate(parts, axis=self._env_axis) for parts in
                                  zip(*(r.envs_after for r in taken)))
         metrics = dict(jax.device_get(metrics))
         metrics.update(policy_lag=np.float32(np.mean([k - r.version for r in taken])),
@@ -296,10 +307,12 @@ class ActorLearnerRunner(HostLoopRunner):
         if self._shared is not None:
             return
         cfg, state = self.config, self.state
+        fold = over_seeds(jax.random.fold_in, self.seeded, (0, None))
+        key = fold(self.keys if self.seeded else self.keys[0], ACTOR_KEY_TAG)
         self._shared = _Shared(
             board=ParamsBoard(state.params, state.obs_stats, start), stop=self._stop,
-            noise=self._noise, key=jax.random.fold_in(jax.random.PRNGKey(cfg.seed), ACTOR_KEY_TAG),
-            gamma=float(self.hp.gamma), max_lag=self.max_lag, end=cfg.num_iterations)
+            noise=self._noise, key=key, fold=fold, gamma=self._gamma, max_lag=self.max_lag,
+            end=cfg.num_iterations)
         for actor in self.actors:
             actor.start(start, self._shared)
 
@@ -395,16 +408,23 @@ def _where(err: BaseException) -> str:
                        for f in shown)
 
 
-def join_rollouts(parts: list[Transition]) -> Transition:
-    """The actors' rollouts [T, E_a, ...] as one [T, E, ...], in actor order (so in global env
-    order). A log std shared by every state ([T, D]) becomes one per env ([T, E, D]): actors
-    may have played with different params versions, and an update compiles for one shape."""
+def join_rollouts(parts: list[Transition], seeded: bool = False) -> Transition:
+    """The actors' rollouts [S?, T, E_a, ...] as one [S?, T, E, ...], in actor order (so in
+    global env order); the carries they started from [S?, E_a, ...] likewise. A log std shared
+    by every state ([S?, T, D]) becomes one per env ([S?, T, E, D]): actors may have played
+    with different params versions, and an update compiles for one shape."""
+    env_axis = 2 if seeded else 1
+
     def per_env(traj: Transition) -> Transition:
         if not shares_log_std(traj.dist):
             return traj
         loc, log_std = traj.dist
         return traj._replace(dist=traj.dist._replace(
-            log_std=np.broadcast_to(log_std[:, None], loc.shape)))
+            log_std=np.broadcast_to(np.expand_dims(log_std, env_axis), loc.shape)))
 
     parts = [per_env(p) for p in parts]
-    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)
+    carry0 = jax.tree.map(lambda *xs: np.concatenate(xs, axis=env_axis - 1),
+                          *(p.carry0 for p in parts))
+    parts = [p._replace(carry0=()) for p in parts]
+    joined = jax.tree.map(lambda *xs: np.concatenate(xs, axis=env_axis), *parts)
+    return joined._replace(carry0=carry0)

@@ -15,9 +15,17 @@ Gymnasium 1.x semantics: the vector env autoresets in SAME_STEP mode, so step t 
 when the episode ended (the returned observation already starts the next one); truncated is
 counted only where not terminated, and GAE bootstraps a truncation from V(final observation).
 
+Several seeds (num_seeds > 1): one vector env per seed (`SeedRollouts`), stepped in lockstep
+with one policy call vmapped over the seeds' params; the learner state, the noise and the
+update are vmapped over seeds as the compiled path vmaps its iteration, seed i from the i-th
+key of split(PRNGKey(seed), num_seeds) (`seed_keys`). A recurrent policy's carry lives with
+the envs (`HostRollout`), zeroed where an episode ended; each rollout records the carry it
+started from and the resets, which the update replays.
+
 Checkpoints hold the learner state (params, optimiser, statistics, KL coefficient, random
-key, counters); a gymnasium env's state cannot be saved, so a resumed run restarts its envs
-(fresh episodes, reset from a seed derived from the run's key and the iteration).
+key, counters; [num_seeds, ...] with several seeds); a gymnasium env's state cannot be saved,
+so a resumed run restarts its envs (fresh episodes, reset from a seed derived from each seed's
+key and the iteration, with a fresh carry and fresh frame stacks).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from jaxppo.core.hyperparams import HyperParams
 from jaxppo.envs.spec import env_action
 from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS
+from jaxppo.program.build import is_batched
 from jaxppo.program.resolved import Resolved
 
 
@@ -43,11 +52,51 @@ def _env_seeds(key: jax.Array, n: int) -> list[int]:
     return [int(s) for s in np.asarray(jax.random.randint(key, (n,), 0, 2**31 - 1))]
 
 
-def env_seeds(config, start: int) -> list[int]:
-    """The reset seeds of the run's num_envs envs when training starts at iteration `start`:
-    from the run's key, and for a resumed run (start > 0) the iteration too."""
-    _, _, k_env = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+def env_seeds(config, start: int, key: jax.Array | None = None) -> list[int]:
+    """The reset seeds of a seed's num_envs envs when training starts at iteration `start`:
+    from the seed's key (`seed_keys`; by default a one-seed run's, PRNGKey(config.seed)), and
+    for a resumed run (start > 0) the iteration too."""
+    key = jax.random.PRNGKey(config.seed) if key is None else key
+    _, _, k_env = jax.random.split(key, 3)
     return _env_seeds(k_env if start == 0 else jax.random.fold_in(k_env, start), config.num_envs)
+
+
+def seed_keys(config) -> jax.Array:
+    """Each seed's key [num_seeds, 2], as the compiled path derives them (jaxppo.program.build):
+    PRNGKey(seed) for one seed, else the i-th of split(PRNGKey(seed), num_seeds)."""
+    root = jax.random.PRNGKey(config.seed)
+    return root[None] if config.num_seeds == 1 else jax.random.split(root, config.num_seeds)
+
+
+def iteration_of(state: TrainState) -> int:
+    """The iterations a learner state has done (every seed's state has done as many)."""
+    return int(np.ravel(np.asarray(state.iteration))[0])
+
+
+def over_seeds(fn, seeded: bool, in_axes):
+    """`fn` vmapped over a leading seed axis of its arguments (`in_axes`) when `seeded`."""
+    return jax.vmap(fn, in_axes=in_axes) if seeded else fn
+
+
+def hp_axis(hp: HyperParams, config) -> int | None:
+    """The seed axis of `hp`: 0 for one set of hyperparameters per seed (a sweep's), None for
+    one set shared by every seed. ConfigError for a stacked set that does not fit."""
+    if config.num_seeds == 1:
+        if np.ndim(hp.clip_param) != 0:
+            raise ConfigError("hparams: a one-seed run of an env that steps in Python takes one "
+                              "set of hyperparameters (HyperParams.from_config), not a stacked "
+                              "sweep; set num_seeds to the sweep's size")
+        return None
+    return 0 if is_batched(hp, config.num_seeds) else None
+
+
+def init_fn(algo: Algorithm, hp: HyperParams):
+    """(keys, obs) -> a fresh learner state (`initial_state`) of every seed: [S, ...] leaves
+    from keys [S, 2] and observations [S, E, ...] when several, else one seed's."""
+    seeded = algo.config.num_seeds > 1
+    init = over_seeds(lambda k, o, h: initial_state(algo, k, h, o)[0], seeded,
+                      (0, 0, hp_axis(hp, algo.config)))
+    return lambda keys, obs: init(keys if seeded else keys[0], obs, hp)
 
 
 def obs_dtype(env) -> np.dtype:
@@ -57,18 +106,25 @@ def obs_dtype(env) -> np.dtype:
     return dtype if np.issubdtype(dtype, np.integer) or dtype == np.bool_ else np.dtype(np.float32)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _behaviour(algo: Algorithm, params, obs_stats, raw_obs, noise):
-    """The acting policy's step: (action, env-ready action, log-prob, distribution)."""
-    dist, _, _ = algo.network.apply(params, algo.obs_in(obs_stats, raw_obs), (), None)
+def _policy_step(algo: Algorithm, params, obs_stats, raw_obs, carry, reset, noise):
+    """The acting policy's step: (action, env-ready action, log-prob, distribution, carry
+    after it); `carry` (() feed-forward) is zeroed first where `reset` [E] says so."""
+    dist, _, carry = algo.network.apply(params, algo.obs_in(obs_stats, raw_obs), carry, reset)
     action, logp = algo.sample_actions(dist, noise)
-    return action, env_action(algo.spec, action), logp, dist
+    return action, env_action(algo.spec, action), logp, dist, carry
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _behaviour(algo: Algorithm, seeded: bool, params, obs_stats, raw_obs, carry, reset, noise):
+    """`_policy_step`, vmapped over a leading seed axis of every argument when `seeded`."""
+    step = functools.partial(_policy_step, algo)
+    return (jax.vmap(step) if seeded else step)(params, obs_stats, raw_obs, carry, reset, noise)
 
 
 class HostRollout:
     """A vector env of `len(seeds)` envs stepped in Python and the trackers of its episodes in
-    progress; `collect` plays num_steps steps of every env with the policy and returns the
-    Transition [T, E] (numpy).
+    progress (with a recurrent policy, its carry too); `collect` plays num_steps steps of every
+    env with the policy and returns the Transition [T, E] (numpy).
 
     Observations stay in the env's dtype when it is an integer one (`obs_dtype`). A vector env
     may report episodes other than the ones learning sees: where its step's info holds
@@ -93,42 +149,72 @@ class HostRollout:
         self.discounted_return = np.zeros(n, np.float32)
         self.episode_return = np.zeros(n, np.float32)
         self.episode_length = np.zeros(n, np.int32)
-        self.act = functools.partial(_behaviour, algorithm)
+        # The policy's carry, zeroed before the step that sees an episode's first observation
+        # (as jaxppo.core.ppo.rollout does); () and None for a feed-forward policy.
+        self.carry = jax.device_get(algorithm.initial_carry((n,)))
+        self.reset = np.ones(n, bool) if algorithm.recurrent else None
+        self.act = functools.partial(_behaviour, algorithm, False)
 
     def _obs(self, obs) -> np.ndarray:
         return np.asarray(obs, self.obs_dtype).reshape((self.num_envs,) + self.spec.obs_shape)
 
+    def policy_inputs(self) -> tuple:
+        """What the policy step takes of these envs: (observations, carry, reset)."""
+        return self.obs, self.carry, self.reset
+
     def warm_up(self, params, obs_stats, noise: np.ndarray):
         """Compile the policy step for these envs (noise [E, A]); its outputs' shapes."""
-        outs = jax.eval_shape(self.act, params, obs_stats, self.obs, noise)
-        self.act(params, obs_stats, self.obs, noise)
+        args = (params, obs_stats, *self.policy_inputs(), noise)
+        outs = jax.eval_shape(self.act, *args)
+        self.act(*args)
         return outs
 
     def collect(self, params, obs_stats, noise: np.ndarray, gamma: float) -> Transition:
         """num_steps steps of every env; noise [T, E, A] samples the actions (as in the
         compiled rollout). Returns the Transition with numpy leaves [T, E, ...]."""
+        self.begin()
+        for t in range(self.config.num_steps):
+            self.advance(t, jax.device_get(self.act(params, obs_stats, *self.policy_inputs(),
+                                                    noise[t])), gamma)
+        return self.finish()
+
+    def begin(self) -> None:
+        """Start a rollout: empty buffers [T, E, ...] and the carry it starts from."""
         T, E = self.config.num_steps, self.num_envs
         obs_buf = np.empty((T, E) + self.spec.obs_shape, self.obs_dtype)
-        final_buf = np.empty_like(obs_buf)
-        rew, disc, ep_ret = (np.empty((T, E), np.float32) for _ in range(3))
-        term, trunc, ended = (np.empty((T, E), bool) for _ in range(3))
-        ep_len = np.empty((T, E), np.int32)
-        actions, logps, dists = [], [], []
-        for t in range(T):
-            action, env_action, logp, dist = jax.device_get(
-                self.act(params, obs_stats, self.obs, noise[t]))
-            obs_buf[t] = self.obs
-            (final_buf[t], rew[t], term[t], trunc[t], ended[t], disc[t], ep_ret[t],
-             ep_len[t]) = self._step(env_action, gamma)
-            actions.append(action)
-            logps.append(logp)
-            dists.append(dist)
+        self._buf = dict(
+            obs=obs_buf, final_obs=np.empty_like(obs_buf),
+            **{k: np.empty((T, E), np.float32) for k in ("reward", "discounted_return",
+                                                         "episode_return")},
+            **{k: np.empty((T, E), bool) for k in ("terminated", "truncated", "episode_end")},
+            episode_length=np.empty((T, E), np.int32))
+        self._steps: list[tuple] = []
+        self._resets: list[np.ndarray] = []
+        self._carry0 = self.carry
+
+    def advance(self, t: int, outs: tuple, gamma: float) -> None:
+        """Step t of the rollout: record the policy's outputs `outs` (numpy, from
+        `policy_inputs`) and step every env with its actions."""
+        action, env_action, logp, dist, carry = outs
+        b = self._buf
+        b["obs"][t] = self.obs
+        if self.reset is not None:
+            self._resets.append(self.reset)
+        (b["final_obs"][t], b["reward"][t], b["terminated"][t], b["truncated"][t],
+         b["episode_end"][t], b["discounted_return"][t], b["episode_return"][t],
+         b["episode_length"][t]) = self._step(env_action, gamma)
+        self._steps.append((action, logp, dist))
+        if self.reset is not None:
+            self.carry, self.reset = carry, b["terminated"][t] | b["truncated"][t]
+
+    def finish(self) -> Transition:
+        """The rollout recorded since `begin`, as a Transition [T, E, ...] (numpy)."""
         stack = lambda *xs: np.stack(xs)  # noqa: E731
-        return Transition(
-            obs=obs_buf, final_obs=final_buf, action=np.stack(actions), log_prob=np.stack(logps),
-            dist=jax.tree.map(stack, *dists), reward=rew, discounted_return=disc,
-            terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
-            episode_end=ended)
+        action, logp, dist = jax.tree.map(stack, *self._steps)
+        recurrent = self.reset is not None
+        return Transition(action=action, log_prob=logp, dist=dist,
+                          reset=np.stack(self._resets) if recurrent else None,
+                          carry0=self._carry0, **self._buf)
 
     def _step(self, env_action, gamma: float) -> tuple:
         """One step of every env: (final obs, reward, terminated, truncated, episode ended,
@@ -158,15 +244,69 @@ class HostRollout:
         self.obs = next_obs
         return out
 
-    def restart(self, seeds: list[int]) -> None:
-        """Fresh episodes in every env (after a resume: the env state was not saved)."""
-        self.obs = self._obs(self.envs.reset(seed=seeds)[0])
-        self.discounted_return[:] = 0.0
-        self.episode_return[:] = 0.0
-        self.episode_length[:] = 0
-
     def close(self) -> None:
         self.envs.close()
+
+
+class SeedRollouts:
+    """The vector envs of several seeds (a `HostRollout` each, the same envs), played in
+    lockstep: one policy step for every seed (vmapped over their params), then each seed's
+    envs step. `collect` returns the Transition [S, T, E, ...]; obs and the trackers have a
+    leading seed axis."""
+
+    def __init__(self, algorithm: Algorithm, seeds: list[list[int]]):
+        self.parts: list[HostRollout] = []
+        try:
+            for s in seeds:
+                self.parts.append(HostRollout(algorithm, s))
+        except BaseException:
+            self.close()
+            raise
+        self.config = algorithm.config
+        self.act = functools.partial(_behaviour, algorithm, True)
+
+    def _stacked(self, name: str):
+        return jax.tree.map(lambda *xs: np.stack(xs), *(getattr(p, name) for p in self.parts))
+
+    obs = property(lambda self: self._stacked("obs"))
+    carry = property(lambda self: self._stacked("carry"))
+    discounted_return = property(lambda self: self._stacked("discounted_return"))
+    episode_return = property(lambda self: self._stacked("episode_return"))
+    episode_length = property(lambda self: self._stacked("episode_length"))
+
+    def policy_inputs(self) -> tuple:
+        reset = None if self.parts[0].reset is None else self._stacked("reset")
+        return self.obs, self.carry, reset
+
+    def warm_up(self, params, obs_stats, noise: np.ndarray):
+        """Compile the policy step for these envs (noise [S, E, A]); its outputs' shapes."""
+        args = (params, obs_stats, *self.policy_inputs(), noise)
+        outs = jax.eval_shape(self.act, *args)
+        self.act(*args)
+        return outs
+
+    def collect(self, params, obs_stats, noise: np.ndarray, gamma) -> Transition:
+        """num_steps steps of every seed's envs with its params (leaves [S, ...]); noise
+        [S, T, E, A], gamma one per seed [S]. Returns the Transition [S, T, E, ...]."""
+        gamma = np.broadcast_to(np.asarray(gamma, np.float32), (len(self.parts),))
+        for p in self.parts:
+            p.begin()
+        for t in range(self.config.num_steps):
+            outs = jax.device_get(self.act(params, obs_stats, *self.policy_inputs(),
+                                           noise[:, t]))
+            for i, p in enumerate(self.parts):
+                p.advance(t, jax.tree.map(lambda x: x[i], outs), float(gamma[i]))
+        return jax.tree.map(lambda *xs: np.stack(xs), *(p.finish() for p in self.parts))
+
+    def close(self) -> None:
+        for p in self.parts:
+            p.close()
+
+
+def open_rollout(algorithm: Algorithm, seeds: list[list[int]]) -> HostRollout | SeedRollouts:
+    """The envs of every seed (`seeds`: each seed's reset seeds): a `HostRollout` for one seed
+    (no seed axis), else `SeedRollouts`."""
+    return HostRollout(algorithm, seeds[0]) if len(seeds) == 1 else SeedRollouts(algorithm, seeds)
 
 
 def _episode_info(info: dict, key: str, done: np.ndarray, default: np.ndarray) -> np.ndarray:
@@ -184,16 +324,23 @@ def _episode_info(info: dict, key: str, done: np.ndarray, default: np.ndarray) -
     return out
 
 
-def zero_transition(outs, num_steps: int, obs: np.ndarray) -> Transition:
-    """A rollout [T, E] of zeros shaped as `HostRollout.collect` returns it, from the policy
-    step's output shapes `outs` ([E, ...]) and one observation batch `obs` [E, ...]."""
-    zeros = lambda s: np.zeros((num_steps,) + s.shape, s.dtype)  # noqa: E731
-    obs = np.zeros((num_steps,) + obs.shape, obs.dtype)
-    f32, b = np.zeros(obs.shape[:2], np.float32), np.zeros(obs.shape[:2], bool)
+def zero_transition(outs, num_steps: int, obs: np.ndarray, seeded: bool = False) -> Transition:
+    """A rollout [S?, T, E] of zeros shaped as `collect` returns it, from the policy step's
+    output shapes `outs` ([S?, E, ...]) and one observation batch `obs` [S?, E, ...]."""
+    lead = 1 if seeded else 0  # the time axis goes after the seed axis
+
+    def zeros(s):  # [S?, E, ...] -> [S?, T, E, ...]
+        return np.zeros(tuple(s.shape[:lead]) + (num_steps,) + tuple(s.shape[lead:]), s.dtype)
+
+    obs = zeros(obs)
+    rows = obs.shape[:lead + 2]
+    f32, b = np.zeros(rows, np.float32), np.zeros(rows, bool)
+    carry0 = jax.tree.map(lambda c: np.zeros(c.shape, c.dtype), outs[4])
     return Transition(obs=obs, final_obs=obs, action=zeros(outs[0]), log_prob=zeros(outs[2]),
                       dist=jax.tree.map(zeros, outs[3]), reward=f32, discounted_return=f32,
                       terminated=b, truncated=b, episode_return=f32,
-                      episode_length=np.zeros(obs.shape[:2], np.int32), episode_end=b)
+                      episode_length=np.zeros(rows, np.int32), episode_end=b,
+                      reset=b if jax.tree.leaves(carry0) else None, carry0=carry0)
 
 
 def initial_state(algo: Algorithm, key: jax.Array, hp: HyperParams, obs) -> tuple[TrainState, jax.Array]:
@@ -206,10 +353,11 @@ def initial_state(algo: Algorithm, key: jax.Array, hp: HyperParams, obs) -> tupl
 
 def abstract_state(run: Resolved, hp: HyperParams):
     """The shapes and dtypes of a host-loop TrainState (what a checkpoint is restored into)."""
-    algo = Algorithm.create(run)
-    obs = jax.ShapeDtypeStruct((run.config.num_envs,) + run.spec.obs_shape, obs_dtype(run.spec.env))
-    return jax.eval_shape(lambda k, o: initial_state(algo, k, hp, o)[0],
-                          jax.random.PRNGKey(run.config.seed), obs)
+    algo, cfg = Algorithm.create(run), run.config
+    seeds = (cfg.num_seeds,) if cfg.num_seeds > 1 else ()
+    obs = jax.ShapeDtypeStruct(seeds + (cfg.num_envs,) + run.spec.obs_shape,
+                               obs_dtype(run.spec.env))
+    return jax.eval_shape(init_fn(algo, hp), seed_keys(cfg), obs)
 
 
 class HostLoopRunner:
@@ -222,32 +370,35 @@ class HostLoopRunner:
     params_replicated = False
     layout_note: str | None = None  # more on where it trains, for the layout line
 
-    def __init__(self, resolved: Resolved, hp: HyperParams, restored: TrainState | None = None):
-        if np.ndim(hp.clip_param) != 0:
-            raise ConfigError("hparams: an env that steps in Python trains one seed per process, "
-                              "so one set of hyperparameters (HyperParams.from_config), not a "
-                              "stacked sweep")
+    def __init__(self, resolved: Resolved, hp: HyperParams, restored: TrainState | None = None,
+                 keys: jax.Array | None = None):
+        """`keys`: each seed's key [num_seeds, 2] (default `seed_keys(config)`)."""
         t0 = time.perf_counter()
         self.algorithm = algo = Algorithm.create(resolved)
         self.config = cfg = resolved.config
         self.hp = hp
+        self.seeded = seeded = cfg.num_seeds > 1
+        h_axis = hp_axis(hp, cfg)
+        self.keys = seed_keys(cfg) if keys is None else keys
+        self._gamma = (np.broadcast_to(np.asarray(hp.gamma, np.float32), (cfg.num_seeds,))
+                       if seeded else float(hp.gamma))
         self._eval_envs = None
         self.host_failures: list[dict] = []
-        key = jax.random.PRNGKey(cfg.seed)
-        start = 0 if restored is None else int(restored.iteration)
+        start = 0 if restored is None else iteration_of(restored)
         try:
             # A resumed run restarts its envs from seeds of its own: the env state was not saved.
-            obs = self._open_envs(env_seeds(cfg, start))
+            obs = self._open_envs([env_seeds(cfg, start, k) for k in self.keys])
             if restored is None:
-                self.state = jax.jit(lambda k, o: initial_state(algo, k, hp, o)[0])(key, obs)
+                self.state = jax.jit(init_fn(algo, hp))(self.keys, obs)
             else:
                 self.state = jax.tree.map(jnp.asarray, restored)
-            self._split = jax.jit(lambda s: (*jax.random.split(s.rng),))
-            self._noise = jax.jit(lambda k, ids: ppo.rollout_noise(algo, k, ids)[0])
+            self._split = jax.jit(over_seeds(lambda s: (*jax.random.split(s.rng),), seeded, 0))
+            self._noise = jax.jit(over_seeds(lambda k, ids: ppo.rollout_noise(algo, k, ids)[0],
+                                             seeded, (0, None)))
             # Not donating the state: its statistics also go in as the acting ones, and a
             # learner state is small.
-            self._update = jax.jit(lambda s, traj, hp, start, stats: ppo.update(
-                algo, s, traj, s.env_ids, hp, start, stats))
+            self._update = jax.jit(over_seeds(lambda s, traj, hp, start, stats: ppo.update(
+                algo, s, traj, s.env_ids, hp, start, stats), seeded, (0, 0, h_axis, 0, 0)))
             # Compile everything once now (the loop reports it as compile time), on a
             # throwaway rollout of zeros: nothing steps the envs.
             self._compile()
@@ -256,17 +407,23 @@ class HostLoopRunner:
             raise
         self.compile_seconds = time.perf_counter() - t0
 
-    def _open_envs(self, seeds: list[int]) -> np.ndarray:
-        """Make and reset the vector env(s) of the run's envs; their observations [E, ...]."""
-        self.rollout = HostRollout(self.algorithm, seeds)
+    def _open_envs(self, seeds: list[list[int]]) -> np.ndarray:
+        """Make and reset the vector env(s) of every seed (`seeds`: each seed's reset seeds);
+        their observations [S?, E, ...]."""
+        self.rollout = open_rollout(self.algorithm, seeds)
         return self.rollout.obs
+
+    def env_ids(self, state: TrainState):
+        """The global indices [E] of the envs (the same for every seed)."""
+        return state.env_ids[0] if self.seeded else state.env_ids
 
     def _compile(self):
         state = self.state
         _, k_roll = self._split(state)
-        noise = np.zeros(self._noise(k_roll, state.env_ids).shape, np.float32)
-        outs = self.rollout.warm_up(state.params, state.obs_stats, noise[0])
-        traj = zero_transition(outs, self.config.num_steps, self.rollout.obs)
+        noise = np.zeros(self._noise(k_roll, self.env_ids(state)).shape, np.float32)
+        outs = self.rollout.warm_up(state.params, state.obs_stats, noise[:, 0] if self.seeded
+                                    else noise[0])
+        traj = zero_transition(outs, self.config.num_steps, self.rollout.obs, self.seeded)
         self._compile_update(traj)
 
     def _compile_update(self, traj: Transition) -> None:
@@ -277,19 +434,20 @@ class HostLoopRunner:
     # ------------------------------------------------------------------ the Runner protocol
     def iterate(self) -> tuple[dict, Transition]:
         """One iteration: rollout on the host, then the compiled update. Returns its metrics
-        (numpy scalars) and the rollout."""
+        (numpy scalars, [S] with several seeds) and the rollout."""
         state = self.state
         start_steps = state.env_steps
         obs_stats_acting = state.obs_stats
         rng, k_roll = self._split(state)
-        noise = np.asarray(self._noise(k_roll, state.env_ids))
-        traj = self.rollout.collect(state.params, obs_stats_acting, noise, float(self.hp.gamma))
+        noise = np.asarray(self._noise(k_roll, self.env_ids(state)))
+        traj = self.rollout.collect(state.params, obs_stats_acting, noise, self._gamma)
         self.state, metrics = self._update(state.replace(rng=rng), traj, self.hp, start_steps,
                                            obs_stats_acting)
         return jax.device_get(metrics), traj
 
     def train_chunk(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Iterations start+1..stop; their metrics [stop - start] (eval_* NaN where none ran)."""
+        """Iterations start+1..stop; their metrics [num_seeds?, stop - start] (eval_* NaN where
+        none ran)."""
         return self.columns([self.with_evaluation(it, self.iterate()[0])
                              for it in range(start + 1, stop + 1)])
 
@@ -299,13 +457,23 @@ class HostLoopRunner:
         if cfg.eval_every:
             due = it % cfg.eval_every == 0 or it == cfg.num_iterations
             metrics.update(self._evaluate() if due else
-                           {k: np.float32(np.nan) for k in EVAL_METRIC_KEYS})
+                           {k: np.full(self._seed_shape, np.nan, np.float32)
+                            for k in EVAL_METRIC_KEYS})
         return metrics
 
     def columns(self, rows: list[dict]) -> dict[str, np.ndarray]:
         """Metric rows (one per iteration) as the arrays `train_chunk` returns."""
         keys = METRIC_KEYS + (EVAL_METRIC_KEYS if self.config.eval_every else ())
-        return {k: np.asarray([r[k] for r in rows]) for k in keys + self.extra_metric_keys}
+        keys += self.extra_metric_keys
+        if not self.seeded:
+            return {k: np.asarray([r[k] for r in rows]) for k in keys}
+        shape = self._seed_shape + (len(rows),)
+        return {k: np.stack([np.broadcast_to(r[k], self._seed_shape) for r in rows], axis=-1)
+                if rows else np.zeros(shape, np.float32) for k in keys}
+
+    @property
+    def _seed_shape(self) -> tuple[int, ...]:
+        return (self.config.num_seeds,) if self.seeded else ()
 
     extra_metric_keys: tuple[str, ...] = ()  # metrics of this runner's own
 
@@ -313,16 +481,19 @@ class HostLoopRunner:
         """eval_* metrics of the current policy: one episode in each of eval_episodes envs,
         seeded from the training key (without consuming it)."""
         cfg = self.config
-        st = self.state
-        key = jax.random.fold_in(st.rng, EVAL_KEY_TAG)
         if self._eval_envs is None:
             self._eval_envs = self.algorithm.spec.env.make_vec(cfg.eval_episodes)
-        out = play_episodes(self.algorithm, st.params, st.obs_stats, key, self._eval_envs,
-                            self.algorithm.eval_bound(), cfg.eval_deterministic)
-        returns, lengths = out
-        return {"eval_return_mean": np.float32(returns.mean()),
-                "eval_return_std": np.float32(returns.std()),
-                "eval_length_mean": np.float32(lengths.mean())}
+        st = jax.device_get(self.state)
+        rows = []
+        for i in range(cfg.num_seeds):  # each seed's policy in turn, on the same envs
+            s = jax.tree.map(lambda x: x[i], st) if self.seeded else st
+            returns, lengths = play_episodes(
+                self.algorithm, s.params, s.obs_stats, jax.random.fold_in(s.rng, EVAL_KEY_TAG),
+                self._eval_envs, self.algorithm.eval_bound(), cfg.eval_deterministic)
+            rows.append({"eval_return_mean": np.float32(returns.mean()),
+                         "eval_return_std": np.float32(returns.std()),
+                         "eval_length_mean": np.float32(lengths.mean())})
+        return rows[0] if not self.seeded else {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
     def snapshot(self) -> TrainState:
         """The learner state after the last iteration, as numpy (with the envs' observations
@@ -358,11 +529,13 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
     obs, _ = envs.reset(seed=_env_seeds(k_reset, n))
     shape, dtype = (n,) + algorithm.spec.obs_shape, obs_dtype(algorithm.spec.env)
     step = _policy(algorithm, deterministic)
+    carry = algorithm.initial_carry((n,))  # a recurrent policy's: each env plays one episode
     returns, lengths = np.zeros(n, np.float64), np.zeros(n, np.int64)
     active = np.ones(n, bool)
     for t in range(max_steps):
         obs = np.asarray(obs, dtype).reshape(shape)
-        action = np.asarray(step(params, obs_stats, obs, jax.random.fold_in(k_act, t)))
+        action, carry = step(params, obs_stats, obs, carry, jax.random.fold_in(k_act, t))
+        action = np.asarray(action)
         obs, reward, terminated, truncated, info = envs.step(algorithm.spec.env.env_actions(action))
         done = np.asarray(terminated, bool) | np.asarray(truncated, bool)
         reward = _episode_info(info, "episode_reward", done, np.asarray(reward, np.float64))
@@ -375,12 +548,13 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _act(algorithm: Algorithm, deterministic: bool, params, obs_stats, obs, key):
-    return algorithm.policy_step(params, obs_stats, obs, (), key, deterministic)[0]
+def _act(algorithm: Algorithm, deterministic: bool, params, obs_stats, obs, carry, key):
+    return algorithm.policy_step(params, obs_stats, obs, carry, key, deterministic)
 
 
 def _policy(algorithm: Algorithm, deterministic: bool):
-    """The jitted env-ready policy `(params, obs_stats, obs, key) -> actions` of the algorithm
+    """The jitted env-ready policy `(params, obs_stats, obs, carry, key) -> (actions, carry)`
+    of the algorithm
     (compiled once per algorithm and mode: jit keys on the frozen Algorithm)."""
     return functools.partial(_act, algorithm, deterministic)
 

@@ -210,13 +210,24 @@ def test_atari_options_and_spaces():
     ({"env_params": {"max_steps_in_episode": 5}},
      r"^env_params is for gymnax envs; an envpool task takes its options as env_kwargs"),
     ({"env": "envpool:MiniGrid-Empty-5x5-v0"}, r"has observation space Dict\(.*Box observations"),
-    ({"transforms": [{"frame_stack": {"k": 2}}]},
-     r"set envpool's own options in env_kwargs instead \(e.g. stack_num for frame stacking\)"),
-    ({"num_seeds": 2}, r"^num_seeds=2: env='envpool:Breakout-v5' steps in Python"),
+    ({"num_seeds": 2, "num_devices": 2},
+     r"^num_devices=2: env='envpool:Breakout-v5' steps in Python \(host-loop mode\), on one device"),
 ])
 def test_errors_name_the_fix(kw, match):
     with pytest.raises(ConfigError, match=match):
         jaxppo.resolve(jaxppo.PPOConfig(**{"env": "envpool:Breakout-v5", **kw}))
+
+
+def test_seeds_and_frame_stacking_on_an_envpool_task():
+    """Two seeds of envpool's CartPole-v1 with its observations stacked by jaxppo: a stack of
+    2 per env [4, 2] whose newest frame is envpool's own observation, one vector env per seed."""
+    cfg = jaxppo.PPOConfig(env="envpool:CartPole-v1", num_envs=2, num_steps=8, num_epochs=1,
+                           num_minibatches=1, total_timesteps=2 * 8 * 2, num_seeds=2,
+                           compilation_cache_dir=None, transforms=[{"frame_stack": {"k": 2}}])
+    result = jaxppo.train(cfg, progress=False)
+    assert result.metrics["env_steps"].tolist() == [[16, 32]] * 2
+    last = np.asarray(result.state.last_obs)  # [seeds, envs, 4, 2]
+    assert last.shape == (2, 2, 4, 2) and not np.array_equal(last[0], last[1])
 
 
 def test_tuned_atari_configs_are_cleanrls_with_its_nature_cnn():

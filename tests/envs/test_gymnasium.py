@@ -16,6 +16,7 @@ import jaxppo
 from jaxppo import cli
 from jaxppo.core import ppo
 from jaxppo.core.hyperparams import HyperParams
+from jaxppo.envs.transforms import EnvWrapper
 from jaxppo.errors import ConfigError
 from jaxppo.core.gae import compute_gae
 from jaxppo.run.hostloop import HostLoopRunner
@@ -174,17 +175,23 @@ def test_action_spaces():
         runner.close()
 
 
+class GymnaxOnly(EnvWrapper):
+    """An env wrapper of a user's with no host form."""
+
+    def wrap(self, env):
+        return env
+
+
 def test_errors_name_the_fix(monkeypatch):
     with pytest.raises(ConfigError, match=r"'gymnasium:Cartpole-v1' is not a registered gymnasium "
                                           r"env; registered ids like it: CartPole-v1"):
         jaxppo.resolve(WALK.replace(env="gymnasium:Cartpole-v1"))
-    with pytest.raises(ConfigError, match=r"num_seeds=2: env='gymnasium:JaxppoWalk-v0' steps in "
-                                          r"Python \(host-loop mode\), one seed per process"):
-        jaxppo.resolve(WALK.replace(num_seeds=2))
-    with pytest.raises(ConfigError, match=r"network.recurrent_size=8: .* feed-forward"):
-        jaxppo.resolve(WALK.replace(network=jaxppo.NetworkConfig(recurrent_size=8)))
-    with pytest.raises(ConfigError, match=r"transforms \['FrameStack'\] wrap a gymnax env"):
-        jaxppo.resolve(WALK.replace(transforms=[{"frame_stack": {"k": 2}}]))
+    with pytest.raises(ConfigError, match=r"num_devices=2: env='gymnasium:JaxppoWalk-v0' steps "
+                                          r"in Python \(host-loop mode\), on one device"):
+        jaxppo.resolve(WALK.replace(num_seeds=2, num_devices=2))
+    with pytest.raises(ConfigError, match=r"transform GymnaxOnly wraps a gymnax env and has no "
+                                          r"form for env='gymnasium:JaxppoWalk-v0'.*wrap_host"):
+        jaxppo.resolve(WALK.replace(transforms=[GymnaxOnly()]))
     with pytest.raises(ConfigError, match=r"no pure train function .* jaxppo.train\(config\)"):
         jaxppo.make_train(WALK)
     with pytest.raises(ConfigError, match=r"gymnasium.make\('CartPole-v1', bogus=1\) raised "
