@@ -90,7 +90,7 @@ def test_discretized_actions_on_a_host_env(tmp_path):
     np.testing.assert_array_equal(env.env_actions(index), np.stack(
         [np.asarray(compiled.continuous_action(jnp.asarray(i))) for i in index]))
     result = jaxppo.train(cfg, progress=False, run_dir=tmp_path / "run")
-    assert result.metrics["env_steps"].tolist() == [16, 32]
+    assert result.metrics["env_steps"].tolist() == [[16, 32]]
     exported = jaxppo.export_policy(tmp_path / "run", format="jax", path=tmp_path / "policy")
     assert exported.metadata["env_action_table"] == [[-2.0], [-1.0], [0.0], [1.0], [2.0]]
 

@@ -182,8 +182,8 @@ def test_a_recurrent_policy_learns_to_remember_where_feed_forward_cannot():
                            num_minibatches=4, num_epochs=4, total_timesteps=16 * 32 * 10, lr=3e-3,
                            lr_schedule="constant", compilation_cache_dir=None,
                            network=jaxppo.NetworkConfig((32,), recurrent_size=32))
-    gru = jaxppo.train(cfg, progress=False).metrics["episode_return_mean"]
+    gru = jaxppo.train(cfg, progress=False).metrics["episode_return_mean"][0]
     ff = jaxppo.train(cfg.replace(network=jaxppo.NetworkConfig((32,))),
-                      progress=False).metrics["episode_return_mean"]
+                      progress=False).metrics["episode_return_mean"][0]
     assert abs(gru[0]) < 0.3 and np.mean(gru[-3:]) > 0.9, gru
     assert abs(np.mean(ff[-3:])) < 0.3, ff
