@@ -8,8 +8,8 @@ DIR holds JaxMARL's baseline scripts (IPPO/ippo_ff_mpe.py, IPPO/config/ippo_ff_m
 is a Python whose environment has what they import (jaxmarl, distrax, hydra-core, omegaconf,
 wandb, matplotlib) at jaxppo's jax and flax versions; jaxppo's side runs with this Python.
 Each run is a fresh process, the two sides alternating (jaxppo, jaxmarl, jaxppo, ...), each
-`jax.jit(jax.vmap(train))` over `--seeds` keys, compiled ahead of time so that compiling and
-training are timed apart. Writes experiments/results/jaxmarl-bench.json: the CPU model, the
+`jax.jit(train)` run seed after seed over `--seeds` keys (`--vmap`: `jax.jit(jax.vmap(train))`
+over them at once), compiled ahead of time so that compiling and training are timed apart. Writes experiments/results/jaxmarl-bench.json: the CPU model, the
 settings, and per run the final return (per seed the mean over the last 10 iterations of
 the mean team return of the episodes that ended in the iteration), env steps/s (env
 transitions of every seed, each holding every agent's step) and the cores busy (the
@@ -44,6 +44,9 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "experiments" / "results" / "jaxmarl-bench.json"
 ENV = "MPE_simple_spread_v3"
 SEED = 30  # ippo_ff_mpe.yaml's
+# Seeds as one vmapped program (--vmap), else one program run seed after seed. On this
+# machine JaxMARL's vmapped ippo_ff_mpe stalled (no CPU used) beyond about 10 iterations.
+VMAP = "--vmap" in sys.argv
 
 
 def cpu_seconds() -> float:
@@ -62,13 +65,20 @@ def final_returns(per_iteration) -> dict:
 
 
 def timed(train, keys) -> tuple[object, dict]:
-    """Compile `jit(vmap(train))` ahead of time, then run it: (output, timings)."""
+    """Compile `train` ahead of time (`jit(vmap(train))` with VMAP, else `jit(train)` of one
+    key), then run it over `keys` (one program, or one seed after another): (output with a
+    leading seed axis, timings)."""
     import jax
 
     t0, c0 = time.perf_counter(), cpu_seconds()
-    compiled = jax.jit(jax.vmap(train)).lower(keys).compile()
+    program = jax.jit(jax.vmap(train)) if VMAP else jax.jit(train)
+    compiled = program.lower(keys if VMAP else keys[0]).compile()
     t1, c1 = time.perf_counter(), cpu_seconds()
-    out = jax.block_until_ready(compiled(keys))
+    if VMAP:
+        out = jax.block_until_ready(compiled(keys))
+    else:
+        outs = [jax.block_until_ready(compiled(k)) for k in keys]
+        out = jax.tree.map(lambda *x: jax.numpy.stack(x), *outs)
     t2, c2 = time.perf_counter(), cpu_seconds()
     return out, {"compile_s": t1 - t0, "train_s": t2 - t1, "cores_busy": (c2 - c1) / (t2 - t1)}
 
@@ -108,10 +118,9 @@ def run_jaxmarl(steps: float, seeds: int, anchors: Path) -> dict:
             return obs, state, reward, done, info
 
     ippo_ff_mpe.LogWrapper = EndedLogWrapper
-    # The baseline's in-program callback calls wandb.log, which fails before a wandb.init;
-    # wandb.init(mode="disabled") left compiling the vmapped program stalled here (its
-    # service thread), so the callback logs nothing instead.
-    ippo_ff_mpe.wandb.log = lambda metric: None
+    # The baseline logs each iteration through an io_callback to wandb.log (which fails
+    # before a wandb.init); jaxppo's program has no host callback inside: it is left out.
+    ippo_ff_mpe.jax.experimental.io_callback = lambda *args, **kwargs: None
     config = yaml.safe_load((anchors / "IPPO" / "config" / "ippo_ff_mpe.yaml").read_text())
     config["TOTAL_TIMESTEPS"] = float(steps)
     keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
@@ -132,7 +141,7 @@ def one_run(side: str, args) -> dict:
     """A fresh process of one side; its last stdout line is the result."""
     python = sys.executable if side == "jaxppo" else args.jaxmarl_python
     cmd = [python, __file__, "--side", side, "--steps", str(args.steps), "--seeds",
-           str(args.seeds), "--anchors", str(args.anchors)]
+           str(args.seeds), "--anchors", str(args.anchors)] + (["--vmap"] if args.vmap else [])
     env = {**os.environ, "PYTHONPATH": str(REPO)} if side == "jaxppo" else dict(os.environ)
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
@@ -150,6 +159,7 @@ def main() -> None:
     p.add_argument("--anchors", type=Path, required=True)
     p.add_argument("--jaxmarl-python", default=None)
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
+    p.add_argument("--vmap", action="store_true", help="the seeds as one vmapped program")
     args = p.parse_args()
     if args.side == "jaxppo":
         print(json.dumps(run_jaxppo(args.steps, args.seeds, REPO / "jaxppo" / "configs"
@@ -166,6 +176,7 @@ def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({
         "cpu": cpu_model(), "env": ENV, "steps_per_seed": args.steps, "seeds": args.seeds,
+        "seeds_vmapped": args.vmap,
         "settings": f"jaxppo/configs/{ENV}.yaml = JaxMARL's ippo_ff_mpe.yaml, total_timesteps "
                     "as given", "runs": runs}, indent=1) + "\n")
     print(f"wrote {OUT}")

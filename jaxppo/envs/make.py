@@ -59,8 +59,8 @@ def check_env_name(name: str) -> None:
     raise ConfigError(
         f"env={name!r} is not a registered gymnax environment{hint or '.'} "
         f"Registered: {', '.join(names)}. Other suites by prefix: brax:<name>, jumanji:<Id>, "
-        "craftax:<name>, xminigrid:<name>, jaxmarl:<name>, gymnasium:<id>, envpool:<task>; or module:Class of "
-        "your own env, or an env object with the gymnax API as env="
+        "craftax:<name>, xminigrid:<name>, jaxmarl:<name>, gymnasium:<id>, envpool:<task>; "
+        "or module:Class of your own env, or an env object with the gymnax API as env="
     )
 
 

@@ -176,3 +176,14 @@ def test_seeds_train_and_a_resumed_run_continues_exactly(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(full.metrics["episode_return_mean"],
                                   resumed.metrics["episode_return_mean"])
+
+
+def test_the_docs_command_trains_the_tuned_config(tmp_path):
+    from readme_commands import readme_train_config
+
+    config = readme_train_config(ENV)
+    assert (config.num_envs, config.num_steps, config.num_minibatches) == (16, 128, 4)
+    result = jaxppo.train(config.replace(compilation_cache_dir=None, total_timesteps=2 * 2048),
+                          run_dir=tmp_path / "run", progress=False)
+    assert result.metrics["episode_return_mean"].shape == (2, 2)
+    assert (tmp_path / "run" / "params.msgpack").is_file()
