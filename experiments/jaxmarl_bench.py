@@ -9,11 +9,12 @@ is a Python whose environment has what they import (jaxmarl, distrax, hydra-core
 wandb, matplotlib) at jaxppo's jax and flax versions; jaxppo's side runs with this Python.
 Each run is a fresh process, the two sides alternating (jaxppo, jaxmarl, jaxppo, ...), each
 `jax.jit(train)` run seed after seed over `--seeds` keys (`--vmap`: `jax.jit(jax.vmap(train))`
-over them at once), compiled ahead of time so that compiling and training are timed apart. Writes experiments/results/jaxmarl-bench.json: the CPU model, the
-settings, and per run the final return (per seed the mean over the last 10 iterations of
-the mean team return of the episodes that ended in the iteration), env steps/s (env
-transitions of every seed, each holding every agent's step) and the cores busy (the
-process's user+sys CPU time over the wall time of training).
+over them at once), compiled ahead of time so that compiling and training are timed apart.
+Writes experiments/results/jaxmarl-bench.json: the CPU model, the settings, and per run the
+final return (per seed the mean over the last 10 iterations of the mean team return of the
+episodes that ended in the iteration), env steps/s (env transitions of every seed, each
+holding every agent's step) and the cores busy (the process's user+sys CPU time over the
+wall time of training).
 
 Both report the team return as JaxMARL's MPE baselines log it: the sum over the agents of
 each agent's episode return (MPELogWrapper scales each agent's return by the agent count,

@@ -14,6 +14,7 @@ import contextlib
 import io
 import math
 import sys
+import warnings
 from typing import Any
 
 import jax
@@ -38,14 +39,16 @@ def import_jaxmarl(module: str | None = None):
 
 @contextlib.contextmanager
 def _quiet_stdout():
-    """stdout to a sink. jaxmarl's MABrax module sets sys.stdout and sys.stderr back to
-    sys.__stdout__ and sys.__stderr__ after its own import, so those point at the sink and
-    at the current stderr meanwhile."""
+    """stdout to a sink, and no DeprecationWarning (jaxopt's, which jaxmarl imports). jaxmarl's
+    MABrax module sets sys.stdout and sys.stderr back to sys.__stdout__ and sys.__stderr__
+    after its own import, so those point at the sink and at the current stderr meanwhile."""
     saved = sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__
     sys.stdout = sys.__stdout__ = io.StringIO()
     sys.__stderr__ = sys.stderr
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
     finally:
         sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved
 

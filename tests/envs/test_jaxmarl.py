@@ -81,7 +81,7 @@ def test_rollout_records_jaxmarls_rewards_and_shared_done_per_agent():
     """Replaying each env's actions through JaxMARL's own step_env (no jaxppo code) gives
     the rewards and dones the rollout recorded for that env's actors."""
     algo, _, state, _, traj = _rollout()
-    marl, N, T = algo.spec.env.marl_env, N_AGENTS, TINY.num_steps
+    marl, N = algo.spec.env.marl_env, N_AGENTS
     env_keys = ppo.rollout_noise(algo, jax.random.split(state.rng)[1], state.env_ids)[1]
     for e in range(TINY.num_envs):
         mstate = jax.tree.map(lambda x: x[e], state.env_state.marl_state)
@@ -187,3 +187,27 @@ def test_the_docs_command_trains_the_tuned_config(tmp_path):
                           run_dir=tmp_path / "run", progress=False)
     assert result.metrics["episode_return_mean"].shape == (2, 2)
     assert (tmp_path / "run" / "params.msgpack").is_file()
+
+
+def test_evaluation_returns_the_team_return_of_jaxmarls_own_episodes():
+    """The deterministic policy played through JaxMARL's own reset and step_env (the same
+    keys), its rewards summed over agents and steps by hand, gives evaluate's returns."""
+    algo, _, state, _, _ = _rollout()
+    n, key = 2, jax.random.PRNGKey(7)
+    got = algo.evaluate(state.params, state.obs_stats, key, num_episodes=n, deterministic=True)
+    marl = algo.spec.env.marl_env
+    k_reset, k = jax.random.split(key)
+    returns = np.zeros(n)
+    mstates = [marl.reset(kr)[1] for kr in jax.random.split(k_reset, n)]
+    obs = [marl.get_obs(s) for s in mstates]
+    for _ in range(LIMIT):
+        k, _, k_step = jax.random.split(k, 3)
+        for i, ks in enumerate(jax.random.split(k_step, n)):
+            agent_obs = jnp.stack([obs[i][a] for a in marl.agents])
+            logits = algo.network.apply(state.params, algo.obs_in(state.obs_stats, agent_obs))[0]
+            acts = {a: jnp.argmax(logits.loc[j]) for j, a in enumerate(marl.agents)}
+            obs[i], mstates[i], rew, _, _ = marl.step_env(jax.random.split(ks)[0], mstates[i],
+                                                          acts)
+            returns[i] += sum(float(rew[a]) for a in marl.agents)
+    np.testing.assert_allclose(float(got["eval_return_mean"]), returns.mean(), rtol=1e-4)
+    assert float(got["eval_length_mean"]) == LIMIT
