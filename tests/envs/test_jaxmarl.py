@@ -144,6 +144,12 @@ def test_smax_masks_the_unavailable_actions():
 def test_errors_name_the_fix():
     with pytest.raises(ConfigError, match="did you mean 'jaxmarl:MPE_simple_spread_v3'"):
         jaxppo.resolve(TINY.replace(env="jaxmarl:MPE_simple_sprad_v3"))
+    with pytest.raises(ConfigError, match="did you mean 'jaxmarl:MPE_simple_spread_v3'"):
+        make_env(TINY.replace(env="MPE_simple_spread_v3"))  # the bare name: the suite's
+    with pytest.raises(ConfigError, match="did you mean 'jaxmarl:smax:3m'"):
+        make_env(TINY.replace(env="jaxmarl:smax:3mm"))
+    with pytest.raises(ConfigError, match="Discrete actions only"):
+        make_env(TINY.replace(env_kwargs={"action_type": "Continuous"}))
     with pytest.raises(ConfigError, match="recurrent_size: 0"):
         jaxppo.resolve(TINY.replace(network=jaxppo.NetworkConfig((16,), recurrent_size=8)))
 
