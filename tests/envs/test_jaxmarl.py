@@ -237,3 +237,23 @@ def test_one_iteration_on_four_devices_equals_one_device():
     # Near zero, as means of terms that cancel: float32 sums in another order differ by ~1e-6.
     for key in ("policy_loss", "kl"):
         assert m1[key] == pytest.approx(m4[key], abs=1e-5), key
+
+
+def test_agents_of_other_sizes_are_padded_and_their_extra_actions_masked():
+    """Speaker-listener: the speaker sees 3 numbers and has 3 actions, the listener 11 and 5.
+    The speaker's observation is zero-padded at the end (as JaxMARL's baselines pad) and its
+    2 extra actions are masked out, so it never takes one."""
+    cfg = TINY.replace(env="jaxmarl:MPE_simple_speaker_listener_v4", num_steps=8,
+                       total_timesteps=2 * 16)
+    algo, _, state, _, traj = _rollout(cfg)
+    spec, marl = algo.spec, algo.spec.env.marl_env
+    assert spec.agents == ("speaker_0", "listener_0")
+    assert spec.obs_shape == (11,) and spec.action_dim == 5 and spec.masked
+    k_env = jax.random.split(jax.random.PRNGKey(0), 3)[2]
+    obs, _ = marl.reset(jax.random.fold_in(k_env, 0))
+    speaker = np.concatenate([np.asarray(obs["speaker_0"]), np.zeros(8, np.float32)])
+    np.testing.assert_array_equal(np.asarray(state.last_obs[0]), speaker)
+    np.testing.assert_array_equal(np.asarray(state.last_obs[1]), np.asarray(obs["listener_0"]))
+    masks = np.asarray(traj.action_mask)  # [T, E*2, 5]
+    assert masks[:, 0::2, :3].all() and not masks[:, 0::2, 3:].any() and masks[:, 1::2].all()
+    assert np.asarray(traj.action)[:, 0::2].max() < 3
