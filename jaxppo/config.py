@@ -56,13 +56,13 @@ def steps_in_python(env) -> bool:
 
 
 def tuned_config_path(env_name: str) -> Path | None:
-    """The packaged tuned config of `env_name` (its short name, or for an envpool task also
-    "envpool:<task>"), or None when there is none."""
+    """The packaged tuned config of `env_name` (its short name, or for an envpool task or a
+    JaxMARL env also "envpool:<task>", "jaxmarl:<name>"), or None when there is none."""
     path = TUNED_DIR / f"{env_name}.yaml"
     if path.is_file():
         return path
-    task = env_name.removeprefix("envpool:")
-    if task == env_name or not task or "/" in task or ":" in task:
+    prefix, _, task = env_name.partition(":")
+    if prefix not in ("envpool", "jaxmarl") or not task or "/" in task or ":" in task:
         return None
     path = TUNED_DIR / f"{task}.yaml"
     return path if path.is_file() and read_config_file(path).get("env") == env_name else None

@@ -151,6 +151,11 @@ class Algorithm:
             algo = dataclasses.replace(algo, whole_batch=whole)
         return algo
 
+    @property
+    def local_actors(self) -> int:
+        """Actors on this shard: its envs times the env's agents (its envs, single-agent)."""
+        return self.local_envs * self.spec.num_agents
+
     def require_compiled_env(self, what: str) -> None:
         """ConfigError when the env steps in Python (no pure function of it to compile)."""
         if self.spec.host_loop:

@@ -55,7 +55,8 @@ def run_episodes(
     `carry`; () for a feed-forward one). With `action_mask` (one env's `action_mask(state,
     params)`), step takes a fourth argument, the legal actions [N, A] of each env. An episode
     ends at the env's terminated or truncated flag, or after `max_steps` steps (whatever it
-    has collected by then counts).
+    has collected by then counts). A multi-agent env (obs [N, agents, ...], rewards [N,
+    agents]) returns the team return, the sum of its agents' returns, as training reports it.
     """
     k_reset, k_loop = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
@@ -78,8 +79,11 @@ def run_episodes(
             action, carry = step(obs, k_act, carry, mask)
         obs, env_state, reward, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
             jax.random.split(k_step, num_episodes), env_state, action, env_params)
+        reward = reward.astype(jnp.float32)
+        if reward.ndim > 1:  # a multi-agent env's [N, agents]: the team's reward
+            reward = jnp.sum(reward, axis=-1)
         live = ~done
-        ret = ret + jnp.where(live, reward.astype(jnp.float32), 0.0)
+        ret = ret + jnp.where(live, reward, 0.0)
         length = length + live.astype(jnp.int32)
         done = jnp.logical_or(done, jnp.logical_or(term.astype(bool), trunc.astype(bool)))
         return t + 1, k, obs, env_state, carry, ret, length, done

@@ -48,15 +48,15 @@ def init(algo: Algorithm, key: jax.Array, hp: HyperParams,
     env_ids = env_index_offset + jnp.arange(algo.local_envs)
     env_keys = jax.vmap(lambda i: jax.random.fold_in(k_env, i))(env_ids)
     obs, env_state = jax.vmap(spec.env.reset, in_axes=(0, None))(env_keys, spec.env_params)
-    return init_state(algo, key, k_params, hp, obs, env_state, env_ids)
+    return init_state(algo, key, k_params, hp, spec.to_actors(obs), env_state, env_ids)
 
 
 def init_state(algo: Algorithm, key: jax.Array, k_params: jax.Array, hp: HyperParams,
                obs: jax.Array, env_state: Any, env_ids: jax.Array) -> TrainState:
     """A fresh TrainState around envs just reset to `obs` [E, *obs_shape] (`env_state`;
     () for envs stepped outside the program, jaxppo.run.hostloop): params from `k_params`,
-    `key` the training stream."""
-    spec, cfg, E = algo.spec, algo.config, algo.local_envs
+    `key` the training stream. A multi-agent env's E is its actors (envs x agents)."""
+    spec, cfg, E = algo.spec, algo.config, algo.local_actors
     params = algo.network.init(k_params, jnp.zeros((1, spec.obs_dim), jnp.float32))
     opt_state = optimizer(algo, hp).init(ravel_pytree(params)[0])
     obs_stats = RunningStats.create((spec.obs_dim,))
@@ -92,34 +92,38 @@ def rollout_noise(algo: Algorithm, key: jax.Array, env_ids: jax.Array):
     step, the noise that samples its action ([T, E, A] Gumbel for logits, [T, E, D]
     normal for a Gaussian) and the key of its env step ([T, E] keys). Env e's draws come
     from its global index alone, so it sees the same randomness whether it lives on 1
-    device, N devices or H hosts."""
-    T, A = algo.config.num_steps, algo.spec.action_dim
+    device, N devices or H hosts. A multi-agent env's noise is per actor: [T, E*N, A]."""
+    spec, T = algo.spec, algo.config.num_steps
+    shape = (T, spec.num_agents, spec.action_dim) if spec.agents else (T, spec.action_dim)
 
     def one_env(i):
         k_act, k_env = jax.random.split(jax.random.fold_in(key, i))
-        return networks.sampling_noise(algo.discrete, k_act, (T, A)), jax.random.split(k_env, T)
+        return networks.sampling_noise(algo.discrete, k_act, shape), jax.random.split(k_env, T)
 
     noise, env_keys = jax.vmap(one_env)(env_ids)
-    return jnp.swapaxes(noise, 0, 1), jnp.swapaxes(env_keys, 0, 1)
+    noise = jnp.swapaxes(noise, 0, 1)  # [T, E, (N,) A]
+    return jax.vmap(spec.to_actors)(noise), jnp.swapaxes(env_keys, 0, 1)
 
 
 def step_envs(algo: Algorithm, st: TrainState, dist: DistParams, action, logp, env_keys,
               hp: HyperParams):
-    """Step every env once with `action` [E, ...]; returns (state with env/episode trackers
-    advanced, the Transition of this step, done flags [E])."""
+    """Step every env once with `action` [E, ...] (one per actor); returns (state with
+    env/episode trackers advanced, the Transition of this step, done flags [E]). A
+    multi-agent env's agents share their env's done."""
     spec = algo.spec
     obs, env_state, reward, term, trunc, info = jax.vmap(
         spec.env.step, in_axes=(0, 0, 0, None)
-    )(env_keys, st.env_state, env_action(spec, action), spec.env_params)
-    reward = reward.astype(jnp.float32)
-    term = term.astype(bool)
-    trunc = jnp.logical_and(trunc.astype(bool), ~term)
+    )(env_keys, st.env_state, spec.to_agents(env_action(spec, action)), spec.env_params)
+    obs, final_obs = spec.to_actors(obs), spec.to_actors(info["final_observation"])
+    reward = spec.to_actors(reward.astype(jnp.float32))
+    term = spec.to_actors(term.astype(bool))
+    trunc = jnp.logical_and(spec.to_actors(trunc.astype(bool)), ~term)
     done = jnp.logical_or(term, trunc)
     ep_ret = st.episode_return + reward
     ep_len = st.episode_length + 1
     disc_ret = st.discounted_return * hp.gamma + reward
     tr = Transition(
-        obs=st.last_obs, final_obs=info["final_observation"], action=action,
+        obs=st.last_obs, final_obs=final_obs, action=action,
         log_prob=logp, dist=dist, reward=reward, discounted_return=disc_ret,
         terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
     )
@@ -187,13 +191,28 @@ def gather_rollout_stats(algo: Algorithm, traj: Transition) -> dict:
     """Every shard's statistics of its rollout [T, E], in one collective: episodes
     ([S, 5]) and, when normalised, the moments of observations and discounted returns."""
     cfg, spec = algo.config, algo.spec
-    local = {"episodes": collectives.local_episode_stats(traj)}
+    local = {"episodes": collectives.local_episode_stats(team_episodes(spec, traj))}
     if cfg.normalize_observations:
         flat_obs = flatten_obs(traj.obs, spec.obs_shape).reshape((-1, spec.obs_dim))
         local["obs"] = collectives.local_moments(flat_obs, axis=0)
     if cfg.normalize_rewards:
         local["returns"] = collectives.local_moments(traj.discounted_return)
     return collectives.all_gather(local, algo.axis_name)
+
+
+def team_episodes(spec, traj: Transition) -> Transition:
+    """The episodes of a rollout [T, E] as the metrics count them: a multi-agent env's
+    actors [T, E*N] as its envs [T, E], an episode's return the sum of its agents' returns
+    (the team return; JaxMARL's MPE baselines log the same) and its end and length its
+    agents' shared ones. A single-agent rollout is returned as it is."""
+    if not spec.agents:
+        return traj
+    per_env = lambda x: x.reshape(x.shape[:1] + (-1, spec.num_agents))  # noqa: E731
+    first = lambda x: None if x is None else per_env(x)[..., 0]  # noqa: E731
+    return traj._replace(episode_return=jnp.sum(per_env(traj.episode_return), axis=-1),
+                         episode_length=first(traj.episode_length),
+                         terminated=first(traj.terminated), truncated=first(traj.truncated),
+                         episode_end=first(traj.episode_end))
 
 
 def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_values,
@@ -349,7 +368,7 @@ def iteration(algo: Algorithm, state: TrainState, hp: HyperParams):
     start_steps = state.env_steps
     obs_stats_acting = state.obs_stats
     state, traj = rollout(algo, state, hp)
-    env_ids = state.env_ids
+    env_ids = algo.spec.actor_ids(state.env_ids)
     if algo.whole_batch is not None:
         traj, env_ids = collectives.gather_envs(traj, env_ids, algo.axis_name)
         algo = algo.whole_batch
@@ -358,8 +377,9 @@ def iteration(algo: Algorithm, state: TrainState, hp: HyperParams):
 
 def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Array,
            hp: HyperParams, start_steps: jax.Array, obs_stats_acting: RunningStats):
-    """GAE, learn and adapt on a rollout [T, E] (this shard's envs, `env_ids` [E]), acted
-    with `obs_stats_acting`. Returns (new_state, metrics)."""
+    """GAE, learn and adapt on a rollout [T, E] (this shard's envs, or actors of a
+    multi-agent env: `env_ids` [E] their global ids), acted with `obs_stats_acting`.
+    Returns (new_state, metrics)."""
     cfg = algo.config
     lr = schedule_value(hp.lr_points, start_steps)
     ent_coeff = schedule_value(hp.entropy_points, start_steps)

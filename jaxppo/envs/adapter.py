@@ -1,5 +1,5 @@
 """What the suite adapters share: the suites by prefix ("brax:", "jumanji:", "craftax:",
-"xminigrid:"), importing a suite's package, the errors for an unknown name or a failing
+"xminigrid:", "jaxmarl:"), importing a suite's package, the errors for an unknown name or a failing
 constructor, and gymnax's auto-reset of a stepped env.
 
 A suite's package is imported only when one of its envs is built: `import jaxppo` loads none.
@@ -26,6 +26,7 @@ SUITES = {
     "jumanji": ("jumanji", "jumanji"),
     "craftax": ("craftax", "craftax"),
     "xminigrid": ("xminigrid", "xminigrid"),
+    "jaxmarl": ("jaxmarl", "jaxmarl"),
 }
 # The env_kwargs every adapter takes as jaxppo's params rather than the suite's.
 PARAM_FIELDS = {"max_steps_in_episode"}

@@ -24,6 +24,7 @@ from jaxppo.envs.gymnasium_env import is_gymnasium_env, make_gymnasium_env
 from jaxppo.envs.adapter import SUITES, is_suite_env, suite_of
 from jaxppo.envs.brax_suite import make_brax_env, registered_brax_envs
 from jaxppo.envs.craftax_suite import make_craftax_env, registered_craftax_envs
+from jaxppo.envs.jaxmarl_suite import make_jaxmarl_env, registered_jaxmarl_envs
 from jaxppo.envs.jumanji_suite import make_jumanji_env, registered_jumanji_envs
 from jaxppo.envs.xminigrid_suite import make_xminigrid_env, registered_xminigrid_envs
 from jaxppo.envs.spec import EnvSpec
@@ -58,8 +59,8 @@ def check_env_name(name: str) -> None:
     raise ConfigError(
         f"env={name!r} is not a registered gymnax environment{hint or '.'} "
         f"Registered: {', '.join(names)}. Other suites by prefix: brax:<name>, jumanji:<Id>, "
-        "craftax:<name>, xminigrid:<name>, gymnasium:<id>, envpool:<task>; or module:Class of "
-        "your own env, or an env object with the gymnax API as env="
+        "craftax:<name>, xminigrid:<name>, jaxmarl:<name>, gymnasium:<id>, envpool:<task>; "
+        "or module:Class of your own env, or an env object with the gymnax API as env="
     )
 
 
@@ -72,6 +73,7 @@ _SUITE_NAMES = {
     "craftax": (lambda n: n.startswith("Craftax-"), registered_craftax_envs),
     "xminigrid": (lambda n: n.startswith(("MiniGrid-", "XLand-MiniGrid-")),
                   registered_xminigrid_envs),
+    "jaxmarl": (lambda n: n.startswith(("MPE_", "smax:")), registered_jaxmarl_envs),
     # Atari's "Breakout-v5", ...; envpool's own names of other suites' envs come after theirs.
     "envpool": (lambda n: _looks_like_envpool(n), registered_envpool_envs),
 }
@@ -244,7 +246,8 @@ def make_env(config) -> EnvSpec:
 
 
 _SUITE_MAKERS = {"brax": make_brax_env, "jumanji": make_jumanji_env,
-                 "craftax": make_craftax_env, "xminigrid": make_xminigrid_env}
+                 "craftax": make_craftax_env, "xminigrid": make_xminigrid_env,
+                 "jaxmarl": make_jaxmarl_env}
 
 
 def make_suite_env(path: str, env_kwargs: dict) -> tuple[Any, dict]:
@@ -259,8 +262,9 @@ def _env_spec(config, env, env_params) -> EnvSpec:
     obs_shape = tuple(int(s) for s in obs_space.shape)
     if hasattr(act_space, "n"):
         n = int(act_space.n)
-        mask = env_action_mask(config, env, env_params, n)
-        return EnvSpec(env, env_params, obs_shape, True, n, None, None, mask)
+        agents = tuple(getattr(env, "agents", ()))
+        mask = env_action_mask(config, env, env_params, n, len(agents))
+        return EnvSpec(env, env_params, obs_shape, True, n, None, None, mask, agents)
     if config.mask_actions:
         raise ConfigError(
             f"mask_actions=true, but {config.env_name} has continuous actions "
@@ -278,12 +282,12 @@ def _env_spec(config, env, env_params) -> EnvSpec:
     return EnvSpec(env, env_params, obs_shape, False, dim, low, high)
 
 
-def env_action_mask(config, env, env_params, num_actions: int):
+def env_action_mask(config, env, env_params, num_actions: int, num_agents: int = 0):
     """The env's `action_mask(state, params)` when the policy masks with it, else None.
 
     `config.mask_actions`: None uses the env's mask when it defines one, False never, True
-    requires one. The mask is checked on a reset state's shape (bool or 0/1 [num_actions])
-    without running the env.
+    requires one. The mask is checked on a reset state's shape (bool or 0/1 [num_actions],
+    [num_agents, num_actions] for a multi-agent env) without running the env.
 
     Raises:
       ConfigError: mask_actions=true for an env without a mask, or a mask of another shape
@@ -311,13 +315,14 @@ def env_action_mask(config, env, env_params, num_actions: int):
             f"{type(e).__name__}: {str(e)[:300]}; it must return bool [{num_actions}] "
             "(true = legal) for one env's state, or set mask_actions=false to ignore it"
         ) from None
-    if (not isinstance(out, jax.ShapeDtypeStruct) or tuple(out.shape) != (num_actions,)
+    shape = (num_agents, num_actions) if num_agents else (num_actions,)
+    if (not isinstance(out, jax.ShapeDtypeStruct) or tuple(out.shape) != shape
             or not (out.dtype == jnp.bool_ or jnp.issubdtype(out.dtype, jnp.integer))):
         got = (f"{out.dtype}{list(out.shape)}" if isinstance(out, jax.ShapeDtypeStruct)
                else type(out).__name__)
         raise ConfigError(
             f"{config.env_name}.action_mask(state, params) returned {got}; it must be bool "
-            f"[{num_actions}] (one entry per action of its Discrete({num_actions}) space, true "
+            f"{list(shape)} (one entry per action of its Discrete({num_actions}) space, true "
             "= legal; an integer mask counts nonzero as legal) for one env's state, or set "
             "mask_actions=false to ignore it")
     return lambda state, params: jnp.asarray(fn(state, params)).astype(bool)

@@ -25,7 +25,14 @@ class EnvSpec(NamedTuple):
       action_dim: the number of actions (discrete) or the action vector's size.
       action_low, action_high: a Box's bounds [action_dim] (None for discrete actions).
       action_mask: `action_mask(state, params) -> bool [action_dim]` (true = legal) of one
-        env's state, when the policy masks illegal actions (`env_action_mask`); else None.
+        env's state ([num_agents, action_dim] for a multi-agent env), when the policy masks
+        illegal actions (`env_action_mask`); else None.
+      agents: a multi-agent env's agent names (its observation, action and reward have an
+        agent axis of that length, `num_agents`); () for a single-agent env.
+
+    Each agent of each env is one actor: the rollout and the update see a batch of
+    `num_agents` actors per env, env-major (actor e * num_agents + i is agent i of env e),
+    and reshape at the env's step (`to_actors`, `to_agents`).
     """
 
     env: Any
@@ -36,6 +43,7 @@ class EnvSpec(NamedTuple):
     action_low: np.ndarray | None  # continuous bounds, broadcast to [action_dim]
     action_high: np.ndarray | None
     action_mask: Any = None
+    agents: tuple[str, ...] = ()
 
     @property
     def masked(self) -> bool:
@@ -47,7 +55,35 @@ class EnvSpec(NamedTuple):
         unmasked)."""
         if self.action_mask is None:
             return None
-        return jax.vmap(self.action_mask, in_axes=(0, None))(env_state, self.env_params)
+        return self.to_actors(jax.vmap(self.action_mask, in_axes=(0, None))(env_state,
+                                                                            self.env_params))
+
+    @property
+    def num_agents(self) -> int:
+        """Actors per env: the agents of a multi-agent env, else 1."""
+        return max(1, len(self.agents))
+
+    def to_actors(self, x: jax.Array) -> jax.Array:
+        """A multi-agent env's per-agent values [E, N, ...] as the actors' [E*N, ...], or its
+        per-env values [E] (a shared done) repeated for each agent; unchanged for a
+        single-agent env."""
+        if not self.agents:
+            return x
+        if x.ndim == 1:
+            return jnp.repeat(x, self.num_agents)
+        return x.reshape((-1,) + x.shape[2:])
+
+    def to_agents(self, x: jax.Array) -> jax.Array:
+        """The actors' values [E*N, ...] as [E, N, ...] (the env's step takes one action per
+        agent); unchanged for a single-agent env."""
+        return x.reshape((-1, self.num_agents) + x.shape[1:]) if self.agents else x
+
+    def actor_ids(self, env_ids: jax.Array) -> jax.Array:
+        """Global actor ids [E*N] of envs with global ids env_ids [E]: agent i of env e is
+        e * N + i, so ids stay global however envs are split; env_ids for single-agent."""
+        if not self.agents:
+            return env_ids
+        return (env_ids[:, None] * self.num_agents + jnp.arange(self.num_agents)).reshape(-1)
 
     @property
     def obs_dim(self) -> int:

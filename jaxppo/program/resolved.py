@@ -115,6 +115,8 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     else:
         refuse_host_options(config)
     recurrent = networks.is_recurrent(network)
+    if spec.agents:
+        _check_multi_agent(config, recurrent)
     if layout is None:
         layout = Layout()
     elif layout == "local":
@@ -192,6 +194,20 @@ def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
             f"1: it is the episode's time limit in steps (the {config.env_name} default is "
             f"{_default_limit(config)})")
     _check_conv_options(config, spec)
+
+
+def _check_multi_agent(config: PPOConfig, recurrent: bool) -> None:
+    """What a multi-agent env (IPPO, one feed-forward network shared by every agent) does not
+    take yet: a ConfigError naming it, not a shape error from inside the compiled program."""
+    if recurrent:
+        raise ConfigError(
+            f"{config.env_name} is a multi-agent env, and jaxppo trains those with a "
+            "feed-forward network shared by every agent (IPPO); a recurrent network (GRU) is "
+            "not supported for them yet: set network.recurrent_size: 0")
+    if config.transforms:
+        raise ConfigError(
+            f"transforms={config.transforms!r}: {config.env_name} is a multi-agent env, and "
+            "transforms do not take its agent axis yet; remove them")
 
 
 def _is_real(v) -> bool:

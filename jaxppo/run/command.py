@@ -28,7 +28,8 @@ PRECEDENCE = ("defaults < the packaged tuned config of the env (unless --default
 def add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", help="gymnax env name, e.g. CartPole-v1; another suite's env by "
                                  "prefix (brax:<name>, jumanji:<Id>, craftax:<name>, "
-                                 "xminigrid:<name>, gymnasium:<id>, envpool:<task>); or "
+                                 "xminigrid:<name>, jaxmarl:<name>, gymnasium:<id>, "
+                                 "envpool:<task>); or "
                                  "module:Class of your own env (overrides the file's env)")
     p.add_argument("--config", help="YAML or JSON file of PPOConfig fields")
     p.add_argument("--defaults", action="store_true",

@@ -76,7 +76,8 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     resumed_from = start_iter if resumed else None
     history = _History(config, folder.previous_rows if folder else [])
     reporter = Reporter(config, config.num_iterations, progress, start=start_iter, label=label,
-                        member_labels=member_labels)
+                        member_labels=member_labels,
+                        team=bool(getattr(runner.algorithm.spec, "agents", ())))
     t_train = time.perf_counter()
     saver = _Saver(runner, config, folder, saved_at=resumed_from, record=checkpoint_record)
     rules = StopRules(config, folder.previous_rows if folder else [])

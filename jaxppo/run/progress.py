@@ -20,15 +20,18 @@ class Reporter:
     """Progress between chunks: a rich bar on a terminal, a plain line otherwise; both show
     the recent return, steps/s, the ETA and the last evaluation. The return is the mean over
     seeds; for a sweep (member_labels) the best and the worst setting instead, each the mean
-    of the members with that label, e.g. "best lr=0.001: 480.2, worst lr=0.0001: 21.0"."""
+    of the members with that label, e.g. "best lr=0.001: 480.2, worst lr=0.0001: 21.0".
+    A multi-agent env's (`team`) is the team return, the sum over its agents."""
 
     def __init__(self, config: PPOConfig, n_iter: int, progress: bool | None, start: int = 0,
-                 label: str | None = None, member_labels: list[str] | None = None):
+                 label: str | None = None, member_labels: list[str] | None = None,
+                 team: bool = False):
         self.n_iter = n_iter
         self.start = start
         self.config = config
         self.label = label or config.env_name
         self.member_labels = member_labels
+        self.return_word = "team return" if team else "return"
         self.member_return: dict[int, float] = {}  # seed index -> recent return
         self.interactive = sys.stderr.isatty() if progress is None else progress
         self.quiet = progress is False
@@ -42,7 +45,7 @@ class Reporter:
 
             columns = [
                 TextColumn(f"[bold]{self.label}[/]"), BarColumn(bar_width=16),
-                MofNCompleteColumn(), TextColumn("return {task.fields[ret]}"),
+                MofNCompleteColumn(), TextColumn(self.return_word + " {task.fields[ret]}"),
                 TextColumn("{task.fields[sps]} steps/s"),
             ]
             if config.eval_every:
@@ -112,7 +115,7 @@ class Reporter:
             eta = elapsed / max(done_iters - self.start, 1) * (self.n_iter - done_iters)
             ev = f"  eval {self.last_eval}" if self.config.eval_every else ""
             print(f"[{self.label}] iter {done_iters}/{self.n_iter}  "
-                  f"steps {steps:,}  return {self.return_text()}{ev}  {sps:,.0f} steps/s  "
+                  f"steps {steps:,}  {self.return_word} {self.return_text()}{ev}  {sps:,.0f} steps/s  "
                   f"{actors + '  ' if actors else ''}ETA {eta:.0f}s", file=sys.stderr, flush=True)
 
     def close(self):

@@ -109,7 +109,12 @@ def stops_on_two_devices():
         }
 
 
+# A multi-agent env (3 agents an env, actors split with their env); 32 steps end episodes.
+EQUIVALENCE_MARL = EQUIVALENCE.replace(env="jaxmarl:MPE_simple_spread_v3", num_steps=32,
+                                       total_timesteps=8 * 32)
+
 CHECKS = {"equivalence": one_iteration_equivalence,
+          "equivalence-marl": lambda: one_iteration_equivalence(EQUIVALENCE_MARL),
           "equivalence-state-std": lambda: one_iteration_equivalence(EQUIVALENCE_STATE_STD),
           "equivalence-batch": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH),
           "equivalence-batch-gru": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH_GRU),

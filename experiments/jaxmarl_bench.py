@@ -1,0 +1,187 @@
+"""jaxppo's IPPO on `jaxmarl:MPE_simple_spread_v3` side by side with JaxMARL's own baseline
+(`IPPO/ippo_ff_mpe.py`'s `make_train`, at `config/ippo_ff_mpe.yaml`) on this machine.
+
+    python experiments/jaxmarl_bench.py --anchors DIR --jaxmarl-python PY [--steps 2e6]
+        [--seeds 2] [--rounds 2]
+
+DIR holds JaxMARL's baseline scripts (IPPO/ippo_ff_mpe.py, IPPO/config/ippo_ff_mpe.yaml); PY
+is a Python whose environment has what they import (jaxmarl, distrax, hydra-core, omegaconf,
+wandb, matplotlib) at jaxppo's jax and flax versions; jaxppo's side runs with this Python.
+Each run is a fresh process, the two sides alternating (jaxppo, jaxmarl, jaxppo, ...), each
+`jax.jit(train)` run seed after seed over `--seeds` keys (`--vmap`: `jax.jit(jax.vmap(train))`
+over them at once), compiled ahead of time so that compiling and training are timed apart.
+Writes experiments/results/jaxmarl-bench.json: the CPU model, the settings, and per run the
+final return (per seed the mean over the last 10 iterations of the mean team return of the
+episodes that ended in the iteration), env steps/s (env transitions of every seed, each
+holding every agent's step) and the cores busy (the process's user+sys CPU time over the
+wall time of training).
+
+Both report the team return as JaxMARL's MPE baselines log it: the sum over the agents of
+each agent's episode return (MPELogWrapper scales each agent's return by the agent count,
+then the batch mean averages over agents). For JaxMARL the mean over the episodes that
+ended is taken from its per-step info (the script itself logs the mean over every step of
+the last ended episode's return).
+
+What differs at the same settings: JaxMARL treats MPE's 25-step time limit as a terminal
+state, jaxppo bootstraps it; JaxMARL standardises advantages per minibatch, jaxppo over the
+iteration's batch; JaxMARL's minibatches are a permutation of all samples, jaxppo's cut each
+env's shuffled steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import cpu_model  # experiments/bench.py: the machine's CPU model
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "experiments" / "results" / "jaxmarl-bench.json"
+ENV = "MPE_simple_spread_v3"
+SEED = 30  # ippo_ff_mpe.yaml's
+# Seeds as one vmapped program (--vmap), else one program run seed after seed. On this
+# machine JaxMARL's vmapped ippo_ff_mpe stalled (no CPU used) beyond about 10 iterations.
+VMAP = "--vmap" in sys.argv
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def final_returns(per_iteration) -> dict:
+    """Per seed, the mean over the first and the last 10 iterations of the per-iteration
+    return ([seeds, iterations], NaN where no episode ended)."""
+    import numpy as np
+
+    r = np.asarray(per_iteration, np.float64)
+    return {"final_return": [float(np.nanmean(s[-10:])) for s in r],
+            "first_return": [float(np.nanmean(s[:10])) for s in r]}
+
+
+def timed(train, keys) -> tuple[object, dict]:
+    """Compile `train` ahead of time (`jit(vmap(train))` with VMAP, else `jit(train)` of one
+    key), then run it over `keys` (one program, or one seed after another): (output with a
+    leading seed axis, timings)."""
+    import jax
+
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    program = jax.jit(jax.vmap(train)) if VMAP else jax.jit(train)
+    compiled = program.lower(keys if VMAP else keys[0]).compile()
+    t1, c1 = time.perf_counter(), cpu_seconds()
+    if VMAP:
+        out = jax.block_until_ready(compiled(keys))
+    else:
+        outs = [jax.block_until_ready(compiled(k)) for k in keys]
+        out = jax.tree.map(lambda *x: jax.numpy.stack(x), *outs)
+    t2, c2 = time.perf_counter(), cpu_seconds()
+    return out, {"compile_s": t1 - t0, "train_s": t2 - t1, "cores_busy": (c2 - c1) / (t2 - t1)}
+
+
+def run_jaxppo(steps: float, seeds: int, config_file: Path) -> dict:
+    import jax
+
+    import jaxppo
+    from jaxppo.run.train import make_train
+
+    config = jaxppo.PPOConfig.from_file(str(config_file)).replace(
+        total_timesteps=int(steps), num_seeds=1)
+    keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
+    (_, metrics), t = timed(make_train(config), keys)
+    env_steps = int(metrics["env_steps"][0, -1]) * seeds
+    return {**t, **final_returns(metrics["episode_return_mean"]), "env_steps": env_steps,
+            "steps_per_s": env_steps / t["train_s"],
+            "iterations": int(metrics["env_steps"].shape[1])}
+
+
+def run_jaxmarl(steps: float, seeds: int, anchors: Path) -> dict:
+    import jax
+    import numpy as np
+    import yaml
+
+    sys.path.insert(0, str(anchors / "IPPO"))
+    import ippo_ff_mpe
+
+    class EndedLogWrapper(ippo_ff_mpe.LogWrapper):
+        """The baseline's log wrapper, with the returns of the episodes that ended in the
+        step (zero elsewhere): the batch means of it and of `returned_episode` give the mean
+        return of the episodes that ended."""
+
+        def step(self, key, state, action):
+            obs, state, reward, done, info = super().step(key, state, action)
+            info["ended_return"] = info["returned_episode_returns"] * info["returned_episode"]
+            return obs, state, reward, done, info
+
+    ippo_ff_mpe.LogWrapper = EndedLogWrapper
+    # The baseline logs each iteration through an io_callback to wandb.log (which fails
+    # before a wandb.init); jaxppo's program has no host callback inside: it is left out.
+    ippo_ff_mpe.jax.experimental.io_callback = lambda *args, **kwargs: None
+    config = yaml.safe_load((anchors / "IPPO" / "config" / "ippo_ff_mpe.yaml").read_text())
+    config["TOTAL_TIMESTEPS"] = float(steps)
+    keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
+    out, t = timed(ippo_ff_mpe.make_train(config), keys)
+    m = out["metrics"]
+    ended = np.asarray(m["returned_episode"], np.float64)
+    per_iteration = np.where(ended > 0, np.asarray(m["ended_return"]) / np.maximum(ended, 1e-12),
+                             np.nan)
+    iterations = per_iteration.shape[1]
+    env_steps = iterations * config["NUM_STEPS"] * config["NUM_ENVS"] * seeds
+    return {**t, **final_returns(per_iteration), "env_steps": env_steps,
+            "steps_per_s": env_steps / t["train_s"], "iterations": iterations,
+            "baseline_logged_final": [float(np.mean(s[-10:]))
+                                      for s in np.asarray(m["returned_episode_returns"])]}
+
+
+def one_run(side: str, args) -> dict:
+    """A fresh process of one side; its last stdout line is the result."""
+    python = sys.executable if side == "jaxppo" else args.jaxmarl_python
+    cmd = [python, __file__, "--side", side, "--steps", str(args.steps), "--seeds",
+           str(args.seeds), "--anchors", str(args.anchors)] + (["--vmap"] if args.vmap else [])
+    env = {**os.environ, "PYTHONPATH": str(REPO)} if side == "jaxppo" else dict(os.environ)
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"side": side, "process_wall_s": time.perf_counter() - t, **result}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=float, default=2e6, help="env steps per seed")
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--anchors", type=Path, required=True)
+    p.add_argument("--jaxmarl-python", default=None)
+    p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
+    p.add_argument("--vmap", action="store_true", help="the seeds as one vmapped program")
+    args = p.parse_args()
+    if args.side == "jaxppo":
+        print(json.dumps(run_jaxppo(args.steps, args.seeds, REPO / "jaxppo" / "configs"
+                                    / f"{ENV}.yaml")))
+        return
+    if args.side == "jaxmarl":
+        print(json.dumps(run_jaxmarl(args.steps, args.seeds, args.anchors)))
+        return
+    runs = []
+    for r in range(args.rounds):
+        for side in ("jaxppo", "jaxmarl"):
+            runs.append({"round": r, **one_run(side, args)})
+            print(json.dumps(runs[-1]), flush=True)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps({
+        "cpu": cpu_model(), "env": ENV, "steps_per_seed": args.steps, "seeds": args.seeds,
+        "seeds_vmapped": args.vmap,
+        "settings": f"jaxppo/configs/{ENV}.yaml = JaxMARL's ippo_ff_mpe.yaml, total_timesteps "
+                    "as given", "runs": runs}, indent=1) + "\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

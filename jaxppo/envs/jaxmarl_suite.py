@@ -1,0 +1,222 @@
+"""JaxMARL's multi-agent environments by name (`env="jaxmarl:<name>"`, e.g.
+"jaxmarl:MPE_simple_spread_v3", or "jaxmarl:smax:<map>" for SMAX against its heuristic enemy,
+e.g. "jaxmarl:smax:3m") behind the gymnax API with an agent axis: `JaxMarlEnv` stacks the
+agents' observations, rewards and actions in `env.agents` order, splits the episode's end
+into terminated and truncated, and auto-resets.
+
+The core folds the agent axis into the batch (one actor per env and agent, as JaxMARL's IPPO
+baselines do); jaxppo.envs.spec says how.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import sys
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxppo.envs import adapter
+from jaxppo.errors import ConfigError
+
+PREFIX = "jaxmarl:"
+SMAX_PREFIX = "smax:"  # "jaxmarl:smax:<map>": HeuristicEnemySMAX on that scenario
+DEFAULT_EPISODE_LENGTH = 1000  # jaxppo's limit for an env without a `max_steps` of its own
+
+
+def import_jaxmarl(module: str | None = None):
+    """jaxmarl (or its submodule `module`), imported without the lines it prints to stdout on
+    import ("Importing submoduled environments..."): jaxppo's output stays its own."""
+    with _quiet_stdout():
+        return adapter.import_suite("jaxmarl", module)
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """stdout to a sink, and no DeprecationWarning (jaxopt's, which jaxmarl imports). jaxmarl's
+    MABrax module sets sys.stdout and sys.stderr back to sys.__stdout__ and sys.__stderr__
+    after its own import, so those point at the sink and at the current stderr meanwhile."""
+    saved = sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__
+    sys.stdout = sys.__stdout__ = io.StringIO()
+    sys.__stderr__ = sys.stderr
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved
+
+
+def registered_jaxmarl_envs() -> list[str]:
+    """JaxMARL's registered env names, then "smax:<map>" for each SMAX scenario."""
+    jaxmarl = import_jaxmarl()
+    maps = import_jaxmarl("jaxmarl.environments.smax.smax_env").MAP_NAME_TO_SCENARIO
+    return list(jaxmarl.registered_envs) + [SMAX_PREFIX + m for m in maps]
+
+
+def make_jaxmarl_env(path: str, env_kwargs: dict) -> tuple[JaxMarlEnv, dict]:
+    """Builds the env "jaxmarl:<name>" names with `jaxmarl.make` (or HeuristicEnemySMAX on
+    the scenario of "jaxmarl:smax:<map>").
+
+    Args:
+      path: "jaxmarl:<name>".
+      env_kwargs: the config's; max_steps_in_episode is jaxppo's param, the rest go to the
+        env's constructor (e.g. num_agents=4 for MPE_simple_spread_v3).
+
+    Returns:
+      (env, the other env_kwargs: params, which make_env sets).
+
+    Raises:
+      ConfigError: jaxmarl is not installed, an unknown name, a failing constructor, or an
+        env jaxppo cannot adapt.
+    """
+    name = path[len(PREFIX):]
+    jaxmarl = import_jaxmarl()
+    names = registered_jaxmarl_envs()
+    if name not in names:
+        raise adapter.unknown_env_error(path, names, "a JaxMARL environment")
+    params, kwargs = adapter.split_env_kwargs(env_kwargs)
+    rest = "go to the env's constructor (e.g. num_agents=4 for MPE_simple_spread_v3)"
+    if name.startswith(SMAX_PREFIX):
+        smax = import_jaxmarl("jaxmarl.environments.smax")
+        scenario = smax.map_name_to_scenario(name[len(SMAX_PREFIX):])
+        make = lambda _, **kw: smax.HeuristicEnemySMAX(scenario=scenario, **kw)  # noqa: E731
+        marl_env = adapter.construct(path, "HeuristicEnemySMAX", make, name, kwargs, rest)
+    else:
+        marl_env = adapter.construct(path, "jaxmarl.make", jaxmarl.make, name, kwargs, rest)
+    env = JaxMarlEnv(marl_env, name=f"jaxmarl-{name}")
+    adapter.trace_step(env, path, "jaxmarl", "JaxMARL", jnp.zeros((env.num_agents,), jnp.int32))
+    return env, params
+
+
+@struct.dataclass
+class JaxMarlParams:
+    """What jaxppo's reset and step take for a JaxMARL env: jaxppo's time limit (steps after
+    which an episode that has not ended is truncated)."""
+
+    max_steps_in_episode: int = DEFAULT_EPISODE_LENGTH
+
+
+@struct.dataclass
+class JaxMarlEnvState:
+    """A JaxMARL env's state and the steps taken in the current episode."""
+
+    marl_state: Any
+    time: jax.Array  # int32 []
+
+
+class JaxMarlEnv:
+    """A JaxMARL env (`MultiAgentEnv`, one env: jaxppo vmaps it) with the gymnax API and an
+    agent axis of `num_agents` (`agents` names them, in JaxMARL's order).
+
+    reset(key, params) -> (obs [N, D], state); step(key, state, action [N], params) -> (obs
+    [N, D], state, reward [N], terminated [], truncated [], info), auto-resetting with `key`
+    when the episode ends and keeping the observations before the reset in
+    info["final_observation"].
+
+    * Ends: the episode ends where JaxMARL's dones["__all__"] is true (the done every agent
+      shares). An end once the env's own `max_steps` steps are reached (MPE: max_steps 25,
+      its episodes last 26 steps; SMAX: 100) is `truncated` (its value is bootstrapped), any
+      other end `terminated`; a step that reaches `params.max_steps_in_episode` (one past
+      the env's `max_steps` by default, else 1000) is truncated too. JaxMARL's baselines
+      treat every end as terminal.
+    * Observations: each agent's Box observation, flattened; agents with smaller
+      observations are zero-padded at the end to the largest (as JaxMARL's baselines pad).
+    * Actions: one Discrete action per agent, `action_space().n` the largest agent's count;
+      an agent with fewer actions has the others masked out.
+    * Action masks: `action_mask(state, params) -> bool [N, n]` when the env gives available
+      actions (SMAX's `get_avail_actions`) or agents have different action counts; jaxppo
+      masks the policy with it.
+    """
+
+    def __init__(self, marl_env, name: str | None = None):
+        self.marl_env = marl_env
+        self.name = name or f"jaxmarl-{type(marl_env).__name__}"
+        self.agents = tuple(marl_env.agents)
+        obs_dims, self._num_actions = [], []
+        for a in self.agents:
+            obs_space, act_space = marl_env.observation_space(a), marl_env.action_space(a)
+            if not hasattr(act_space, "n"):
+                raise ConfigError(
+                    f"{self.name}: agent {a!r} has action space {type(act_space).__name__}; "
+                    "jaxppo's JaxMARL adapter takes Discrete actions only (MPE envs take "
+                    "env_kwargs={'action_type': 'Discrete'})")
+            obs_dims.append(math.prod(obs_space.shape))
+            self._num_actions.append(int(act_space.n))
+        self._obs_dims = tuple(obs_dims)
+        self.obs_dim, self.n = max(obs_dims), max(self._num_actions)
+        base = import_jaxmarl("jaxmarl.environments.multi_agent_env").MultiAgentEnv
+        self._has_avail = type(marl_env).get_avail_actions is not base.get_avail_actions
+        self._has_mask = self._has_avail or len(set(self._num_actions)) > 1
+        limit = getattr(marl_env, "max_steps", None)
+        self._time_limit = (int(limit) if isinstance(limit, (int, np.integer))
+                            and not isinstance(limit, bool) and limit > 0 else None)
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+    @property
+    def default_params(self) -> JaxMarlParams:
+        # One past the env's max_steps: JaxMARL's MPE envs end on the step after step
+        # max_steps (26 steps for max_steps=25), and jaxppo's limit must not cut them earlier.
+        return JaxMarlParams(self._time_limit + 1 if self._time_limit
+                             else DEFAULT_EPISODE_LENGTH)
+
+    def stack(self, per_agent: dict) -> jax.Array:
+        """{agent: obs} -> [N, D] float32, each agent's flattened and zero-padded to D."""
+        rows = [jnp.ravel(jnp.asarray(per_agent[a])).astype(jnp.float32) for a in self.agents]
+        return jnp.stack([jnp.pad(r, (0, self.obs_dim - r.shape[0])) for r in rows])
+
+    def reset(self, key: jax.Array, params: JaxMarlParams | None = None):
+        obs, state = self.marl_env.reset(key)
+        return self.stack(obs), JaxMarlEnvState(state, jnp.zeros((), jnp.int32))
+
+    def step(self, key: jax.Array, state: JaxMarlEnvState, action: jax.Array,
+             params: JaxMarlParams | None = None):
+        params = self.default_params if params is None else params
+        k_step, k_reset = jax.random.split(key)
+        actions = {a: action[i] for i, a in enumerate(self.agents)}
+        obs, stepped, reward, dones, _ = self.marl_env.step_env(k_step, state.marl_state, actions)
+        time = state.time + 1
+        ended = jnp.asarray(dones["__all__"], bool)
+        own_limit = self._time_limit is not None and time >= self._time_limit
+        truncated = jnp.logical_or(jnp.logical_and(ended, own_limit),
+                                   time >= params.max_steps_in_episode)
+        terminated = jnp.logical_and(ended, ~truncated)
+        done = jnp.logical_or(terminated, truncated)
+        obs, next_state, info = adapter.auto_reset(
+            done, self.reset(k_reset, params), self.stack(obs), JaxMarlEnvState(stepped, time))
+        rewards = jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in self.agents])
+        return obs, next_state, rewards, terminated, truncated, info
+
+    @property
+    def action_mask(self):
+        """`action_mask(state, params) -> bool [N, n]` (AttributeError when every agent has
+        every action at every state)."""
+        if not self._has_mask:
+            raise AttributeError("action_mask")
+        return self._mask
+
+    def _mask(self, state: JaxMarlEnvState, params=None) -> jax.Array:
+        avail = (self.marl_env.get_avail_actions(state.marl_state) if self._has_avail
+                 else {a: jnp.ones((k,), bool) for a, k in zip(self.agents, self._num_actions)})
+        rows = [jnp.asarray(avail[a]).astype(bool) for a in self.agents]
+        return jnp.stack([jnp.pad(r, (0, self.n - r.shape[0])) for r in rows])
+
+    def observation_space(self, params: JaxMarlParams | None = None):
+        """One agent's (padded) observation: Box [D]."""
+        return adapter.gymnax_spaces().Box(-jnp.inf, jnp.inf, (self.obs_dim,), jnp.float32)
+
+    def action_space(self, params: JaxMarlParams | None = None):
+        """One agent's action: Discrete(n)."""
+        return adapter.gymnax_spaces().Discrete(self.n)
+
+    def __repr__(self) -> str:
+        return f"JaxMarlEnv({type(self.marl_env).__name__}, {self.name!r})"
