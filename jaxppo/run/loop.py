@@ -75,9 +75,7 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     end_iter = _end_iteration(config, start_iter, stop_after_iterations)
     resumed_from = start_iter if resumed else None
     history = _History(config, folder.previous_rows if folder else [])
-    reporter = Reporter(config, config.num_iterations, progress, start=start_iter, label=label,
-                        member_labels=member_labels,
-                        team=bool(getattr(runner.algorithm.spec, "agents", ())))
+    reporter = _reporter(runner, config, progress, start_iter, label, member_labels)
     t_train = time.perf_counter()
     saver = _Saver(runner, config, folder, saved_at=resumed_from, record=checkpoint_record)
     rules = StopRules(config, folder.previous_rows if folder else [])
@@ -116,6 +114,14 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     return _result(runner, config, folder, history.metrics(), iterations_done=it,
                    resumed_from=resumed_from, train_seconds=time.perf_counter() - t_train,
                    interrupted=interrupted, stopped=stopped if it < config.num_iterations else None)
+
+
+def _reporter(runner: Runner, config: PPOConfig, progress: bool | None, start_iter: int,
+              label: str | None, member_labels: list[str] | None) -> Reporter:
+    """The run's progress: a multi-agent env's return is its team's."""
+    return Reporter(config, config.num_iterations, progress, start=start_iter, label=label,
+                    member_labels=member_labels,
+                    team=bool(getattr(runner.algorithm.spec, "agents", ())))
 
 
 def _end_iteration(config: PPOConfig, start_iter: int, more: int | None) -> int:
