@@ -8,9 +8,10 @@ protocol: sticky actions 0.25, whole games, full action space, one no-op).
     .venv/bin/python experiments/cleanba_bench.py --cleanba-python /work/peers/cleanba/bin/python
         [--steps 6144] [--num-steps 128] [--rounds 1] [--no-concurrency]
 
-On a loaded 2-core CPU one update of 16 x 128 steps takes minutes on either side:
-`--num-steps 16 --steps 768` (3 updates of 256 steps) is what fits a short sitting; the
-steps/s of a conv-bound update hardly depends on the batch size, the returns do.
+On a loaded 2-core CPU an update of 16 x 16 steps took 7-10 minutes on either side (16 x 128:
+about an hour), so `--num-steps 16 --steps 768` (3 updates of 256 steps) is what fits a short
+sitting; the steps/s of a conv-bound update hardly depends on the batch size, the returns do.
+Add `--only jaxppo` or `--only cleanba` to run one side.
 
 Each measurement is a fresh process; the two alternate round by round. Cleanba runs from a
 copy of `../shared/anchors/cleanba/cleanba_ppo.py` (unchanged; `experiments/peers/cleanba.patch`
@@ -58,7 +59,10 @@ from bench import cpu_model  # experiments/bench.py: the machine's CPU model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
-CLEANBA = ROOT.parent / "shared" / "anchors" / "cleanba" / "cleanba_ppo.py"
+# ../shared/anchors: beside the checkout, or beside the folder of its worktrees
+ANCHORS = next((d / "shared" / "anchors" for d in ROOT.parents[:2]
+                if (d / "shared" / "anchors").is_dir()), ROOT.parent / "shared" / "anchors")
+CLEANBA = ANCHORS / "cleanba" / "cleanba_ppo.py"
 PATCH = ROOT / "experiments" / "peers" / "cleanba.patch"
 ENVS, STEPS = 16, 128  # Cleanba's 128 steps; --num-steps shortens a rollout (and an update)
 # Cleanba's make_env: Machado et al. (2017)'s protocol; the frame options are envpool's
@@ -184,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cleanba-python", help="the python of Cleanba's own virtualenv")
     p.add_argument("--no-concurrency", action="store_true",
                    help="run Cleanba without --concurrency (acting and learning in turn)")
+    p.add_argument("--only", choices=("jaxppo", "cleanba"), help="run one side only")
     p.add_argument("--out", default=str(RESULTS / "cleanba-bench.json"))
     args = p.parse_args(argv)
     if not args.cleanba_python:
@@ -197,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         "Cleanba cleanba_ppo.py": lambda s: cleanba_run(args.cleanba_python, args.env,
                                                          args.steps, args.num_steps, s + 1,
                                                          not args.no_concurrency)}
+    if args.only:
+        contenders = {k: v for k, v in contenders.items() if k.lower().startswith(args.only)}
     runs = alternate(contenders, args.rounds)
     record = {"cpu": cpu_model(), "cores": os.cpu_count(), "env": args.env,
               "config": {"envs": ENVS, "num_steps": args.num_steps, "actor_threads": 1,
