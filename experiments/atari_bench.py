@@ -74,6 +74,17 @@ def jaxppo_run(env: str, steps: int, seed: int, lag: int) -> dict:
             "final_return": summary.get("final_return_mean")}
 
 
+def alternate(contenders: dict, rounds: int) -> dict[str, list[dict]]:
+    """Each contender's runs (run(round) -> dict), fresh in turn round by round, each printed."""
+    runs: dict[str, list[dict]] = {name: [] for name in contenders}
+    for r in range(rounds):
+        for name, run in contenders.items():
+            result = run(r)
+            runs[name].append(result)
+            print(f"round {r + 1}: {name}: {result}", file=sys.stderr, flush=True)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env", default="Breakout-v5")
@@ -90,12 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_cleanrl:
         contenders["CleanRL ppo_atari_envpool.py"] = lambda s: cleanrl_run(
             args.cleanrl_python, args.env, args.steps, s + 1)
-    runs: dict[str, list[dict]] = {name: [] for name in contenders}
-    for r in range(args.rounds):
-        for name, run in contenders.items():
-            result = run(r)
-            runs[name].append(result)
-            print(f"round {r + 1}: {name}: {result}", file=sys.stderr, flush=True)
+    runs = alternate(contenders, args.rounds)
     summary = {}
     for name, rs in runs.items():
         sps = [x["sps"] for x in rs if "sps" in x]
