@@ -60,7 +60,11 @@ class Learner:
     def replica(self, state: TrainState) -> TrainState:
         """The state as one device holds it: device 0's copy when split (only its replicated
         fields, e.g. params, obs_stats, rng, counters, mean the whole run's)."""
-        return state if self.shards == 1 else jax.tree.map(lambda x: x[0], state)
+        if self.shards == 1:
+            return state
+        # Device 0's own buffer, not x[0]: that is an array replicated over every device,
+        # and a policy step on it would run on all of them.
+        return jax.tree.map(lambda x: x.addressable_shards[0].data.reshape(x.shape[1:]), state)
 
     def unsharded(self, state: TrainState) -> TrainState:
         """The state in the unsharded layout (numpy), as checkpoints hold it."""

@@ -22,8 +22,12 @@ key of split(PRNGKey(seed), num_seeds) (`seed_keys`). A recurrent policy's carry
 the envs (`HostRollout`), zeroed where an episode ended; each rollout records the carry it
 started from and the resets, which the update replays.
 
+With an integer num_devices the update is split over this host's devices
+(`jaxppo.run.hostlearner.Learner`: the rollout cut along its envs, the compiled path's
+collectives); acting reads one device's copy of the params.
+
 Checkpoints hold the learner state (params, optimiser, statistics, KL coefficient, random
-key, counters; [num_seeds, ...] with several seeds); a gymnasium env's state cannot be saved,
+key, counters; [num_seeds, ...] with several seeds; unsharded whatever the device count); a gymnasium env's state cannot be saved,
 so a resumed run restarts its envs (fresh episodes, reset from a seed derived from each seed's
 key and the iteration, with a fresh carry and fresh frame stacks).
 """
