@@ -6,8 +6,9 @@ Run as a script (in a subprocess, with 2 forced CPU devices) it trains gymnasium
 1 and 2 devices and prints what the tests compare. Tolerance: the split update averages each
 device's minibatch gradient (and statistics) over the devices where one device averages the
 whole minibatch at once, so float32 sums add up in another order (~1e-7 relative per step);
-over a few iterations of Adam that stays well under 1e-5 on params and 1e-4 relative on the
-losses, as for the compiled path (tests/core/test_pmap.py). The envs see the same actions
+over a few iterations of Adam that stays well under 1e-5 on params and within 1e-4 relative
+(1e-6 absolute, for the near-zero policy loss) on the metrics, as for the compiled path
+(tests/core/test_pmap.py). The envs see the same actions
 (the sampling noise comes from global env ids), so the episode metrics are equal exactly.
 """
 
@@ -33,11 +34,11 @@ LEARNER_SIDE = ("policy_loss", "value_loss", "entropy", "kl", "approx_kl", "expl
 
 
 def _config(**kw):
-    return jaxppo.PPOConfig(
-        env="gymnasium:CartPole-v1", num_envs=8, num_steps=16, num_epochs=2, num_minibatches=2,
-        total_timesteps=8 * 16 * 4, normalize_observations=True, normalize_rewards=True,
-        eval_every=2, eval_episodes=2, compilation_cache_dir=None,
-        network=jaxppo.NetworkConfig(hidden_sizes=(16,)), **kw)
+    return jaxppo.PPOConfig(**{
+        "env": "gymnasium:CartPole-v1", "num_envs": 8, "num_steps": 16, "num_epochs": 2,
+        "num_minibatches": 2, "total_timesteps": 8 * 16 * 4, "normalize_observations": True,
+        "normalize_rewards": True, "eval_every": 2, "eval_episodes": 2,
+        "compilation_cache_dir": None, "network": jaxppo.NetworkConfig(hidden_sizes=(16,)), **kw})
 
 
 CASES = {  # name -> the config's changes
@@ -53,9 +54,8 @@ def _compare(a, b) -> dict:
 
     out = {"env_side": {k: bool(np.array_equal(a.metrics[k], b.metrics[k], equal_nan=True))
                         for k in ENV_SIDE},
-           "learner_side": {k: float(np.max(np.abs(a.metrics[k] - b.metrics[k]) /
-                                            np.maximum(np.abs(b.metrics[k]), 1e-3)))
-                            for k in LEARNER_SIDE}}
+           "learner_side": {k: [np.asarray(a.metrics[k]).tolist(),
+                                np.asarray(b.metrics[k]).tolist()] for k in LEARNER_SIDE}}
     out["param_diff"] = max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
                             for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
     return out
@@ -102,8 +102,8 @@ def split_runs(compile_cache_dir) -> dict:
 
 def _assert_same_run(r: dict) -> None:
     assert all(r["env_side"].values()), r["env_side"]
-    for key, d in r["learner_side"].items():
-        assert d < 1e-4, (key, d)
+    for key, (got, expected) in r["learner_side"].items():
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6, err_msg=key)
     assert r["param_diff"] < 1e-5, r["param_diff"]
 
 
