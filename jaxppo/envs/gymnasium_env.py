@@ -211,8 +211,8 @@ def check_config(config, layout) -> None:
     env's or an envpool task's).
 
     Raises:
-      ConfigError: several devices, hosts, population-based training, or actor-learner
-        options that do not fit.
+      ConfigError: hosts, sync='batch' over several devices, population-based training,
+        or actor-learner options that do not fit.
     """
     check_actor_options(config)
     where = f"env={config.env!r} steps in Python (host-loop mode)"
@@ -223,9 +223,12 @@ def check_config(config, layout) -> None:
                           "population-based training (exploit and explore between members) "
                           "runs only in the compiled program; use a gymnax env, or a sweep "
                           "(one set of hyperparameters per seed) without pbt")
-    if config.num_devices not in (None, "auto", 1):
-        raise ConfigError(f"num_devices={config.num_devices}: {where}, on one device; leave "
-                          "num_devices unset")
+    if config.sync == "batch" and config.num_devices not in (None, "auto", 1):
+        raise ConfigError(
+            f"sync='batch' with num_devices={config.num_devices}: {where}, so its rollout is "
+            "whole on this host already, and every device would run the same whole update; "
+            "use sync='gradients' (the default) to split the update over the devices, or "
+            "num_devices=1")
 
 
 def _check_registered(gym, env_id: str) -> None:

@@ -128,6 +128,17 @@ def local_layout(config: PPOConfig, recurrent: bool = False) -> Layout:
     return Layout(n)
 
 
+def learner_layout(config: PPOConfig) -> Layout:
+    """The learner's devices for an env that steps in Python (jaxppo.run.hostloop): an integer
+    num_devices splits the update's batch (its envs) over that many of this host's devices, as
+    the compiled path splits its envs; "auto" keeps one device. There the Python env steps,
+    not the update, usually bound the run (docs/environments.md), and one device keeps
+    today's numbers bit for bit."""
+    if is_auto_devices(config.num_devices):
+        return Layout()
+    return local_layout(config)
+
+
 def host_layout(config: PPOConfig, recurrent: bool = False) -> Layout:
     """Every process's layout in a jax.distributed group: the envs (PBT: members) over
     num_devices local devices of each. "auto" takes every local device, except on a CPU

@@ -30,7 +30,7 @@ from jaxppo.envs.gymnasium_env import check_config as check_host_loop_config
 from jaxppo.envs.gymnasium_env import refuse_host_options
 from jaxppo.envs.transforms import reward_hooks
 from jaxppo.program.layout import (Layout, check_minibatches, check_split, describe_layout,
-                                   host_layout, local_layout, splits_population)
+                                   host_layout, learner_layout, local_layout, splits_population)
 from jaxppo.program.user_network import check_custom_network, user_module
 
 
@@ -109,9 +109,8 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     network = networks.make_network(config, spec, module)
     if config.network.custom:
         check_custom_network(config, spec, network)
-    if spec.host_loop:  # one process, one device (jaxppo.run.hostloop, run.actorlearner)
+    if spec.host_loop:  # one process (jaxppo.run.hostloop, run.actorlearner)
         check_host_loop_config(config, layout)
-        layout = None
     else:
         refuse_host_options(config)
     recurrent = networks.is_recurrent(network)
@@ -120,7 +119,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     if layout is None:
         layout = Layout()
     elif layout == "local":
-        layout = local_layout(config, recurrent)
+        layout = (learner_layout(config) if spec.host_loop else local_layout(config, recurrent))
     elif layout == "hosts":
         layout = host_layout(config, recurrent)
     check_split(config, layout)

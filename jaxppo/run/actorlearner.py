@@ -230,8 +230,10 @@ class ActorLearnerRunner(HostLoopRunner):
         self.layout_note = (f"actor-learner: {self.threads} actor thread"
                             f"{'s' if self.threads > 1 else ''} x {per} envs"
                             f"{' of each seed' if self.seeded else ''} ({why}), "
-                            f"max_policy_lag {self.max_lag}")
-        state = self.state
+                            f"max_policy_lag {self.max_lag}"
+                            + (f", acting on one device, the update split over {self.shards}"
+                               if self.shards > 1 else ""))
+        state = self.learner.unsharded(self.state)
         self._envs_after = (np.asarray(state.last_obs), *(np.asarray(x) for x in (
             state.discounted_return, state.episode_return, state.episode_length)))
 
@@ -248,7 +250,7 @@ class ActorLearnerRunner(HostLoopRunner):
         return 1 if self.config.num_seeds > 1 else 0
 
     def _compile(self):
-        state, first = self.state, self.actors[0]
+        state, first = self.acting_state(), self.actors[0]
         noise = jax.eval_shape(self._noise, state.rng, first.env_ids)
         np.asarray(self._noise(state.rng, first.env_ids))  # compiled for the actors' env count
         step_noise = np.zeros(noise.shape[:self._env_axis] + noise.shape[self._env_axis + 1:],
@@ -289,8 +291,9 @@ class ActorLearnerRunner(HostLoopRunner):
         waited = time.perf_counter() - t0
         taken, self._taken = self._taken, []
         traj = join_rollouts([r.traj for r in taken], self.seeded)
-        self.state, metrics = self._update(state, traj, self.hp, state.env_steps, state.obs_stats)
-        self._shared.board.publish(k + 1, self.state.params, self.state.obs_stats)
+        self.state, metrics = self.learner.update(state, traj)
+        acting = self.acting_state()
+        self._shared.board.publish(k + 1, acting.params, acting.obs_stats)
         self._envs_after = tuple(np.concatenate(parts, axis=self._env_axis) for parts in
                                  zip(*(r.envs_after for r in taken)))
         metrics = dict(jax.device_get(metrics))
@@ -306,7 +309,7 @@ class ActorLearnerRunner(HostLoopRunner):
     def _start_actors(self, start: int) -> None:
         if self._shared is not None:
             return
-        cfg, state = self.config, self.state
+        cfg, state = self.config, self.acting_state()
         fold = over_seeds(jax.random.fold_in, self.seeded, (0, None))
         key = fold(self.keys if self.seeded else self.keys[0], ACTOR_KEY_TAG)
         self._shared = _Shared(
@@ -374,7 +377,7 @@ class ActorLearnerRunner(HostLoopRunner):
         episode trackers after the rollouts it learned from (which a resume does not use: it
         restarts the envs)."""
         last_obs, disc, ret, length = (x.copy() for x in self._envs_after)
-        return jax.device_get(self.state).replace(
+        return self.learner.unsharded(self.state).replace(
             last_obs=last_obs, discounted_return=disc, episode_return=ret, episode_length=length)
 
     def close(self) -> None:

@@ -22,8 +22,12 @@ key of split(PRNGKey(seed), num_seeds) (`seed_keys`). A recurrent policy's carry
 the envs (`HostRollout`), zeroed where an episode ended; each rollout records the carry it
 started from and the resets, which the update replays.
 
+With an integer num_devices the update is split over this host's devices
+(`jaxppo.run.hostlearner.Learner`: the rollout cut along its envs, the compiled path's
+collectives); acting reads one device's copy of the params.
+
 Checkpoints hold the learner state (params, optimiser, statistics, KL coefficient, random
-key, counters; [num_seeds, ...] with several seeds); a gymnasium env's state cannot be saved,
+key, counters; [num_seeds, ...] with several seeds; unsharded whatever the device count); a gymnasium env's state cannot be saved,
 so a resumed run restarts its envs (fresh episodes, reset from a seed derived from each seed's
 key and the iteration, with a fresh carry and fresh frame stacks).
 """
@@ -45,6 +49,7 @@ from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS
 from jaxppo.program.build import is_batched
 from jaxppo.program.resolved import Resolved
+from jaxppo.run.hostlearner import Learner
 
 
 def _env_seeds(key: jax.Array, n: int) -> list[int]:
@@ -352,8 +357,9 @@ def initial_state(algo: Algorithm, key: jax.Array, hp: HyperParams, obs) -> tupl
 
 
 def abstract_state(run: Resolved, hp: HyperParams):
-    """The shapes and dtypes of a host-loop TrainState (what a checkpoint is restored into)."""
-    algo, cfg = Algorithm.create(run), run.config
+    """The shapes and dtypes of a host-loop TrainState in the unsharded layout (what a
+    checkpoint is restored into, whatever device count saved it)."""
+    algo, cfg = Algorithm.create(run.with_layout(None)), run.config
     seeds = (cfg.num_seeds,) if cfg.num_seeds > 1 else ()
     obs = jax.ShapeDtypeStruct(seeds + (cfg.num_envs,) + run.spec.obs_shape,
                                obs_dtype(run.spec.env))
@@ -365,20 +371,26 @@ class HostLoopRunner:
     stop)` plays and learns iterations start+1..stop in this process, `snapshot()` is the
     learner state (numpy). `jaxppo.run.actorlearner.ActorLearnerRunner` builds on it."""
 
-    shards = 1
     hosts = 1
-    params_replicated = False
     layout_note: str | None = None  # more on where it trains, for the layout line
 
     def __init__(self, resolved: Resolved, hp: HyperParams, restored: TrainState | None = None,
                  keys: jax.Array | None = None):
         """`keys`: each seed's key [num_seeds, 2] (default `seed_keys(config)`)."""
         t0 = time.perf_counter()
-        self.algorithm = algo = Algorithm.create(resolved)
+        # Acting sees every env on one device; the learner may split them (`Learner`).
+        self.algorithm = algo = Algorithm.create(resolved.with_layout(None))
         self.config = cfg = resolved.config
         self.hp = hp
         self.seeded = seeded = cfg.num_seeds > 1
         h_axis = hp_axis(hp, cfg)
+        self.layout = resolved.layout
+        self.shards = resolved.layout.shards
+        # Split over devices, the params come back one copy per device (as the compiled path's).
+        self.params_replicated = self.shards > 1
+        if self.shards > 1:
+            self.layout_note = ("the envs step in Python and the policy acts on one device; "
+                                f"the update is split over {self.shards}")
         self.keys = seed_keys(cfg) if keys is None else keys
         self._gamma = (np.broadcast_to(np.asarray(hp.gamma, np.float32), (cfg.num_seeds,))
                        if seeded else float(hp.gamma))
@@ -388,17 +400,14 @@ class HostLoopRunner:
         try:
             # A resumed run restarts its envs from seeds of its own: the env state was not saved.
             obs = self._open_envs([env_seeds(cfg, start, k) for k in self.keys])
+            self.learner = Learner(resolved, hp, seeded, h_axis)
             if restored is None:
-                self.state = jax.jit(init_fn(algo, hp))(self.keys, obs)
+                self.state = self.learner.place(jax.jit(init_fn(algo, hp))(self.keys, obs))
             else:
-                self.state = jax.tree.map(jnp.asarray, restored)
+                self.state = self.learner.place(restored)
             self._split = jax.jit(over_seeds(lambda s: (*jax.random.split(s.rng),), seeded, 0))
             self._noise = jax.jit(over_seeds(lambda k, ids: ppo.rollout_noise(algo, k, ids)[0],
                                              seeded, (0, None)))
-            # Not donating the state: its statistics also go in as the acting ones, and a
-            # learner state is small.
-            self._update = jax.jit(over_seeds(lambda s, traj, hp, start, stats: ppo.update(
-                algo, s, traj, s.env_ids, hp, start, stats), seeded, (0, 0, h_axis, 0, 0)))
             # Compile everything once now (the loop reports it as compile time), on a
             # throwaway rollout of zeros: nothing steps the envs.
             self._compile()
@@ -413,36 +422,36 @@ class HostLoopRunner:
         self.rollout = open_rollout(self.algorithm, seeds)
         return self.rollout.obs
 
-    def env_ids(self, state: TrainState):
-        """The global indices [E] of the envs (the same for every seed)."""
-        return state.env_ids[0] if self.seeded else state.env_ids
+    def acting_state(self) -> TrainState:
+        """The learner state as acting reads it (params, statistics, key, counters): one
+        device's copy."""
+        return self.learner.replica(self.state)
 
     def _compile(self):
-        state = self.state
+        state = self.acting_state()
         _, k_roll = self._split(state)
-        noise = np.zeros(self._noise(k_roll, self.env_ids(state)).shape, np.float32)
+        noise = np.zeros(self._noise(k_roll, self._env_ids).shape, np.float32)
         outs = self.rollout.warm_up(state.params, state.obs_stats, noise[:, 0] if self.seeded
                                     else noise[0])
         traj = zero_transition(outs, self.config.num_steps, self.rollout.obs, self.seeded)
         self._compile_update(traj)
 
     def _compile_update(self, traj: Transition) -> None:
-        state = self.state
-        args = (state, traj, self.hp, state.env_steps, state.obs_stats)
-        self._update = self._update.lower(*args).compile()
+        self.learner.compile(self.state, traj)
+
+    @property
+    def _env_ids(self) -> np.ndarray:
+        return np.arange(self.config.num_envs, dtype=np.int32)
 
     # ------------------------------------------------------------------ the Runner protocol
     def iterate(self) -> tuple[dict, Transition]:
         """One iteration: rollout on the host, then the compiled update. Returns its metrics
         (numpy scalars, [S] with several seeds) and the rollout."""
-        state = self.state
-        start_steps = state.env_steps
-        obs_stats_acting = state.obs_stats
-        rng, k_roll = self._split(state)
-        noise = np.asarray(self._noise(k_roll, self.env_ids(state)))
-        traj = self.rollout.collect(state.params, obs_stats_acting, noise, self._gamma)
-        self.state, metrics = self._update(state.replace(rng=rng), traj, self.hp, start_steps,
-                                           obs_stats_acting)
+        acting = self.acting_state()
+        rng, k_roll = self._split(acting)
+        noise = np.asarray(self._noise(k_roll, self._env_ids))
+        traj = self.rollout.collect(acting.params, acting.obs_stats, noise, self._gamma)
+        self.state, metrics = self.learner.update(self.state, traj, rng)
         return jax.device_get(metrics), traj
 
     def train_chunk(self, start: int, stop: int) -> dict[str, np.ndarray]:
@@ -483,7 +492,7 @@ class HostLoopRunner:
         cfg = self.config
         if self._eval_envs is None:
             self._eval_envs = self.algorithm.spec.env.make_vec(cfg.eval_episodes)
-        st = jax.device_get(self.state)
+        st = jax.device_get(self.acting_state())
         rows = []
         for i in range(cfg.num_seeds):  # each seed's policy in turn, on the same envs
             s = jax.tree.map(lambda x: x[i], st) if self.seeded else st
@@ -499,12 +508,13 @@ class HostLoopRunner:
         """The learner state after the last iteration, as numpy (with the envs' observations
         and episode trackers, which a resume does not use: it restarts the envs)."""
         r = self.rollout
-        return jax.device_get(self.state).replace(
+        return self.learner.unsharded(self.state).replace(
             last_obs=r.obs.copy(), discounted_return=r.discounted_return.copy(),
             episode_return=r.episode_return.copy(), episode_length=r.episode_length.copy())
 
     def final_state(self) -> TrainState:
-        """The learner state as the update left it (device arrays)."""
+        """The learner state as the update left it (device arrays; split over devices, the
+        device layout: [devices, ...])."""
         return self.state
 
     def close(self) -> None:

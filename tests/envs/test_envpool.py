@@ -210,8 +210,9 @@ def test_atari_options_and_spaces():
     ({"env_params": {"max_steps_in_episode": 5}},
      r"^env_params is for gymnax envs; an envpool task takes its options as env_kwargs"),
     ({"env": "envpool:MiniGrid-Empty-5x5-v0"}, r"has observation space Dict\(.*Box observations"),
-    ({"num_seeds": 2, "num_devices": 2},
-     r"^num_devices=2: env='envpool:Breakout-v5' steps in Python \(host-loop mode\), on one device"),
+    ({"num_seeds": 2, "num_devices": 2, "sync": "batch"},
+     r"^sync='batch' with num_devices=2: env='envpool:Breakout-v5' steps in Python \(host-loop "
+     r"mode\), so its rollout is whole"),
 ])
 def test_errors_name_the_fix(kw, match):
     with pytest.raises(ConfigError, match=match):

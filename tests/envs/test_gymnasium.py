@@ -186,9 +186,9 @@ def test_errors_name_the_fix(monkeypatch):
     with pytest.raises(ConfigError, match=r"'gymnasium:Cartpole-v1' is not a registered gymnasium "
                                           r"env; registered ids like it: CartPole-v1"):
         jaxppo.resolve(WALK.replace(env="gymnasium:Cartpole-v1"))
-    with pytest.raises(ConfigError, match=r"num_devices=2: env='gymnasium:JaxppoWalk-v0' steps "
-                                          r"in Python \(host-loop mode\), on one device"):
-        jaxppo.resolve(WALK.replace(num_seeds=2, num_devices=2))
+    with pytest.raises(ConfigError, match=r"sync='batch' with num_devices=2: env='gymnasium:"
+                                          r"JaxppoWalk-v0' steps in Python .*use sync='gradients'"):
+        jaxppo.resolve(WALK.replace(num_seeds=2, num_devices=2, sync="batch"))
     with pytest.raises(ConfigError, match=r"transform GymnaxOnly wraps a gymnax env and has no "
                                           r"form for env='gymnasium:JaxppoWalk-v0'.*wrap_host"):
         jaxppo.resolve(WALK.replace(transforms=[GymnaxOnly()]))

@@ -127,7 +127,7 @@ def test_the_host_update_is_the_compiled_recurrent_update_on_the_same_rollout():
             params=state.params, opt_state=state.opt_state, kl_coeff=state.kl_coeff,
             obs_stats=state.obs_stats, return_stats=state.return_stats, rng=rolled.rng,
             env_steps=state.env_steps, iteration=state.iteration)
-        got, got_m = runner._update(host_in, traj, runner.hp, state.env_steps, state.obs_stats)
+        got, got_m = runner.learner.update(host_in, traj)
     finally:
         runner.close()
     for a, b in zip(jax.tree.leaves((got.params, got.opt_state, got.obs_stats, got.return_stats)),
