@@ -202,7 +202,7 @@ base = jaxppo.PPOConfig(env="jaxppo.examples.envs:PickLegal", num_envs=8, num_st
 out = {}
 for nd, sync in ((1, "gradients"), (2, "gradients"), (2, "batch")):
     r = jaxppo.train(base.replace(num_devices=nd, sync=sync), progress=False, plot=False)
-    out[f"{nd}-{sync}"] = {k: np.asarray(r.metrics[k]).tolist()
+    out[f"{nd}-{sync}"] = {k: np.asarray(r.metrics[k][0]).tolist()
                            for k in ("policy_loss", "entropy", "kl", "episode_length_mean")}
 print(json.dumps(out))
 """
