@@ -157,9 +157,10 @@ def test_a_resumed_mappo_run_continues_exactly_and_its_actor_loads_and_exports(t
     # One compile for the three runs: a compilation cache of the test's own.
     cfg = TINY.replace(agent_id=True, checkpoint_every=1, log_every=1, total_timesteps=2 * 64,
                        compilation_cache_dir=str(tmp_path / "xla"))
-    full = jaxppo.train(cfg, run_dir=tmp_path / "full", progress=False)
-    jaxppo.train(cfg, run_dir=tmp_path / "part", progress=False, stop_after_iterations=1)
-    resumed = jaxppo.train(None, resume=tmp_path / "part", progress=False)
+    full = jaxppo.train(cfg, run_dir=tmp_path / "full", progress=False, plot=False)
+    jaxppo.train(cfg, run_dir=tmp_path / "part", progress=False, stop_after_iterations=1,
+                 plot=False)
+    resumed = jaxppo.train(cfg, resume=tmp_path / "part", progress=False, plot=False)
     for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     policy = jaxppo.load_policy(tmp_path / "full")
