@@ -40,6 +40,7 @@ SCHEDULE_KINDS = ("constant", "linear")
 EXTEND_KINDS = ("new_total", "continue")
 SYNC_KINDS = ("gradients", "batch")
 CRITIC_INPUTS = ("local", "world_state", "joint_obs")
+AGENT_PARAMS = ("shared", "per_agent")
 VECTORIZATION_MODES = ("sync", "async")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
 
@@ -254,6 +255,12 @@ class PPOConfig:
     agent_id: bool = field(
         False, "multi-agent envs: append a one-hot of the agent's index to its observation "
         "(the actor's and a local critic's input)", role=SHAPE, check=cf.boolean)
+    agent_params: str = field(
+        "shared", 'multi-agent envs: "shared" = one network for every agent (IPPO\'s parameter '
+        'sharing), "per_agent" = a network of its own for each agent (params with a leading '
+        "agent axis, one optimizer over all)", role=SHAPE,
+        check=cf.one_of(AGENT_PARAMS, ": 'shared' is one network for every agent, "
+                        "'per_agent' one network each"))
     num_devices: int | str | None = field(
         "auto", '"auto" = seeds, PBT members or many envs over every device (a CPU: one per '
         'core), as pays; N = the envs (PBT: members) over N devices',

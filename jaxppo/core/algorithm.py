@@ -196,6 +196,25 @@ class Algorithm:
         return bool(self.config.agent_id) and bool(self.spec.agents)
 
     @property
+    def per_agent(self) -> bool:
+        """True when each agent has a network of its own (`agent_params: per_agent`): params
+        with a leading agent axis [N, ...] (`networks.PerAgentNetwork`)."""
+        return isinstance(self.network, networks.PerAgentNetwork)
+
+    @property
+    def takes_every_agent(self) -> bool:
+        """True when the policy needs every agent's observation of an env, in agent order
+        ([..., N, *obs_shape]), to know which agent each is (`agent_id`, `per_agent`)."""
+        return self.with_agent_id or self.per_agent
+
+    def agent_params(self, params, agent: int):
+        """The params agent `agent` (an index into `spec.agents`) acts with: its own slice of
+        per-agent params (for `network.inner`), or the shared params themselves."""
+        if not self.per_agent:
+            return params
+        return self.network.agent_params(params, agent)
+
+    @property
     def central_critic(self) -> bool:
         """True when the critic's input is not the policy's (MAPPO: `critic_input` is
         "world_state" or "joint_obs")."""

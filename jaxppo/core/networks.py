@@ -446,6 +446,8 @@ def initial_carry(network, batch_shape: tuple[int, ...] = ()):
     """The carry at the start of an episode: () for a feed-forward network, zeros
     [*batch_shape, carry_size] for the built-in recurrent one, a user's module's own
     (`CustomNetwork.initial_carry`)."""
+    if isinstance(network, PerAgentNetwork):
+        network = network.inner
     if isinstance(network, CustomNetwork):
         return network.initial_carry(batch_shape)
     if not network.carry_size:
@@ -455,6 +457,8 @@ def initial_carry(network, batch_shape: tuple[int, ...] = ()):
 
 def is_recurrent(network) -> bool:
     """True when the network carries a state from step to step."""
+    if isinstance(network, PerAgentNetwork):
+        network = network.inner
     if isinstance(network, CustomNetwork):
         return network.recurrent
     return bool(network.carry_size)
@@ -525,6 +529,73 @@ class CustomNetwork:
             return DistParams(outputs, jnp.zeros((self.action_dim,), outputs.dtype))
         mean, log_std = outputs
         return DistParams(mean, log_std)
+
+
+# ---------------------------------------------------------------- one network per agent
+@dataclasses.dataclass(frozen=True, eq=False)
+class PerAgentNetwork:
+    """A network of its own for each agent of a multi-agent env (`agent_params: per_agent`),
+    under the one network contract: `init` gives the inner network's params with a leading
+    agent axis [N, ...] (agent i's from its own key), and `apply` runs each actor through its
+    own agent's params.
+
+    Inputs keep the actors on their last batch axis, env-major (actor k is agent k % N, as
+    the batch folds them: [..., E*N, D], a minibatch's [B, D] of whole [T, E*N] rows, or one
+    env's [..., N, D]); they are regrouped agent-major, [N, ..., K/N, D], for a vmap over the
+    agent axis, and the outputs put back in the actors' order. A Gaussian's log_std shared by
+    every state becomes one per agent, so it comes back per actor, like `loc` [..., K, D].
+    """
+
+    inner: object  # the network each agent runs (ActorCritic or a user's CustomNetwork)
+    num_agents: int
+    discrete: bool
+
+    def init(self, key, obs, critic_obs=None):
+        """Params [N, ...]: the inner network's, initialised from N keys split off `key`."""
+        keys = jax.random.split(key, self.num_agents)
+        if critic_obs is None:
+            return jax.vmap(lambda k: self.inner.init(k, obs))(keys)
+        return jax.vmap(lambda k: self.inner.init(k, obs, critic_obs=critic_obs))(keys)
+
+    def apply(self, params, obs, carry=(), reset=None, critic_obs=None):
+        n = self.num_agents
+        if obs.ndim < 2 or obs.shape[-2] % n:
+            raise ValueError(
+                f"observations {tuple(obs.shape)}: a policy with a network per agent "
+                f"(agent_params=per_agent) needs every agent's observation, [..., {n}, D] "
+                "(agents in the env's order), to give each one its own network")
+        batch_rank = obs.ndim - 1  # the output's actor axis is batch_rank - 1
+
+        def by_agent(x):  # [..., K, F] -> [N, ..., K/N, F]
+            return jnp.moveaxis(x.reshape(x.shape[:-2] + (x.shape[-2] // n, n, x.shape[-1])),
+                                -2, 0)
+
+        def by_actor(y):  # [N, ..., K/N, ...] -> [..., K, ...]
+            y = jnp.moveaxis(y, 0, batch_rank)
+            return y.reshape(y.shape[:batch_rank - 1] + (-1,) + y.shape[batch_rank + 1:])
+
+        def one(p, x, c):
+            if c is None:
+                return self.inner.apply(p, x)[:2]
+            return self.inner.apply(p, x, critic_obs=c)[:2]
+
+        critic = None if critic_obs is None else by_agent(critic_obs)
+        dist, value = jax.vmap(one)(params, by_agent(obs), critic)
+        loc = by_actor(dist.loc)
+        if self.discrete:  # unused by a categorical: one row, as a shared network gives
+            log_std = dist.log_std[0]
+        elif dist.log_std.ndim == 2:  # [N, D]: each agent's vector, for each of its actors
+            lead = (1,) * batch_rank
+            shape = (n,) + obs.shape[:-2] + (obs.shape[-2] // n, loc.shape[-1])
+            log_std = by_actor(jnp.broadcast_to(
+                dist.log_std.reshape((n,) + lead + (loc.shape[-1],)), shape))
+        else:
+            log_std = by_actor(dist.log_std)
+        return DistParams(loc, log_std), None if value is None else by_actor(value), carry
+
+    def agent_params(self, params, agent: int):
+        """Agent `agent`'s params, as the inner network takes them."""
+        return jax.tree.map(lambda p: p[agent], params)
 
 
 def make_custom_network(config, spec, module: nn.Module) -> CustomNetwork:

@@ -117,6 +117,9 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     if spec.agents:
         _check_multi_agent(config, recurrent)
     _check_agent_options(config, spec)
+    if config.agent_params == "per_agent":
+        _check_per_agent(config, recurrent)
+        network = networks.PerAgentNetwork(network, spec.num_agents, spec.discrete)
     if layout is None:
         layout = Layout()
     elif layout == "local":
@@ -213,15 +216,18 @@ def _check_multi_agent(config: PPOConfig, recurrent: bool) -> None:
 def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
     """critic_input and agent_id need a multi-agent env; a centralised critic needs the
     built-in network with a critic torso of its own, and "world_state" an env that gives one."""
-    given = [f"{name}={getattr(config, name)!r}" for name, default in
-             (("critic_input", "local"), ("agent_id", False)) if getattr(config, name) != default]
+    defaults = (("critic_input", "local"), ("agent_id", False), ("agent_params", "shared"))
+    given = [f"{name}={getattr(config, name)!r}" for name, default in defaults
+             if getattr(config, name) != default]
     if not given:
         return
     if not spec.agents:
+        fix = ", ".join(f"{name}: {str(default).lower()}" for name, default in defaults
+                        if getattr(config, name) != default)
         raise ConfigError(
             f"{' and '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to "
             f"multi-agent envs (e.g. jaxmarl:MPE_simple_spread_v3), but {config.env_name} has "
-            f"one agent; remove {'them' if len(given) > 1 else 'it'} (critic_input: local)")
+            f"one agent; remove {'them' if len(given) > 1 else 'it'} ({fix})")
     if config.critic_input == "local":
         _check_agent_id_network(config)
         return
@@ -247,6 +253,17 @@ def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
                 "(only observations are); set normalize_observations: false, or use "
                 "critic_input: joint_obs (built from the normalised observations)")
     _check_agent_id_network(config)
+
+
+def _check_per_agent(config: PPOConfig, recurrent: bool) -> None:
+    """A network per agent regroups a feed-forward batch by agent (actor k is agent k % N);
+    a recurrent network's minibatches are whole sequences of any actors, which it does not
+    regroup yet."""
+    if recurrent:
+        raise ConfigError(
+            "agent_params='per_agent' gives each agent a feed-forward network of its own; a "
+            "recurrent network (network.recurrent_size, or a module with a carry) is not "
+            "supported with it yet: set network.recurrent_size: 0, or agent_params: shared")
 
 
 def _check_agent_id_network(config: PPOConfig) -> None:

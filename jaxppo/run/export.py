@@ -249,8 +249,8 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
                           "not one array; only array observations can be exported")
     b = batch_size if batch_size is not None else jax.export.symbolic_shape("b")[0]
     label = batch_size if batch_size is not None else "b"
-    # A policy that reads the agent's index (agent_id) takes each env's agents together.
-    agents = (spec.num_agents,) if policy.algorithm.with_agent_id else ()
+    # A policy that tells agents apart (agent_id, per_agent) takes each env's agents together.
+    agents = (spec.num_agents,) if policy.algorithm.takes_every_agent else ()
     obs_in = jax.ShapeDtypeStruct((b, *agents, *spec.obs_shape), obs.dtype)
     carry = policy.initial_carry((1,))
     # one array (the built-in GRU's) or a user's module's pytree of them, e.g. an LSTM's (c, h)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from resumed_runs import check_resume_continues_exactly  # tests/ is on sys.path
 
 import jaxppo
 from jaxppo.core import ppo
@@ -157,12 +158,7 @@ def test_a_resumed_mappo_run_continues_exactly_and_its_actor_loads_and_exports(t
     # One compile for the three runs: a compilation cache of the test's own.
     cfg = TINY.replace(agent_id=True, checkpoint_every=1, log_every=1, total_timesteps=2 * 64,
                        compilation_cache_dir=str(tmp_path / "xla"))
-    full = jaxppo.train(cfg, run_dir=tmp_path / "full", progress=False, plot=False)
-    jaxppo.train(cfg, run_dir=tmp_path / "part", progress=False, stop_after_iterations=1,
-                 plot=False)
-    resumed = jaxppo.train(cfg, resume=tmp_path / "part", progress=False, plot=False)
-    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    full = check_resume_continues_exactly(cfg, tmp_path)
     policy = jaxppo.load_policy(tmp_path / "full")
     obs = np.asarray(full.state.last_obs)[:N]  # env 0's agents
     want = policy.algorithm.act(full.state.params, full.state.obs_stats, obs, None, deterministic=True)
