@@ -100,6 +100,31 @@ def run_jaxppo(steps: float, seeds: int, config_file: Path) -> dict:
             "iterations": int(metrics["env_steps"].shape[1])}
 
 
+def ended_log_wrapper(log_wrapper: type) -> type:
+    """A baseline's log wrapper class, with the returns of the episodes that ended in the step
+    (zero elsewhere) in info["ended_return"]: the batch means of it and of `returned_episode`
+    give the mean return of the episodes that ended (`ended_means`)."""
+
+    class EndedLogWrapper(log_wrapper):
+        def step(self, key, state, action):
+            obs, state, reward, done, info = super().step(key, state, action)
+            info["ended_return"] = info["returned_episode_returns"] * info["returned_episode"]
+            return obs, state, reward, done, info
+
+    return EndedLogWrapper
+
+
+def ended_means(metrics) -> "np.ndarray":
+    """The mean return of the episodes that ended, per seed and iteration [seeds,
+    iterations] (NaN where none did), from the batch means per iteration of the
+    `ended_log_wrapper`'s info."""
+    import numpy as np
+
+    ended = np.asarray(metrics["returned_episode"], np.float64)
+    ret = np.asarray(metrics["ended_return"])
+    return np.where(ended > 0, ret / np.maximum(ended, 1e-12), np.nan)
+
+
 def run_jaxmarl(steps: float, seeds: int, anchors: Path) -> dict:
     import jax
     import numpy as np
@@ -108,17 +133,7 @@ def run_jaxmarl(steps: float, seeds: int, anchors: Path) -> dict:
     sys.path.insert(0, str(anchors / "IPPO"))
     import ippo_ff_mpe
 
-    class EndedLogWrapper(ippo_ff_mpe.LogWrapper):
-        """The baseline's log wrapper, with the returns of the episodes that ended in the
-        step (zero elsewhere): the batch means of it and of `returned_episode` give the mean
-        return of the episodes that ended."""
-
-        def step(self, key, state, action):
-            obs, state, reward, done, info = super().step(key, state, action)
-            info["ended_return"] = info["returned_episode_returns"] * info["returned_episode"]
-            return obs, state, reward, done, info
-
-    ippo_ff_mpe.LogWrapper = EndedLogWrapper
+    ippo_ff_mpe.LogWrapper = ended_log_wrapper(ippo_ff_mpe.LogWrapper)
     # The baseline logs each iteration through an io_callback to wandb.log (which fails
     # before a wandb.init); jaxppo's program has no host callback inside: it is left out.
     ippo_ff_mpe.jax.experimental.io_callback = lambda *args, **kwargs: None
@@ -127,9 +142,7 @@ def run_jaxmarl(steps: float, seeds: int, anchors: Path) -> dict:
     keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
     out, t = timed(ippo_ff_mpe.make_train(config), keys)
     m = out["metrics"]
-    ended = np.asarray(m["returned_episode"], np.float64)
-    per_iteration = np.where(ended > 0, np.asarray(m["ended_return"]) / np.maximum(ended, 1e-12),
-                             np.nan)
+    per_iteration = ended_means(m)
     iterations = per_iteration.shape[1]
     env_steps = iterations * config["NUM_STEPS"] * config["NUM_ENVS"] * seeds
     return {**t, **final_returns(per_iteration), "env_steps": env_steps,
@@ -138,30 +151,48 @@ def run_jaxmarl(steps: float, seeds: int, anchors: Path) -> dict:
                                       for s in np.asarray(m["returned_episode_returns"])]}
 
 
-def one_run(side: str, args) -> dict:
-    """A fresh process of one side; its last stdout line is the result."""
+def one_run(side: str, args, script: str = __file__) -> dict:
+    """A fresh process of one side of `script`; its last stdout line is the result."""
     python = sys.executable if side == "jaxppo" else args.jaxmarl_python
-    cmd = [python, __file__, "--side", side, "--steps", str(args.steps), "--seeds",
-           str(args.seeds), "--anchors", str(args.anchors)] + (["--vmap"] if args.vmap else [])
+    vmap = ["--vmap"] if getattr(args, "vmap", False) else []
+    cmd = [python, script, "--side", side, "--steps", str(args.steps), "--seeds",
+           str(args.seeds), "--anchors", str(args.anchors)] + vmap
     env = {**os.environ, "PYTHONPATH": str(REPO)} if side == "jaxppo" else dict(os.environ)
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
+    t, load = time.perf_counter(), os.getloadavg()[0]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                          cwd=REPO, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{side} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"side": side, "process_wall_s": time.perf_counter() - t, **result}
+    return {"side": side, "process_wall_s": time.perf_counter() - t, "load_before": load,
+            **result}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=float, default=2e6, help="env steps per seed")
-    p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=2)
+def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argparse.Namespace:
+    """The command line of a side-by-side script (these defaults)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--steps", type=float, default=steps, help="env steps per seed")
+    p.add_argument("--seeds", type=int, default=seeds)
+    p.add_argument("--rounds", type=int, default=rounds)
     p.add_argument("--anchors", type=Path, required=True)
     p.add_argument("--jaxmarl-python", default=None)
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
     p.add_argument("--vmap", action="store_true", help="the seeds as one vmapped program")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def alternating_runs(args, script: str = __file__) -> list[dict]:
+    """`args.rounds` rounds of a jaxppo run then a JaxMARL run, each a fresh process."""
+    runs = []
+    for r in range(args.rounds):
+        for side in ("jaxppo", "jaxmarl"):
+            runs.append({"round": r, **one_run(side, args, script)})
+            print(json.dumps(runs[-1]), flush=True)
+    return runs
+
+
+def main() -> None:
+    args = side_by_side_args(__doc__, 2e6, 2, 2)
     if args.side == "jaxppo":
         print(json.dumps(run_jaxppo(args.steps, args.seeds, REPO / "jaxppo" / "configs"
                                     / f"{ENV}.yaml")))
@@ -169,11 +200,7 @@ def main() -> None:
     if args.side == "jaxmarl":
         print(json.dumps(run_jaxmarl(args.steps, args.seeds, args.anchors)))
         return
-    runs = []
-    for r in range(args.rounds):
-        for side in ("jaxppo", "jaxmarl"):
-            runs.append({"round": r, **one_run(side, args)})
-            print(json.dumps(runs[-1]), flush=True)
+    runs = alternating_runs(args)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({
         "cpu": cpu_model(), "env": ENV, "steps_per_seed": args.steps, "seeds": args.seeds,

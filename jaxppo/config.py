@@ -64,6 +64,8 @@ def tuned_config_path(env_name: str) -> Path | None:
     if path.is_file():
         return path
     prefix, _, task = env_name.partition(":")
+    if prefix == "jaxmarl":  # "jaxmarl:overcooked:cramped_room": overcooked_cramped_room.yaml
+        task = task.replace(":", "_")
     if prefix not in ("envpool", "jaxmarl") or not task or "/" in task or ":" in task:
         return None
     path = TUNED_DIR / f"{task}.yaml"
@@ -374,13 +376,16 @@ class PPOConfig:
     def env_name(self) -> str:
         """A short readable name of the env (run folder names, labels): the registered name,
         "brax-<name>" for "brax:<name>" (no ':' in folder names), an envpool task's id with
-        '-' for '/' ("phys2d-CartPole-v1": no nested folder), the class of a "module:Class"
+        '-' for '/' ("phys2d-CartPole-v1": no nested folder), "<suite>_<name>" for
+        "jaxmarl:<suite>:<name>" ("overcooked_cramped_room"), the class of a "module:Class"
         env, or an env object's `name` (else its class name)."""
         if isinstance(self.env, str):
             if self.env.startswith("brax:"):  # "brax-halfcheetah": the suite stays in the name
                 return "brax-" + self.env[len("brax:"):]
             if self.env.startswith("envpool:"):
                 return self.env[len("envpool:"):].replace("/", "-") or self.env
+            if self.env.startswith("jaxmarl:") and self.env.count(":") > 1:
+                return self.env[len("jaxmarl:"):].replace(":", "_")  # "smax_3m"
             return self.env.rpartition(":")[2].rpartition(".")[2] or self.env
         return getattr(self.env, "name", type(self.env).__name__)
 

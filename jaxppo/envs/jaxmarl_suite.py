@@ -1,6 +1,7 @@
 """JaxMARL's multi-agent environments by name (`env="jaxmarl:<name>"`, e.g.
 "jaxmarl:MPE_simple_spread_v3", or "jaxmarl:smax:<map>" for SMAX against its heuristic enemy,
-e.g. "jaxmarl:smax:3m") behind the gymnax API with an agent axis: `JaxMarlEnv` stacks the
+e.g. "jaxmarl:smax:3m", or "jaxmarl:overcooked:<layout>", e.g.
+"jaxmarl:overcooked:cramped_room") behind the gymnax API with an agent axis: `JaxMarlEnv` stacks the
 agents' observations, rewards and actions in `env.agents` order, splits the episode's end
 into terminated and truncated, and auto-resets.
 
@@ -27,6 +28,7 @@ from jaxppo.errors import ConfigError
 
 PREFIX = "jaxmarl:"
 SMAX_PREFIX = "smax:"  # "jaxmarl:smax:<map>": HeuristicEnemySMAX on that scenario
+OVERCOOKED_PREFIX = "overcooked:"  # "jaxmarl:overcooked:<layout>": Overcooked on that layout
 DEFAULT_EPISODE_LENGTH = 1000  # jaxppo's limit for an env without a `max_steps` of its own
 
 
@@ -54,10 +56,13 @@ def _quiet_stdout():
 
 
 def registered_jaxmarl_envs() -> list[str]:
-    """JaxMARL's registered env names, then "smax:<map>" for each SMAX scenario."""
+    """JaxMARL's registered env names, then "smax:<map>" for each SMAX scenario and
+    "overcooked:<layout>" for each Overcooked layout."""
     jaxmarl = import_jaxmarl()
     maps = import_jaxmarl("jaxmarl.environments.smax.smax_env").MAP_NAME_TO_SCENARIO
-    return list(jaxmarl.registered_envs) + [SMAX_PREFIX + m for m in maps]
+    layouts = import_jaxmarl("jaxmarl.environments.overcooked").overcooked_layouts
+    return (list(jaxmarl.registered_envs) + [SMAX_PREFIX + m for m in maps]
+            + [OVERCOOKED_PREFIX + name for name in layouts])
 
 
 def make_jaxmarl_env(path: str, env_kwargs: dict) -> tuple[JaxMarlEnv, dict]:
@@ -88,6 +93,8 @@ def make_jaxmarl_env(path: str, env_kwargs: dict) -> tuple[JaxMarlEnv, dict]:
         scenario = smax.map_name_to_scenario(name[len(SMAX_PREFIX):])
         make = lambda _, **kw: smax.HeuristicEnemySMAX(scenario=scenario, **kw)  # noqa: E731
         marl_env = adapter.construct(path, "HeuristicEnemySMAX", make, name, kwargs, rest)
+    elif name.startswith(OVERCOOKED_PREFIX):
+        return _make_overcooked(path, name, kwargs, rest), params
     else:
         marl_env = adapter.construct(path, "jaxmarl.make", jaxmarl.make, name, kwargs, rest)
     env = JaxMarlEnv(marl_env, name=f"jaxmarl-{name}")
@@ -186,7 +193,8 @@ class JaxMarlEnv:
         params = self.default_params if params is None else params
         k_step, k_reset = jax.random.split(key)
         actions = {a: action[i] for i, a in enumerate(self.agents)}
-        obs, stepped, reward, dones, _ = self.marl_env.step_env(k_step, state.marl_state, actions)
+        obs, stepped, reward, dones, step_info = self.marl_env.step_env(k_step, state.marl_state,
+                                                                        actions)
         time = state.time + 1
         ended = jnp.asarray(dones["__all__"], bool)
         own_limit = self._time_limit is not None and time >= self._time_limit
@@ -195,11 +203,16 @@ class JaxMarlEnv:
         terminated = jnp.logical_and(ended, ~truncated)
         done = jnp.logical_or(terminated, truncated)
         obs, next_state, info = adapter.auto_reset(
-            done, self.reset(k_reset, params), self.stack(obs), JaxMarlEnvState(stepped, time))
+            done, self.reset(k_reset, params), self.stack(obs),
+            state.replace(marl_state=stepped, time=time))
         if self._world_state_fn is not None:
             info["final_world_state"] = self._world_state_fn(stepped)
-        rewards = jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in self.agents])
-        return obs, next_state, rewards, terminated, truncated, info
+        return obs, next_state, self.rewards(reward, step_info, state), terminated, truncated, info
+
+    def rewards(self, reward: dict, step_info: dict, state) -> jax.Array:
+        """The agents' rewards [N] of a step from JaxMARL's (the env's reward dict, its info,
+        the state before the step)."""
+        return jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in self.agents])
 
     @property
     def action_mask(self):
@@ -254,3 +267,67 @@ def _world_state_fn(marl_env):
 
         return joint
     return None
+
+
+def _make_overcooked(path: str, name: str, kwargs: dict, rest: str) -> OvercookedEnv:
+    """Overcooked on the layout "overcooked:<layout>" names (`jaxmarl.make("overcooked",
+    layout=overcooked_layouts[layout])`); `shaped_reward_steps` is the adapter's, the other
+    kwargs go to the env."""
+    layout = import_jaxmarl("jaxmarl.environments.overcooked").overcooked_layouts[
+        name[len(OVERCOOKED_PREFIX):]]
+    kwargs = dict(kwargs)
+    steps = kwargs.pop("shaped_reward_steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise ConfigError(
+            f"env_kwargs shaped_reward_steps={steps!r} must be an int >= 0: the steps of each "
+            "env over which Overcooked's shaped reward is annealed from 1 to 0 (JaxMARL's "
+            "REW_SHAPING_HORIZON / NUM_ENVS), 0 = the sparse reward only")
+    make = lambda _, **kw: import_jaxmarl().make("overcooked", layout=layout, **kw)  # noqa: E731
+    marl_env = adapter.construct(path, "jaxmarl.make", make, "overcooked", kwargs, rest)
+    env = OvercookedEnv(marl_env, name=f"jaxmarl-{name}", shaped_reward_steps=int(steps))
+    adapter.trace_step(env, path, "jaxmarl", "JaxMARL", jnp.zeros((env.num_agents,), jnp.int32))
+    return env
+
+
+@struct.dataclass
+class OvercookedEnvState(JaxMarlEnvState):
+    """Overcooked's state with the steps this env has taken since training began (every
+    episode's), which anneal the shaped reward."""
+
+    env_steps: jax.Array = 0  # int32 []
+
+
+class OvercookedEnv(JaxMarlEnv):
+    """Overcooked (2 agents, 6 actions, a [H, W, 26] grid of feature planes per agent,
+    flattened as JaxMARL's ippo_ff_overcooked flattens it for its MLP) with JaxMARL's reward
+    shaping. Every agent's reward is the team's sparse reward (20 per dish delivered, shared),
+    plus, with `shaped_reward_steps` > 0, its own shaped reward (onion in pot, plate and soup
+    pick-ups) times a coefficient annealed linearly from 1 to 0 over this env's first
+    `shaped_reward_steps` steps (JaxMARL's `REW_SHAPING_HORIZON` of env steps over its envs;
+    `shaped_reward_steps` counts the steps of each env). Episodes last 400 steps, a
+    truncation."""
+
+    def __init__(self, marl_env, name: str, shaped_reward_steps: int = 0):
+        super().__init__(marl_env, name)
+        self.shaped_reward_steps = shaped_reward_steps
+
+    def reset(self, key: jax.Array, params: JaxMarlParams | None = None):
+        obs, state = super().reset(key, params)
+        return obs, OvercookedEnvState(state.marl_state, state.time, jnp.zeros((), jnp.int32))
+
+    def step(self, key: jax.Array, state: OvercookedEnvState, action: jax.Array,
+             params: JaxMarlParams | None = None):
+        obs, next_state, rewards, terminated, truncated, info = super().step(
+            key, state, action, params)
+        # The count goes on through the auto-reset (a reset state starts it at 0).
+        next_state = next_state.replace(env_steps=state.env_steps + 1)
+        return obs, next_state, rewards, terminated, truncated, info
+
+    def rewards(self, reward: dict, step_info: dict, state) -> jax.Array:
+        sparse = super().rewards(reward, step_info, state)
+        if not self.shaped_reward_steps:
+            return sparse
+        shaped = jnp.stack([jnp.asarray(step_info["shaped_reward"][a], jnp.float32)
+                            for a in self.agents])
+        coef = jnp.clip(1.0 - state.env_steps / self.shaped_reward_steps, 0.0, 1.0)
+        return sparse + coef * shaped

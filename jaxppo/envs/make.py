@@ -73,7 +73,7 @@ _SUITE_NAMES = {
     "craftax": (lambda n: n.startswith("Craftax-"), registered_craftax_envs),
     "xminigrid": (lambda n: n.startswith(("MiniGrid-", "XLand-MiniGrid-")),
                   registered_xminigrid_envs),
-    "jaxmarl": (lambda n: n.startswith(("MPE_", "smax:")), registered_jaxmarl_envs),
+    "jaxmarl": (lambda n: n.startswith(("MPE_", "smax:", "overcooked:")), registered_jaxmarl_envs),
     # Atari's "Breakout-v5", ...; envpool's own names of other suites' envs come after theirs.
     "envpool": (lambda n: _looks_like_envpool(n), registered_envpool_envs),
 }
