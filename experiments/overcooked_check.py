@@ -15,8 +15,9 @@ learning rate over `--steps` and the shaped reward over the baseline's first 2.5
 The number compared is the sparse team return of the final policy: 20 per dish delivered,
 which each of the two agents receives, summed over both (40 per dish), the mean over 32
 episodes of 400 steps from fresh envs with actions sampled from the policy (jaxppo's
-`evaluate` on the env without shaping; a rollout of the baseline's network by hand). JaxMARL's
-training return of the last 10 iterations (its log wrapper's, before the shaping) is kept too. Writes experiments/results/overcooked-check.json.
+`evaluate` on the env without shaping; a rollout of the baseline's network by hand).
+JaxMARL's training return of the first and last 10 iterations (its log wrapper's, before the
+shaping) is kept too. Writes experiments/results/overcooked-check.json.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """JaxMARL's multi-agent environments by name (`env="jaxmarl:<name>"`, e.g.
-"jaxmarl:MPE_simple_spread_v3", or "jaxmarl:smax:<map>" for SMAX against its heuristic enemy,
+"jaxmarl:MPE_simple_spread_v3", "jaxmarl:smax:<map>" for SMAX against its heuristic enemy,
 e.g. "jaxmarl:smax:3m", or "jaxmarl:overcooked:<layout>", e.g.
-"jaxmarl:overcooked:cramped_room") behind the gymnax API with an agent axis: `JaxMarlEnv` stacks the
-agents' observations, rewards and actions in `env.agents` order, splits the episode's end
-into terminated and truncated, and auto-resets.
+"jaxmarl:overcooked:cramped_room") behind the gymnax API with an agent axis: `JaxMarlEnv`
+stacks the agents' observations, rewards and actions in `env.agents` order, splits the
+episode's end into terminated and truncated, and auto-resets.
 
 The core folds the agent axis into the batch (one actor per env and agent, as JaxMARL's IPPO
 baselines do); jaxppo.envs.spec says how.

@@ -64,9 +64,8 @@ def test_each_actor_acts_with_its_own_agents_params_against_numpy(per_agent):
         np.testing.assert_allclose(np.asarray(dist.loc)[:, i::N],
                                    _numpy_mlp(p, obs[:, i::N], "actor_torso", "policy_head"),
                                    rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(np.asarray(values)[:, i::N],
-                                   _numpy_mlp(p, obs[:, i::N], "critic_torso", "value_head")[..., 0],
-                                   rtol=1e-4, atol=1e-5)
+        value = _numpy_mlp(p, obs[:, i::N], "critic_torso", "value_head")[..., 0]
+        np.testing.assert_allclose(np.asarray(values)[:, i::N], value, rtol=1e-4, atol=1e-5)
     # The agents' params differ (one key each), so their logits do.
     assert not np.allclose(np.asarray(dist.loc)[:, 0::N], np.asarray(dist.loc)[:, 1::N])
     # One env's agents [N, D], as a policy gets them, and agent_params' slice of the params.
