@@ -558,6 +558,9 @@ class PerAgentNetwork:
         return jax.vmap(lambda k: self.inner.init(k, obs, critic_obs=critic_obs))(keys)
 
     def apply(self, params, obs, carry=(), reset=None, critic_obs=None):
+        """(dist, value [..., K], carry) of actors' inputs obs [..., K, D] (and a centralised
+        critic's critic_obs [..., K, C]), actor k through params[k % N]; a feed-forward
+        network's carry () passes through."""
         n = self.num_agents
         if obs.ndim < 2 or obs.shape[-2] % n:
             raise ValueError(
