@@ -176,6 +176,12 @@ class Algorithm:
         feed-forward network)."""
         return networks.initial_carry(self.network, batch_shape)
 
+    def envs_carry(self, num_envs: int):
+        """The carry of `num_envs` envs at an episode's start: [num_envs, ...], or one per
+        agent, [num_envs, agents, ...], for a multi-agent env."""
+        return self.initial_carry((num_envs,) + ((self.spec.num_agents,) if self.spec.agents
+                                                 else ()))
+
     def policy_step(self, params, obs_stats, raw_obs, carry, key, deterministic: bool = False,
                     action_mask=None):
         """(actions, new carry) for raw observations [..., *obs_shape] and the carry before
@@ -218,7 +224,7 @@ class Algorithm:
         bound = self.eval_bound() if max_steps is None else max_steps
         stats = run_episodes(
             lambda obs, k, c, m=None: self.policy_step(params, obs_stats, obs, c, k, det, m),
-            self.spec.env, self.spec.env_params, key, n, bound, self.initial_carry((n,)),
+            self.spec.env, self.spec.env_params, key, n, bound, self.envs_carry(n),
             action_mask=self.spec.action_mask,
         )
         return stats.metrics()

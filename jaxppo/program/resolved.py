@@ -50,7 +50,7 @@ class Resolved:
         """The same run on another layout (None: one device), checked for it."""
         layout = layout or Layout()
         check_split(self.config, layout)
-        check_minibatches(self.config, self.recurrent, layout)
+        check_minibatches(self.config, self.recurrent, layout, self.spec.num_agents)
         return dataclasses.replace(self, layout=layout)
 
     @property
@@ -115,7 +115,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
         refuse_host_options(config)
     recurrent = networks.is_recurrent(network)
     if spec.agents:
-        _check_multi_agent(config, recurrent)
+        _check_multi_agent(config)
     if layout is None:
         layout = Layout()
     elif layout == "local":
@@ -124,7 +124,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
         layout = host_layout(config, recurrent)
     check_split(config, layout)
     try:
-        check_minibatches(config, recurrent, layout)
+        check_minibatches(config, recurrent, layout, spec.num_agents)
     except ConfigError as e:
         if given_size is None:
             raise
@@ -195,14 +195,9 @@ def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
     _check_conv_options(config, spec)
 
 
-def _check_multi_agent(config: PPOConfig, recurrent: bool) -> None:
-    """What a multi-agent env (IPPO, one feed-forward network shared by every agent) does not
-    take yet: a ConfigError naming it, not a shape error from inside the compiled program."""
-    if recurrent:
-        raise ConfigError(
-            f"{config.env_name} is a multi-agent env, and jaxppo trains those with a "
-            "feed-forward network shared by every agent (IPPO); a recurrent network (GRU) is "
-            "not supported for them yet: set network.recurrent_size: 0")
+def _check_multi_agent(config: PPOConfig) -> None:
+    """What a multi-agent env (IPPO, one network shared by every agent) does not take yet: a
+    ConfigError naming it, not a shape error from inside the compiled program."""
     if config.transforms:
         raise ConfigError(
             f"transforms={config.transforms!r}: {config.env_name} is a multi-agent env, and "

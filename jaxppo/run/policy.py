@@ -260,7 +260,7 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
             return algorithm.policy_step(params, obs_stats, obs, carry, k, deterministic, mask)
 
         return run_episodes(step, algorithm.spec.env, algorithm.spec.env_params, key, episodes,
-                            bound, algorithm.initial_carry((episodes,)),
+                            bound, algorithm.envs_carry(episodes),
                             action_mask=algorithm.spec.action_mask)
 
     key = jax.random.PRNGKey(seed)
