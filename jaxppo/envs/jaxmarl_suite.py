@@ -133,6 +133,10 @@ class JaxMarlEnv:
     * Action masks: `action_mask(state, params) -> bool [N, n]` when the env gives available
       actions (SMAX's `get_avail_actions`) or agents have different action counts; jaxppo
       masks the policy with it.
+    * Wins (`reports_wins`, SMAX against its enemy): info["won"] (bool []) is true on the step
+      that ends an episode with every enemy dead and an ally alive, the battle SMAX rewards
+      with its won_battle_bonus (JaxMARL's SMAX baselines count a win where that last step's
+      reward is at least the bonus, 1.0 by default).
     """
 
     def __init__(self, marl_env, name: str | None = None):
@@ -157,6 +161,8 @@ class JaxMarlEnv:
         limit = getattr(marl_env, "max_steps", None)
         self._time_limit = (int(limit) if isinstance(limit, (int, np.integer))
                             and not isinstance(limit, bool) and limit > 0 else None)
+        enemy = import_jaxmarl("jaxmarl.environments.smax.heuristic_enemy_smax_env").EnemySMAX
+        self.reports_wins = isinstance(marl_env, enemy)
 
     @property
     def num_agents(self) -> int:
@@ -193,8 +199,16 @@ class JaxMarlEnv:
         done = jnp.logical_or(terminated, truncated)
         obs, next_state, info = adapter.auto_reset(
             done, self.reset(k_reset, params), self.stack(obs), JaxMarlEnvState(stepped, time))
+        if self.reports_wins:
+            info["won"] = jnp.logical_and(done, self._won(stepped))
         rewards = jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in self.agents])
         return obs, next_state, rewards, terminated, truncated, info
+
+    def _won(self, marl_state) -> jax.Array:
+        """Every enemy dead and an ally alive (SMAX's won battle) in an EnemySMAX state."""
+        alive = marl_state.state.unit_alive  # allies, then enemies
+        allies = self.marl_env.num_allies
+        return jnp.logical_and(~jnp.any(alive[allies:]), jnp.any(alive[:allies]))
 
     @property
     def action_mask(self):

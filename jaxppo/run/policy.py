@@ -261,7 +261,8 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
 
         return run_episodes(step, algorithm.spec.env, algorithm.spec.env_params, key, episodes,
                             bound, algorithm.envs_carry(episodes),
-                            action_mask=algorithm.spec.action_mask)
+                            action_mask=algorithm.spec.action_mask,
+                            num_agents=len(algorithm.spec.agents))
 
     key = jax.random.PRNGKey(seed)
     compiled = jax.jit(play).lower(params, obs_stats, key).compile()
@@ -269,7 +270,7 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
 
     def run(params, obs_stats) -> dict:
         stats = compiled(params, obs_stats, key)
-        out = summarize(stats)
+        out = summarize(stats, algorithm.spec.agents)
         out["returns"] = np.asarray(stats.returns).tolist()
         out["lengths"] = np.asarray(stats.lengths).tolist()
         return out

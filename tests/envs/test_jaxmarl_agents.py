@@ -13,6 +13,7 @@ import jaxppo
 from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.core.hyperparams import HyperParams
+from jaxppo.envs.make import make_env
 
 pytest.importorskip("jaxmarl")
 
@@ -117,3 +118,78 @@ def test_recurrent_minibatches_must_divide_the_actors():
                                                  r"num_minibatches from \[1, 2, 3, 6\]"):
         jaxppo.resolve(GRU.replace(num_minibatches=4))
     jaxppo.resolve(GRU.replace(num_minibatches=6))  # one actor's sequence per minibatch
+
+
+def test_each_agents_return_beside_the_team_return(gru_rollout):
+    """episode_return_mean/<agent> is that agent's rewards summed over its env's first
+    episode, averaged over envs; their sum is the team return."""
+    algo, _, _, _, traj = gru_rollout
+    metrics = ppo.agent_metrics(algo, ppo.gather_rollout_stats(algo, traj))
+    assert set(metrics) == {f"episode_return_mean/agent_{i}" for i in range(N_AGENTS)}
+    rewards = np.asarray(traj.reward, np.float64)[:LIMIT].reshape(LIMIT, GRU.num_envs, N_AGENTS)
+    want = rewards.sum(axis=0).mean(axis=0)
+    got = [float(metrics[f"episode_return_mean/agent_{i}"]) for i in range(N_AGENTS)]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_win_rate_counts_the_won_episodes_among_the_ended():
+    """local_agent_stats on a hand-made rollout of 2 envs x 2 agents: returns summed per
+    agent where the env's episode ended, wins counted once per env."""
+    done = np.array([[1, 1, 0, 0], [0, 0, 1, 1], [1, 1, 1, 1]], bool)  # [T=3, E*N=4]
+    won = np.array([[1, 1, 0, 0], [0, 0, 1, 1], [0, 0, 1, 1]], bool)
+    ret = np.arange(12, dtype=np.float32).reshape(3, 4)
+    traj = jaxppo.core.algorithm.Transition(
+        *([None] * 7), terminated=jnp.asarray(done), truncated=jnp.zeros_like(done),
+        episode_return=jnp.asarray(ret), episode_length=None, won=jnp.asarray(won))
+    got = np.asarray(jaxppo.core.collectives.local_agent_stats(traj, 2))
+    want_returns = [sum(ret[t, i] for t in range(3) for i in (a, a + 2) if done[t, i])
+                    for a in range(2)]
+    np.testing.assert_allclose(got, want_returns + [3.0])  # 4 episodes ended, 3 won
+
+
+def test_smax_reports_a_win_where_every_enemy_died_as_jaxmarl_counts_it():
+    """A state with every enemy dead: the next step ends the episode, JaxMARL's reward holds
+    its won_battle_bonus (its baselines' win: a last reward >= 1) and info["won"] is set;
+    with every ally dead instead, no win."""
+    env = make_env(GRU.replace(env="jaxmarl:smax:3m")).env
+    assert env.reports_wins
+    _, state = env.reset(jax.random.PRNGKey(3))
+    inner = state.marl_state.state
+    allies = env.marl_env.num_allies
+    for dead, win in ((slice(allies, None), True), (slice(0, allies), False)):
+        killed = inner.replace(unit_alive=inner.unit_alive.at[dead].set(False),
+                               unit_health=inner.unit_health.at[dead].set(0.0))
+        s = state.replace(marl_state=state.marl_state.replace(state=killed))
+        _, _, reward, term, trunc, info = env.step(jax.random.PRNGKey(4), s,
+                                                   jnp.zeros((allies,), jnp.int32))
+        assert bool(term) and not bool(trunc)
+        assert bool(info["won"]) is win
+        assert bool(np.all(np.asarray(reward) >= 1.0)) is win
+
+
+def test_evaluation_gives_each_agents_return_of_jaxmarls_own_episodes(gru_rollout):
+    """The deterministic GRU policy played by hand through JaxMARL's reset and step_env (the
+    same keys), each agent's carry its own: evaluate's per-agent and team returns."""
+    algo, _, state, _, _ = gru_rollout
+    n, key = 2, jax.random.PRNGKey(7)
+    got = algo.evaluate(state.params, state.obs_stats, key, num_episodes=n, deterministic=True)
+    marl = algo.spec.env.marl_env
+    k_reset, k = jax.random.split(key)
+    returns = np.zeros((n, N_AGENTS))
+    mstates = [marl.reset(kr)[1] for kr in jax.random.split(k_reset, n)]
+    obs = [marl.get_obs(s) for s in mstates]
+    carries = [jnp.zeros((N_AGENTS, GRU.network.recurrent_size)) for _ in range(n)]
+    for _ in range(LIMIT):
+        k, _, k_step = jax.random.split(k, 3)
+        for i, ks in enumerate(jax.random.split(k_step, n)):
+            agent_obs = jnp.stack([obs[i][a] for a in marl.agents])
+            dist, _, carries[i] = _one_step(algo, state.params, state.obs_stats, agent_obs,
+                                            carries[i])
+            acts = {a: jnp.argmax(dist.loc[j]) for j, a in enumerate(marl.agents)}
+            obs[i], mstates[i], rew, _, _ = marl.step_env(jax.random.split(ks)[0], mstates[i],
+                                                          acts)
+            returns[i] += [float(rew[a]) for a in marl.agents]
+    np.testing.assert_allclose(float(got["eval_return_mean"]), returns.sum(1).mean(), rtol=1e-4)
+    for j, a in enumerate(marl.agents):
+        np.testing.assert_allclose(float(got[f"eval_return_mean/{a}"]), returns[:, j].mean(),
+                                   rtol=1e-4)
