@@ -175,6 +175,10 @@ class JaxMarlEnv:
         return JaxMarlParams(self._time_limit + 1 if self._time_limit
                              else DEFAULT_EPISODE_LENGTH)
 
+    def agent_obs_size(self, agent: str) -> int:
+        """How many numbers agent `agent`'s own observation holds (before padding)."""
+        return self._obs_dims[self.agents.index(agent)]
+
     def stack(self, per_agent: dict) -> jax.Array:
         """{agent: obs} -> [N, D] float32, each agent's flattened and zero-padded to D."""
         rows = [jnp.ravel(jnp.asarray(per_agent[a])).astype(jnp.float32) for a in self.agents]

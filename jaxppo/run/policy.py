@@ -183,10 +183,98 @@ class Policy:
         return evaluate_policy(self.algorithm, self.params, self.obs_stats, episodes=episodes,
                                seed=seed, deterministic=deterministic, max_steps=max_steps)
 
+    # ------------------------------------------------------------------ many agents
+    @property
+    def agents(self) -> tuple[str, ...]:
+        """A multi-agent run's agent names, in the env's order; () for a single-agent run."""
+        return tuple(self.spec.agents)
+
+    def joint(self, obs: dict, carry=(), key: jax.Array | None = None, action_mask=None):
+        """The joint policy of a multi-agent run: every agent acts on its own observation with
+        the network they share.
+
+        Args:
+          obs: {agent: observation} for every agent, as JaxMARL's reset / step give them
+            (each [*agent_obs_shape] or [B, *agent_obs_shape], the same batch for all).
+          carry: a recurrent policy's carry before them, [*batch, agents, ...] (the
+            `initial_carry(batch_shape + (len(policy.agents),))` at an episode's start); ()
+            for a feed-forward one.
+          key: a PRNG key to sample with (each agent's action drawn independently); None acts
+            with each distribution's mode.
+          action_mask: a masked policy's legal actions [*batch, agents, num_actions]
+            (`policy.action_mask(state)` of the env state); None for an unmasked one.
+
+        Returns:
+          {agent: action} for a feed-forward policy, ({agent: action}, carry) for a
+          recurrent one.
+        """
+        stacked = self._stack_agents(obs)
+        actions, carry = self.step(stacked, carry, key, action_mask)
+        out = {a: actions[..., i] for i, a in enumerate(self.agents)}
+        return (out, carry) if self.recurrent else out
+
+    def agent(self, name: str) -> "AgentPolicy":
+        """One agent's own policy: `policy.agent(name)(obs, key=None)` on that agent's
+        observation alone (the network every agent shares, fed the agent's observation padded
+        as in training)."""
+        if not self.agents:
+            raise TypeError(f"{self.config.env_name} is a single-agent env: call the policy "
+                            "itself on its observations")
+        if name not in self.agents:
+            raise ValueError(f"agent {name!r} is not one of {self.config.env_name}'s agents "
+                             f"{list(self.agents)}")
+        return AgentPolicy(self, name)
+
+    def _stack_agents(self, obs: dict) -> jax.Array:
+        """{agent: obs} -> [*batch, agents, obs_dim], each flattened and zero-padded."""
+        if not self.agents:
+            raise TypeError(f"{self.config.env_name} is a single-agent env: the joint policy "
+                            "takes the observations of a multi-agent env's agents")
+        if not isinstance(obs, dict) or set(obs) != set(self.agents):
+            got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
+            raise ValueError(f"obs must map every agent to its observation, {list(self.agents)}; "
+                             f"got {got}")
+        return jnp.stack([self._pad(a, obs[a]) for a in self.agents], axis=-2)
+
+    def _pad(self, name: str, obs) -> jax.Array:
+        """One agent's observation(s) as the network takes them: [*batch, obs_dim]."""
+        size = self.env.agent_obs_size(name)
+        arr = jnp.asarray(obs, jnp.float32)
+        if arr.ndim < 1 or arr.shape[-1] != size:
+            raise ValueError(f"agent {name!r}'s observation has shape {tuple(arr.shape)}, but "
+                             f"its observations have {size} numbers; pass one [{size}] or a "
+                             f"batch [B, {size}]")
+        return jnp.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, self.spec.obs_dim - size)])
+
     def __repr__(self):
         return (f"Policy({self.config.env_name}, obs_shape={self.spec.obs_shape}, "
                 f"iteration={self.iteration}{', recurrent' if self.recurrent else ''}"
                 f"{', masked' if self.masked else ''})")
+
+
+class AgentPolicy:
+    """One agent's policy of a multi-agent run (`Policy.agent(name)`): the network every agent
+    shares, on that agent's own observation [*agent_obs_shape] or [B, *agent_obs_shape],
+    padded as in training. `agent_policy(obs, key=None, action_mask=None)` -> actions;
+    `agent_policy.step(obs, carry, key=None, action_mask=None)` -> (actions, carry) for a
+    recurrent policy (carry [*batch, ...] from `initial_carry(batch_shape)`). A masked policy
+    takes that agent's legal actions [*batch, num_actions]."""
+
+    def __init__(self, policy: Policy, name: str):
+        self.policy, self.name = policy, name
+        self.recurrent, self.masked = policy.recurrent, policy.masked
+
+    def __call__(self, obs, key: jax.Array | None = None, action_mask=None):
+        return self.policy(self.policy._pad(self.name, obs), key, action_mask)
+
+    def step(self, obs, carry, key: jax.Array | None = None, action_mask=None):
+        return self.policy.step(self.policy._pad(self.name, obs), carry, key, action_mask)
+
+    def initial_carry(self, batch_shape: tuple[int, ...] = ()):
+        return self.policy.initial_carry(batch_shape)
+
+    def __repr__(self):
+        return f"AgentPolicy({self.policy.config.env_name}, {self.name!r})"
 
 
 def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: int,

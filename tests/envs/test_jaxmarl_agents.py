@@ -102,14 +102,21 @@ def test_the_update_replays_each_actors_sequence(gru_rollout):
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_recurrent_run_resumes_exactly(tmp_path, compile_cache_dir):
+@pytest.fixture(scope="module")
+def gru_run(tmp_path_factory, compile_cache_dir):
+    """A 3-iteration recurrent run with a checkpoint after each: (config, its folder, result)."""
     cfg = GRU.replace(checkpoint_every=1, log_every=1, compilation_cache_dir=compile_cache_dir)
-    full = jaxppo.train(cfg, run_dir=tmp_path / "full", progress=False)
+    folder = tmp_path_factory.mktemp("gru") / "full"
+    return cfg, folder, jaxppo.train(cfg, run_dir=folder, progress=False)
+
+
+def test_recurrent_run_resumes_exactly(gru_run, tmp_path):
+    cfg, _, full = gru_run
     jaxppo.train(cfg, run_dir=tmp_path / "part", progress=False, stop_after_iterations=2)
     resumed = jaxppo.train(None, resume=tmp_path / "part", progress=False)
     for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for key in ("episode_return_mean", "policy_loss"):
+    for key in ("episode_return_mean", "episode_return_mean/agent_1", "policy_loss"):
         np.testing.assert_array_equal(full.metrics[key], resumed.metrics[key])
 
 
@@ -193,3 +200,57 @@ def test_evaluation_gives_each_agents_return_of_jaxmarls_own_episodes(gru_rollou
     for j, a in enumerate(marl.agents):
         np.testing.assert_allclose(float(got[f"eval_return_mean/{a}"]), returns[:, j].mean(),
                                    rtol=1e-4)
+
+
+def test_joint_policy_acts_for_every_agent_as_each_agents_own_policy(gru_run):
+    """load_policy of a multi-agent run: a dict of JaxMARL observations in, a dict of actions
+    out, each agent's action and carry those of the network run by hand on that agent's
+    observation alone, and of policy.agent(name)."""
+    _, folder, _ = gru_run
+    policy = jaxppo.load_policy(folder)
+    assert policy.agents == ("agent_0", "agent_1", "agent_2") and policy.recurrent
+    marl = policy.env.marl_env
+    obs, _ = marl.reset(jax.random.PRNGKey(5))
+    carry = policy.initial_carry((N_AGENTS,))
+    actions, carry1 = policy.joint(obs, carry)
+    assert set(actions) == set(marl.agents) and carry1.shape == (N_AGENTS, 8)
+    for i, a in enumerate(marl.agents):
+        dist, _, c = _one_step(policy.algorithm, policy.params, policy.obs_stats,
+                               obs[a][None], carry[i][None])
+        assert int(actions[a]) == int(jnp.argmax(dist.loc[0]))
+        np.testing.assert_allclose(np.asarray(carry1[i]), np.asarray(c[0]), rtol=1e-5, atol=1e-6)
+        own, own_carry = policy.agent(a).step(obs[a], carry[i])
+        assert int(own) == int(actions[a])
+        np.testing.assert_allclose(np.asarray(own_carry), np.asarray(carry1[i]), rtol=1e-5,
+                                   atol=1e-6)
+    # A batch of 2 joint observations: actions [2] per agent.
+    batch = {a: jnp.stack([obs[a], obs[a]]) for a in marl.agents}
+    acts, _ = policy.joint(batch, policy.initial_carry((2, N_AGENTS)),
+                           key=jax.random.PRNGKey(0))
+    assert all(acts[a].shape == (2,) for a in marl.agents)
+    with pytest.raises(ValueError, match=r"obs must map every agent"):
+        policy.joint({"agent_0": obs["agent_0"]}, carry)
+    with pytest.raises(ValueError, match="not one of"):
+        policy.agent("agent_9")
+
+
+def test_eval_command_and_export_of_a_multi_agent_run(gru_run, tmp_path, capsys):
+    """`jaxppo eval` on the run folder reports the team and each agent's return; the exported
+    function is every agent's policy on its padded observation."""
+    from jaxppo import cli
+
+    _, folder, _ = gru_run
+    assert cli.main(["eval", str(folder), "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "team return" in out and "agent_0" in out and "agent_2" in out
+    policy = jaxppo.load_policy(folder)
+    ex = jaxppo.export_policy(policy, path=tmp_path / "marl.jaxexport")
+    assert ex.metadata["agents"]["names"] == list(policy.agents)
+    assert ex.metadata["agents"]["obs_size"]["agent_1"] == 18
+    fn = jax.export.deserialize(ex.path.read_bytes())
+    obs, _ = policy.env.marl_env.reset(jax.random.PRNGKey(6))
+    rows = jnp.stack([obs[a] for a in policy.agents])
+    action, carry = fn.call(rows, policy.initial_carry((N_AGENTS,)))
+    want, want_carry = policy.joint(obs, policy.initial_carry((N_AGENTS,)))
+    assert [int(x) for x in action] == [int(want[a]) for a in policy.agents]
+    np.testing.assert_allclose(np.asarray(carry), np.asarray(want_carry), rtol=1e-5, atol=1e-6)
