@@ -49,6 +49,9 @@ class Policy:
     A masked policy (trained with the env's action mask) needs the legal actions of each
     observation's state, `action_mask=policy.action_mask(state)` (bool [*batch, num_actions]),
     and acts among them only, sampled or deterministic.
+    A multi-agent run's policy (`agents` names them) acts for all agents with `joint({agent:
+    obs})` -> {agent: action}, or for one with `agent(name)`; called directly it takes the
+    agents' observations stacked and padded, [*batch, agents, obs_dim].
     Attributes: config (PPOConfig of the run), spec (EnvSpec), env and env_params (the env it
     trained on), params, obs_stats,
     iteration (of the checkpoint it came from; None for params.msgpack), recurrent, masked.
@@ -503,6 +506,11 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
                 network: Any = None) -> Policy:
     """The trained policy of a run folder as a callable `act(obs, key=None)` (with
     `action_mask=` the legal actions, for a policy trained with the env's action mask).
+
+    A multi-agent run's (a `jaxmarl:` env) is also the joint policy: `policy.joint(obs)`
+    takes {agent: observation} and returns {agent: action} (with the carry for a recurrent
+    policy), `policy.agents` names the agents and `policy.agent(name)` is one agent's own
+    policy on that agent's observation alone (an `AgentPolicy`).
 
     Args:
       run_dir: the run folder.
