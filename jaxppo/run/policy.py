@@ -50,8 +50,9 @@ class Policy:
     observation's state, `action_mask=policy.action_mask(state)` (bool [*batch, num_actions]),
     and acts among them only, sampled or deterministic.
     A multi-agent run's policy (`agents` names them) acts for all agents with `joint({agent:
-    obs})` -> {agent: action}, or for one with `agent(name)`; called directly it takes the
-    agents' observations stacked and padded, [*batch, agents, obs_dim].
+    obs})` -> {agent: action} (a feed-forward one also as `policy({agent: obs})`), or for one
+    with `agent(name)`; called on an array it takes the agents' observations stacked and
+    padded, [*batch, agents, obs_dim].
     Attributes: config (PPOConfig of the run), spec (EnvSpec), env and env_params (the env it
     trained on), params, obs_stats,
     iteration (of the checkpoint it came from; None for params.msgpack), recurrent, masked.
@@ -80,6 +81,8 @@ class Policy:
         return self.spec.env_params
 
     def __call__(self, obs, key: jax.Array | None = None, action_mask=None):
+        if isinstance(obs, dict) and self.agents and not self.recurrent:
+            return self.joint(obs, (), key, action_mask)  # {agent: obs} -> {agent: action}
         if self.recurrent:
             raise TypeError(
                 "this policy is recurrent: it needs its carry from step to step. Use "

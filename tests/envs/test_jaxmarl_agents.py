@@ -186,6 +186,7 @@ def test_evaluation_gives_each_agents_return_of_jaxmarls_own_episodes(gru_rollou
     mstates = [marl.reset(kr)[1] for kr in jax.random.split(k_reset, n)]
     obs = [marl.get_obs(s) for s in mstates]
     carries = [jnp.zeros((N_AGENTS, GRU.network.recurrent_size)) for _ in range(n)]
+    step_env = jax.jit(marl.step_env)  # JaxMARL's own step, compiled once
     for _ in range(LIMIT):
         k, _, k_step = jax.random.split(k, 3)
         for i, ks in enumerate(jax.random.split(k_step, n)):
@@ -193,8 +194,7 @@ def test_evaluation_gives_each_agents_return_of_jaxmarls_own_episodes(gru_rollou
             dist, _, carries[i] = _one_step(algo, state.params, state.obs_stats, agent_obs,
                                             carries[i])
             acts = {a: jnp.argmax(dist.loc[j]) for j, a in enumerate(marl.agents)}
-            obs[i], mstates[i], rew, _, _ = marl.step_env(jax.random.split(ks)[0], mstates[i],
-                                                          acts)
+            obs[i], mstates[i], rew, _, _ = step_env(jax.random.split(ks)[0], mstates[i], acts)
             returns[i] += [float(rew[a]) for a in marl.agents]
     np.testing.assert_allclose(float(got["eval_return_mean"]), returns.sum(1).mean(), rtol=1e-4)
     for j, a in enumerate(marl.agents):
@@ -254,3 +254,39 @@ def test_eval_command_and_export_of_a_multi_agent_run(gru_run, tmp_path, capsys)
     want, want_carry = policy.joint(obs, policy.initial_carry((N_AGENTS,)))
     assert [int(x) for x in action] == [int(want[a]) for a in policy.agents]
     np.testing.assert_allclose(np.asarray(carry), np.asarray(want_carry), rtol=1e-5, atol=1e-6)
+
+
+def test_progress_line_shows_the_team_return_and_win_rate(capsys):
+    from jaxppo.run.progress import Reporter
+
+    cfg = GRU.replace(env="jaxmarl:smax:3m")
+    reporter = Reporter(cfg, 4, progress=None, team=True, wins=True)
+    rows = [{"episode_return_mean": 1.5, "win_rate": 0.25, "iteration": 1},
+            {"episode_return_mean": 2.5, "win_rate": 0.75, "iteration": 2}]
+    reporter.update(2, rows, 100.0)
+    line = capsys.readouterr().err
+    assert "team return 2.0  win rate 0.50" in line
+
+
+def test_feed_forward_joint_policy_pads_each_agents_observation():
+    """Speaker-listener (observations of 3 and 11 numbers, 3 and 5 actions): the joint policy
+    on JaxMARL's own dict pads the speaker's observation and masks its extra actions, as the
+    network run by hand on the padded rows does."""
+    from jaxppo.run.policy import Policy
+
+    cfg = GRU.replace(env="jaxmarl:MPE_simple_speaker_listener_v4", num_minibatches=2,
+                      network=jaxppo.NetworkConfig((16,)))
+    algo = Algorithm.create(jaxppo.resolve(cfg))
+    state = ppo.init(algo, jax.random.PRNGKey(1), HyperParams.from_config(algo.config))
+    policy = Policy(algo, state.params, state.obs_stats)
+    env = policy.env
+    obs, env_state = env.marl_env.reset(jax.random.PRNGKey(2))
+    mask = policy.action_mask(env.reset(jax.random.PRNGKey(2))[1])  # the same reset
+    actions = policy(obs, action_mask=mask)
+    logits = algo.network.apply(state.params, env.stack(obs))[0].loc  # [2, 5]
+    want = np.argmax(np.where(np.asarray(mask), np.asarray(logits), -np.inf), axis=-1)
+    assert [int(actions[a]) for a in env.agents] == want.tolist()
+    assert int(actions["speaker_0"]) < 3
+    assert int(policy.agent("speaker_0")(obs["speaker_0"], action_mask=mask[0])) == want[0]
+    with pytest.raises(ValueError, match=r"shape \(11,\), but its observations have 3 numbers"):
+        policy.agent("speaker_0")(obs["listener_0"], action_mask=mask[0])
