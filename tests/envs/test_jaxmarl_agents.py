@@ -13,6 +13,7 @@ import jaxppo
 from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.core.hyperparams import HyperParams
+from jaxppo.core.running_stats import RunningStats
 from jaxppo.envs.make import make_env
 
 pytest.importorskip("jaxmarl")
@@ -277,13 +278,13 @@ def test_feed_forward_joint_policy_pads_each_agents_observation():
     cfg = GRU.replace(env="jaxmarl:MPE_simple_speaker_listener_v4", num_minibatches=2,
                       network=jaxppo.NetworkConfig((16,)))
     algo = Algorithm.create(jaxppo.resolve(cfg))
-    state = ppo.init(algo, jax.random.PRNGKey(1), HyperParams.from_config(algo.config))
-    policy = Policy(algo, state.params, state.obs_stats)
+    params = algo.network.init(jax.random.PRNGKey(1), jnp.zeros((1, algo.spec.obs_dim)))
+    policy = Policy(algo, params, RunningStats.create((algo.spec.obs_dim,)))
     env = policy.env
     obs, env_state = env.marl_env.reset(jax.random.PRNGKey(2))
     mask = policy.action_mask(env.reset(jax.random.PRNGKey(2))[1])  # the same reset
     actions = policy(obs, action_mask=mask)
-    logits = algo.network.apply(state.params, env.stack(obs))[0].loc  # [2, 5]
+    logits = algo.network.apply(params, env.stack(obs))[0].loc  # [2, 5]
     want = np.argmax(np.where(np.asarray(mask), np.asarray(logits), -np.inf), axis=-1)
     assert [int(actions[a]) for a in env.agents] == want.tolist()
     assert int(actions["speaker_0"]) < 3
