@@ -39,6 +39,7 @@ TORSOS = ("auto", "mlp", "cnn", "nature_cnn", "impala_cnn")
 SCHEDULE_KINDS = ("constant", "linear")
 EXTEND_KINDS = ("new_total", "continue")
 SYNC_KINDS = ("gradients", "batch")
+CRITIC_INPUTS = ("local", "world_state", "joint_obs")
 VECTORIZATION_MODES = ("sync", "async")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
 
@@ -241,6 +242,18 @@ class PPOConfig:
         (), "observation wrappers and reward hooks, in order", role=SHAPE, section="user transforms",
         check=cf.of_type((list, tuple), "a list, e.g. [{'frame_stack': {'k': 4}}, "
                          "{'count_bonus': {'scale': 0.1}}]"))
+    # Multi-agent envs (JaxMARL): what the critic sees. "local" is IPPO (each agent's own
+    # observation); "world_state" and "joint_obs" are MAPPO's centralised critic, the actor
+    # still acting on the agent's own observation (docs/environments.md, Multi-agent).
+    critic_input: str = field(
+        "local", 'multi-agent envs: the critic\'s input; "local" = the agent\'s own observation '
+        '(IPPO), "world_state" = the env\'s global state (MAPPO), "joint_obs" = every agent\'s '
+        "observation, concatenated (MAPPO)", role=SHAPE, section="multi-agent envs",
+        check=cf.one_of(CRITIC_INPUTS, ": 'local' is IPPO's critic, 'world_state' and "
+                        "'joint_obs' MAPPO's centralised one"))
+    agent_id: bool = field(
+        False, "multi-agent envs: append a one-hot of the agent's index to its observation "
+        "(the actor's and a local critic's input)", role=SHAPE, check=cf.boolean)
     num_devices: int | str | None = field(
         "auto", '"auto" = seeds, PBT members or many envs over every device (a CPU: one per '
         'core), as pays; N = the envs (PBT: members) over N devices',

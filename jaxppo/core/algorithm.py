@@ -95,6 +95,10 @@ class Transition(NamedTuple):
     carry0: Any = ()
     # The env's action mask of s_t ([A] bool per step) when the policy masks (None otherwise).
     action_mask: jax.Array | None = None
+    # critic_input "world_state" only (None otherwise): each actor's env's global state of s_t
+    # and of its pre-reset successor ([C] per step).
+    world_state: jax.Array | None = None
+    final_world_state: jax.Array | None = None
     # Envs stepped in Python (jaxppo.run.hostloop): where a reported episode ended, which the
     # episode metrics count (None: where terminated or truncated). An env may report episodes
     # other than the ones learning sees, e.g. a game over all lives with episodic life.
@@ -168,11 +172,72 @@ class Algorithm:
                 "with jaxppo.train(config) (its host loop, jaxppo.run.hostloop)")
 
     # ------------------------------------------------------------------ acting
-    def obs_in(self, stats: RunningStats, raw_obs: jax.Array) -> jax.Array:
-        """The network's input for raw observations [..., *obs_shape]: flat [..., obs_dim],
-        normalised with `stats` when the config normalises observations."""
+    def features(self, stats: RunningStats, raw_obs: jax.Array) -> jax.Array:
+        """Raw observations [..., *obs_shape] flat [..., obs_dim], normalised with `stats`
+        when the config normalises observations."""
         flat = flatten_obs(raw_obs, self.spec.obs_shape)
         return normalize(stats, flat) if self.config.normalize_observations else flat
+
+    def obs_in(self, stats: RunningStats, raw_obs: jax.Array) -> jax.Array:
+        """The policy's input for raw observations [..., *obs_shape]: `features`, then with
+        `agent_id` a one-hot of each agent's index [..., N] (a multi-agent env's observations
+        keep their actor axis second to last: [..., E*N, ...] env-major, or [..., N, ...])."""
+        x = self.features(stats, raw_obs)
+        if not self.with_agent_id:
+            return x
+        n = self.spec.num_agents
+        if x.ndim < 2 or x.shape[-2] % n:
+            raise ValueError(
+                f"observations {tuple(raw_obs.shape)}: a policy trained with agent_id=true "
+                f"needs every agent's observation, [..., {n}, *obs_shape] (agents in "
+                f"{list(self.spec.agents)} order), to know which agent each one is")
+        return jnp.concatenate([x, self.spec.agent_one_hot(x.shape[:-1])], axis=-1)
+
+    @property
+    def with_agent_id(self) -> bool:
+        """True when the policy's input ends with the agent's one-hot index (`agent_id`)."""
+        return bool(self.config.agent_id) and bool(self.spec.agents)
+
+    @property
+    def central_critic(self) -> bool:
+        """True when the critic's input is not the policy's (MAPPO: `critic_input` is
+        "world_state" or "joint_obs")."""
+        return self.config.critic_input != "local"
+
+    def critic_in(self, stats: RunningStats, raw_obs: jax.Array, world_state=None):
+        """The centralised critic's input [..., E*N, C] for actors' raw observations
+        [..., E*N, *obs_shape] (env-major) and, for "world_state", their env's global state
+        [..., E*N, C]; None for a local critic (it reads the policy's input). "joint_obs" is
+        every agent's `features` of the same env, concatenated in agent order."""
+        if self.config.critic_input == "world_state":
+            return world_state
+        if self.config.critic_input != "joint_obs":
+            return None
+        x = self.features(stats, raw_obs)
+        n = self.spec.num_agents
+        joint = x.reshape(x.shape[:-2] + (x.shape[-2] // n, 1, n * x.shape[-1]))
+        joint = jnp.broadcast_to(joint, joint.shape[:-2] + (n, joint.shape[-1]))
+        return joint.reshape(x.shape[:-1] + (n * x.shape[-1],))
+
+    def input_dims(self) -> tuple[int, int | None]:
+        """(the policy's input size, the centralised critic's input size or None)."""
+        spec = self.spec
+        actor = spec.obs_dim + (spec.num_agents if self.with_agent_id else 0)
+        if self.config.critic_input == "world_state":
+            ws = jax.eval_shape(lambda k: spec.world_state(
+                spec.env.reset(k, spec.env_params)[1], spec.env_params), jax.random.PRNGKey(0))
+            return actor, int(ws.shape[-1])
+        if self.config.critic_input == "joint_obs":
+            return actor, spec.num_agents * spec.obs_dim
+        return actor, None
+
+    def init_params(self, key: jax.Array):
+        """Fresh network params (a centralised critic's first layer sized to its input)."""
+        actor, critic = self.input_dims()
+        obs = jnp.zeros((1, actor), jnp.float32)
+        if critic is None:
+            return self.network.init(key, obs)
+        return self.network.init(key, obs, critic_obs=jnp.zeros((1, critic), jnp.float32))
 
     def initial_carry(self, batch_shape: tuple[int, ...] = ()):
         """The network's carry at the start of an episode ([*batch_shape, ...]; () for a
@@ -207,9 +272,18 @@ class Algorithm:
                 "each episode from initial_carry(batch_shape); evaluate() handles this itself")
         return self.policy_step(params, obs_stats, raw_obs, (), key, deterministic, action_mask)[0]
 
-    def value(self, params, obs_stats, raw_obs, carry=()):
-        """V(obs) given the carry before it (default: the start of an episode)."""
-        return self.network.apply(params, self.obs_in(obs_stats, raw_obs), carry)[1]
+    def value(self, params, obs_stats, raw_obs, carry=(), world_state=None):
+        """V(obs) given the carry before it (default: the start of an episode). A centralised
+        critic reads `critic_in(obs_stats, raw_obs, world_state)` (every agent's
+        observations [..., N, *obs_shape]; `world_state` [..., N, C] for "world_state")."""
+        obs_in = self.obs_in(obs_stats, raw_obs)
+        if not self.central_critic:
+            return self.network.apply(params, obs_in, carry)[1]
+        critic = self.critic_in(obs_stats, raw_obs, world_state)
+        if critic is None:
+            raise ValueError("critic_input='world_state': the critic's value needs the env's "
+                             "global state: value(params, obs_stats, obs, world_state=...)")
+        return self.network.apply(params, obs_in, carry, critic_obs=critic)[1]
 
     def sample_actions(self, dist: DistParams, noise: jax.Array):
         """One action per env from its noise [E, A|D]; returns (actions, log_probs)."""

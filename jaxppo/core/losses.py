@@ -29,6 +29,9 @@ class Batch(NamedTuple):
     # The legal actions of each sample's state ([B, A] bool) when the policy masks; the new
     # policy is restricted to them before its log-probs, entropy and KL (None: unmasked).
     action_mask: jax.Array | None = None
+    # A centralised critic's input ([B, C], `critic_input` world_state / joint_obs); None:
+    # the critic reads `obs`.
+    critic_obs: jax.Array | None = None
 
 
 def shares_log_std(dist: DistParams) -> bool:

@@ -391,9 +391,14 @@ class ActorCritic(PolicyNetwork):
     `reset`. Orthogonal init (sqrt(2) torso, 0.01 policy head, 1.0 value head) as in the PPO
     implementation-details literature; separate torsos unless `shared_trunk`. With
     `torso="cnn"` the flat observation is reshaped to `obs_shape` (H, W, C) for the convs.
+
+    `central_critic` (MAPPO): the critic's torso reads `critic_obs` [..., C] (a multi-agent
+    env's global state, or every agent's observation) instead of `obs`; a call without it
+    acts only, and its value is None.
     """
 
     shared_trunk: bool = False
+    central_critic: bool = False
 
     def setup(self):
         self.actor_torso = make_torso(self)
@@ -402,8 +407,12 @@ class ActorCritic(PolicyNetwork):
         setup_policy_heads(self)
         self.value_head = _dense(1, 1.0)
 
-    def __call__(self, obs, carry=(), reset=None):
+    def __call__(self, obs, carry=(), reset=None, critic_obs=None):
         h = self.actor_torso(obs)
+        if self.central_critic:
+            value = (None if critic_obs is None
+                     else self.value_head(self.critic_torso(critic_obs))[..., 0])
+            return policy_dist(self, h), value, carry
         critic = h if self.shared_trunk else self.critic_torso(obs)
         return policy_dist(self, h), self.value_head(critic)[..., 0], carry
 
@@ -615,4 +624,5 @@ def make_network(config, spec, module: nn.Module | None = None) -> nn.Module:
     )
     if net.recurrent_size:
         return RecurrentActorCritic(carry_size=net.recurrent_size, **common)
-    return ActorCritic(shared_trunk=net.shared_trunk, **common)
+    return ActorCritic(shared_trunk=net.shared_trunk,
+                       central_critic=config.critic_input != "local", **common)

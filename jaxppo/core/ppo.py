@@ -57,7 +57,7 @@ def init_state(algo: Algorithm, key: jax.Array, k_params: jax.Array, hp: HyperPa
     () for envs stepped outside the program, jaxppo.run.hostloop): params from `k_params`,
     `key` the training stream. A multi-agent env's E is its actors (envs x agents)."""
     spec, cfg, E = algo.spec, algo.config, algo.local_actors
-    params = algo.network.init(k_params, jnp.zeros((1, spec.obs_dim), jnp.float32))
+    params = algo.init_params(k_params)
     opt_state = optimizer(algo, hp).init(ravel_pytree(params)[0])
     obs_stats = RunningStats.create((spec.obs_dim,))
     if cfg.normalize_observations:
@@ -128,6 +128,10 @@ def step_envs(algo: Algorithm, st: TrainState, dist: DistParams, action, logp, e
         terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
         won=spec.to_actors(info["won"]) if "won" in info else None,
     )
+    if algo.config.critic_input == "world_state":
+        final_ws = info["final_world_state"]  # [E, C]: every agent of an env gets its env's
+        final_ws = jnp.repeat(final_ws[:, None], spec.num_agents, axis=1)
+        tr = tr._replace(final_world_state=spec.to_actors(final_ws))
     st = st.replace(
         env_state=env_state,
         last_obs=obs,
@@ -149,9 +153,11 @@ def rollout(algo: Algorithm, state: TrainState, hp: HyperParams):
         dist = networks.mask_logits(dist, mask)
         action, logp = algo.sample_actions(dist, noise)
         reset = st.carry.reset
+        world_state = (algo.spec.world_states(st.env_state)
+                       if algo.config.critic_input == "world_state" else None)
         st, tr, done = step_envs(algo, st, dist, action, logp, env_keys, hp)
         st = st.replace(carry=PolicyCarry(carry, done if algo.recurrent else None))
-        return st, tr._replace(reset=reset, action_mask=mask)
+        return st, tr._replace(reset=reset, action_mask=mask, world_state=world_state)
 
     carry0 = state.carry.state
     rng, k_roll = jax.random.split(state.rng)
@@ -184,7 +190,13 @@ def rollout_values(algo: Algorithm, params, obs_stats: RunningStats, traj: Trans
         _, values, carries = unroll(algo, params, traj.carry0, obs_in, traj.reset)
         return values, algo.network.apply(params, final_in, carries)[1]
     T = traj.reward.shape[0]
-    both = algo.network.apply(params, jnp.concatenate([obs_in, final_in], axis=0))[1]
+    both_in = jnp.concatenate([obs_in, final_in], axis=0)
+    if not algo.central_critic:
+        both = algo.network.apply(params, both_in)[1]
+        return both[:T], both[T:]
+    critic_in = jnp.concatenate([algo.critic_in(obs_stats, traj.obs, traj.world_state),
+                                 algo.critic_in(obs_stats, traj.final_obs, traj.final_world_state)])
+    both = algo.network.apply(params, both_in, critic_obs=critic_in)[1]
     return both[:T], both[T:]
 
 
@@ -272,6 +284,7 @@ def make_batch(algo: Algorithm, obs_stats, traj: Transition, values, advantages,
         old_log_probs=traj.log_prob, old_dist=unstack_shared_log_std(traj.dist),
         old_values=values, advantages=advantages, value_targets=targets,
         reset=traj.reset, carry0=traj.carry0, action_mask=traj.action_mask,
+        critic_obs=algo.critic_in(obs_stats, traj.obs, traj.world_state),
     )
 
 
@@ -302,7 +315,10 @@ def forward(algo: Algorithm, params, mb: Batch):
     """(dist, values [B], samples [B]) of the network on a minibatch; whole sequences are
     replayed from their carries and resets, then flattened to samples."""
     if not algo.recurrent:
-        dist, values, _ = algo.network.apply(params, mb.obs)
+        if mb.critic_obs is None:
+            dist, values, _ = algo.network.apply(params, mb.obs)
+        else:
+            dist, values, _ = algo.network.apply(params, mb.obs, critic_obs=mb.critic_obs)
         return networks.mask_logits(dist, mb.action_mask), values, mb
     dist, values, _ = unroll(algo, params, mb.carry0, mb.obs, mb.reset)
     merge = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]

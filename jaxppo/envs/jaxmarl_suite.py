@@ -137,6 +137,8 @@ class JaxMarlEnv:
       that ends an episode with every enemy dead and an ally alive, the battle SMAX rewards
       with its won_battle_bonus (JaxMARL's SMAX baselines count a win where that last step's
       reward is at least the bonus, 1.0 by default).
+    * World state: `world_state(state, params) -> [C]` for SMAX and MPE (MAPPO's critic
+      input), with the pre-reset state's in info["final_world_state"].
     """
 
     def __init__(self, marl_env, name: str | None = None):
@@ -158,6 +160,7 @@ class JaxMarlEnv:
         base = import_jaxmarl("jaxmarl.environments.multi_agent_env").MultiAgentEnv
         self._has_avail = type(marl_env).get_avail_actions is not base.get_avail_actions
         self._has_mask = self._has_avail or len(set(self._num_actions)) > 1
+        self._world_state_fn = _world_state_fn(marl_env)
         limit = getattr(marl_env, "max_steps", None)
         self._time_limit = (int(limit) if isinstance(limit, (int, np.integer))
                             and not isinstance(limit, bool) and limit > 0 else None)
@@ -205,6 +208,8 @@ class JaxMarlEnv:
             done, self.reset(k_reset, params), self.stack(obs), JaxMarlEnvState(stepped, time))
         if self.reports_wins:
             info["won"] = jnp.logical_and(done, self._won(stepped))
+        if self._world_state_fn is not None:
+            info["final_world_state"] = self._world_state_fn(stepped)
         rewards = jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in self.agents])
         return obs, next_state, rewards, terminated, truncated, info
 
@@ -228,6 +233,16 @@ class JaxMarlEnv:
         rows = [jnp.asarray(avail[a]).astype(bool) for a in self.agents]
         return jnp.stack([jnp.pad(r, (0, self.n - r.shape[0])) for r in rows])
 
+    @property
+    def world_state(self):
+        """`world_state(state, params) -> float32 [C]`, the env's global state (MAPPO's critic
+        input; AttributeError when the env has none): SMAX's own `get_world_state` (or any
+        env's that defines one), and for MPE every agent's observation concatenated in
+        `agents` order, as JaxMARL's MAPPO wrappers build them."""
+        if self._world_state_fn is None:
+            raise AttributeError("world_state")
+        return lambda state, params=None: self._world_state_fn(state.marl_state)
+
     def observation_space(self, params: JaxMarlParams | None = None):
         """One agent's (padded) observation: Box [D]."""
         return adapter.gymnax_spaces().Box(-jnp.inf, jnp.inf, (self.obs_dim,), jnp.float32)
@@ -238,3 +253,22 @@ class JaxMarlEnv:
 
     def __repr__(self) -> str:
         return f"JaxMarlEnv({type(self.marl_env).__name__}, {self.name!r})"
+
+
+def _world_state_fn(marl_env):
+    """marl_state -> float32 [C], the global state JaxMARL's MAPPO baselines give the critic
+    (their SMAXWorldStateWrapper and MPEWorldStateWrapper): the env's `get_world_state` where
+    it has one (SMAX, simple_facmac), else for an MPE env every agent's observation flattened
+    and concatenated in `agents` order; None for any other env."""
+    own = getattr(marl_env, "get_world_state", None)
+    if callable(own):
+        return lambda state: jnp.ravel(own(state)).astype(jnp.float32)
+    if type(marl_env).__module__.startswith("jaxmarl.environments.mpe."):
+        agents = tuple(marl_env.agents)
+
+        def joint(state):
+            obs = marl_env.get_obs(state)
+            return jnp.concatenate([jnp.ravel(obs[a]) for a in agents]).astype(jnp.float32)
+
+        return joint
+    return None

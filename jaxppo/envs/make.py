@@ -264,7 +264,9 @@ def _env_spec(config, env, env_params) -> EnvSpec:
         n = int(act_space.n)
         agents = tuple(getattr(env, "agents", ()))
         mask = env_action_mask(config, env, env_params, n, len(agents))
-        return EnvSpec(env, env_params, obs_shape, True, n, None, None, mask, agents)
+        world_state = getattr(env, "world_state", None) if agents else None
+        return EnvSpec(env, env_params, obs_shape, True, n, None, None, mask, agents,
+                       world_state if callable(world_state) else None)
     if config.mask_actions:
         raise ConfigError(
             f"mask_actions=true, but {config.env_name} has continuous actions "

@@ -29,6 +29,9 @@ class EnvSpec(NamedTuple):
         illegal actions (`env_action_mask`); else None.
       agents: a multi-agent env's agent names (its observation, action and reward have an
         agent axis of that length, `num_agents`); () for a single-agent env.
+      world_state: `world_state(state, params) -> float32 [C]`, a multi-agent env's global
+        state of one env's state (MAPPO's critic input, `critic_input: world_state`), whose
+        step puts the pre-reset state's in info["final_world_state"]; else None.
 
     Each agent of each env is one actor: the rollout and the update see a batch of
     `num_agents` actors per env, env-major (actor e * num_agents + i is agent i of env e),
@@ -44,6 +47,7 @@ class EnvSpec(NamedTuple):
     action_high: np.ndarray | None
     action_mask: Any = None
     agents: tuple[str, ...] = ()
+    world_state: Any = None
 
     @property
     def masked(self) -> bool:
@@ -57,6 +61,19 @@ class EnvSpec(NamedTuple):
             return None
         return self.to_actors(jax.vmap(self.action_mask, in_axes=(0, None))(env_state,
                                                                             self.env_params))
+
+    def world_states(self, env_state) -> jax.Array:
+        """The global states of a batch of env states [E, ...] as each actor's critic input
+        [E*N, C] (every agent of an env gets its env's)."""
+        ws = jax.vmap(self.world_state, in_axes=(0, None))(env_state, self.env_params)
+        return self.to_actors(jnp.repeat(ws[:, None], self.num_agents, axis=1))
+
+    def agent_one_hot(self, batch_shape: tuple[int, ...]) -> jax.Array:
+        """One-hot agent indices [*batch_shape, N] of actors laid out as the batch folds them
+        (the last axis of batch_shape is envs x agents, env-major: actor k is agent k % N)."""
+        n = self.num_agents
+        ids = jnp.eye(n, dtype=jnp.float32)[jnp.arange(batch_shape[-1]) % n]
+        return jnp.broadcast_to(ids, tuple(batch_shape) + (n,))
 
     @property
     def num_agents(self) -> int:

@@ -178,11 +178,15 @@ def chunk_step(algo: Algorithm, s: TrainState, hp: HyperParams, index: jax.Array
     if s.hparams is not None:
         hp = s.hparams
 
+    traced = []  # the live branch's metric shapes: cond traces it first, skip reuses them
+
     def live_iteration(s):
-        return ppo.iteration(algo, s, hp)
+        s, m = ppo.iteration(algo, s, hp)
+        traced.append(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), m))
+        return s, m
 
     def skip(s):
-        _, m = jax.eval_shape(live_iteration, s)
+        m = traced[-1] if traced else jax.eval_shape(live_iteration, s)[1]
         return s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), m)
 
     live = index < stop

@@ -115,7 +115,8 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
         refuse_host_options(config)
     recurrent = networks.is_recurrent(network)
     if spec.agents:
-        _check_multi_agent(config)
+        _check_multi_agent(config, recurrent)
+    _check_agent_options(config, spec)
     if layout is None:
         layout = Layout()
     elif layout == "local":
@@ -195,13 +196,69 @@ def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
     _check_conv_options(config, spec)
 
 
-def _check_multi_agent(config: PPOConfig) -> None:
-    """What a multi-agent env (IPPO, one network shared by every agent) does not take yet: a
-    ConfigError naming it, not a shape error from inside the compiled program."""
+def _check_multi_agent(config: PPOConfig, recurrent: bool) -> None:
+    """What a multi-agent env (IPPO or MAPPO, one network shared by every agent) does not take
+    yet: a ConfigError naming it, not a shape error from inside the compiled program."""
+    given = [f"{name}={getattr(config, name)!r}" for name, default in
+             (("critic_input", "local"), ("agent_id", False)) if getattr(config, name) != default]
+    if recurrent and given:
+        raise ConfigError(
+            f"{' and '.join(given)} with a recurrent network (network.recurrent_size="
+            f"{config.network.recurrent_size}) is not supported yet: a multi-agent env trains a "
+            "GRU with each agent's own observation (IPPO); set critic_input: local and agent_id: "
+            "false, or network.recurrent_size: 0")
     if config.transforms:
         raise ConfigError(
             f"transforms={config.transforms!r}: {config.env_name} is a multi-agent env, and "
             "transforms do not take its agent axis yet; remove them")
+
+
+def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
+    """critic_input and agent_id need a multi-agent env; a centralised critic needs the
+    built-in network with a critic torso of its own, and "world_state" an env that gives one."""
+    given = [f"{name}={getattr(config, name)!r}" for name, default in
+             (("critic_input", "local"), ("agent_id", False)) if getattr(config, name) != default]
+    if not given:
+        return
+    if not spec.agents:
+        raise ConfigError(
+            f"{' and '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to "
+            f"multi-agent envs (e.g. jaxmarl:MPE_simple_spread_v3), but {config.env_name} has "
+            f"one agent; remove {'them' if len(given) > 1 else 'it'} (critic_input: local)")
+    if config.critic_input == "local":
+        _check_agent_id_network(config)
+        return
+    what = f"critic_input={config.critic_input!r}"
+    if config.network.custom:
+        raise ConfigError(
+            f"{what} gives the built-in network's critic an input of its own, but "
+            f"network.module={networks.module_name(config.network.module)} replaces that "
+            "network; use critic_input: local, or the built-in network")
+    if config.network.shared_trunk:
+        raise ConfigError(
+            f"{what} feeds the critic another input than the actor's, so they cannot share "
+            "one torso: set network.shared_trunk: false (or critic_input: local)")
+    if config.critic_input == "world_state":
+        if spec.world_state is None:
+            raise ConfigError(
+                f"{what}, but {config.env_name} gives no world state (jaxppo has one for "
+                "JaxMARL's SMAX and MPE envs); use critic_input: joint_obs (every agent's "
+                "observation, concatenated) or local")
+        if config.normalize_observations:
+            raise ConfigError(
+                f"{what} with normalize_observations=true: the world state is not normalised "
+                "(only observations are); set normalize_observations: false, or use "
+                "critic_input: joint_obs (built from the normalised observations)")
+    _check_agent_id_network(config)
+
+
+def _check_agent_id_network(config: PPOConfig) -> None:
+    """agent_id appends to the built-in network's input; a user's module reads the env's."""
+    if config.agent_id and config.network.custom:
+        raise ConfigError(
+            "agent_id=true appends the agent's one-hot index to the built-in network's input, "
+            f"but network.module={networks.module_name(config.network.module)} replaces that "
+            "network; append it in your module, or remove agent_id")
 
 
 def _is_real(v) -> bool:

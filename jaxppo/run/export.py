@@ -249,16 +249,19 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
                           "not one array; only array observations can be exported")
     b = batch_size if batch_size is not None else jax.export.symbolic_shape("b")[0]
     label = batch_size if batch_size is not None else "b"
-    obs_in = jax.ShapeDtypeStruct((b, *spec.obs_shape), obs.dtype)
+    # A policy that reads the agent's index (agent_id) takes each env's agents together.
+    agents = (spec.num_agents,) if policy.algorithm.with_agent_id else ()
+    obs_in = jax.ShapeDtypeStruct((b, *agents, *spec.obs_shape), obs.dtype)
     carry = policy.initial_carry((1,))
     # one array (the built-in GRU's) or a user's module's pytree of them, e.g. an LSTM's (c, h)
     carry_in = (jax.tree.map(lambda c: jax.ShapeDtypeStruct((b, *c.shape[1:]), c.dtype), carry)
                 if policy.recurrent else None)
-    noise_in = jax.ShapeDtypeStruct((b, spec.action_dim), jnp.float32)
-    mask_in = [jax.ShapeDtypeStruct((b, spec.action_dim), jnp.bool_)] if policy.masked else []
+    noise_in = jax.ShapeDtypeStruct((b, *agents, spec.action_dim), jnp.float32)
+    mask_in = ([jax.ShapeDtypeStruct((b, *agents, spec.action_dim), jnp.bool_)]
+               if policy.masked else [])
     action = jax.eval_shape(lambda o: policy.algorithm.policy_step(
         policy.params, policy.obs_stats, o, carry, None, True)[0],
-        jax.ShapeDtypeStruct((1, *spec.obs_shape), obs.dtype))  # masks change no shape
+        jax.ShapeDtypeStruct((1, *agents, *spec.obs_shape), obs.dtype))  # masks change no shape
     describe = lambda s: {"shape": [label, *map(int, s.shape[1:])],  # noqa: E731
                           "dtype": np.dtype(s.dtype).name}
     action_info = {**describe(action), "kind": "discrete" if spec.discrete else "continuous"}

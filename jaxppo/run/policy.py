@@ -229,6 +229,10 @@ class Policy:
         if name not in self.agents:
             raise ValueError(f"agent {name!r} is not one of {self.config.env_name}'s agents "
                              f"{list(self.agents)}")
+        if self.algorithm.with_agent_id:
+            raise TypeError("this policy was trained with agent_id=true: its input holds the "
+                            "env's agents together, so it acts for all of them at once; use "
+                            "policy.joint({agent: obs}) and take this agent's action")
         return AgentPolicy(self, name)
 
     def _stack_agents(self, obs: dict) -> jax.Array:
@@ -731,8 +735,7 @@ def _check_params(params, obs_stats, algorithm: Algorithm, run_dir: Path, source
     """CheckpointError when the saved params do not fit the network the run's config (and
     env) describe: a config.yaml edited or copied from another run, or another env given."""
     spec = algorithm.spec
-    want = jax.eval_shape(algorithm.network.init, jax.random.PRNGKey(0),
-                          jnp.zeros((1, spec.obs_dim), jnp.float32))
+    want = jax.eval_shape(algorithm.init_params, jax.random.PRNGKey(0))
     got_leaves = dict((jax.tree_util.keystr(k), np.shape(v))
                       for k, v in jax.tree_util.tree_flatten_with_path(params)[0])
     want_leaves = dict((jax.tree_util.keystr(k), tuple(v.shape))
