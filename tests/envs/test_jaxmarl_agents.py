@@ -122,6 +122,8 @@ def test_recurrent_run_resumes_exactly(gru_run, tmp_path):
 
 
 def test_recurrent_minibatches_must_divide_the_actors():
+    with pytest.raises(jaxppo.ConfigError, match="critic_input='world_state' with a recurrent"):
+        jaxppo.resolve(GRU.replace(critic_input="world_state"))
     with pytest.raises(jaxppo.ConfigError, match=r"num_envs=2 x 3 agents = 6: .* choose "
                                                  r"num_minibatches from \[1, 2, 3, 6\]"):
         jaxppo.resolve(GRU.replace(num_minibatches=4))
@@ -278,7 +280,7 @@ def test_feed_forward_joint_policy_pads_each_agents_observation():
     cfg = GRU.replace(env="jaxmarl:MPE_simple_speaker_listener_v4", num_minibatches=2,
                       network=jaxppo.NetworkConfig((16,)))
     algo = Algorithm.create(jaxppo.resolve(cfg))
-    params = algo.network.init(jax.random.PRNGKey(1), jnp.zeros((1, algo.spec.obs_dim)))
+    params = algo.init_params(jax.random.PRNGKey(1))
     policy = Policy(algo, params, RunningStats.create((algo.spec.obs_dim,)))
     env = policy.env
     obs, env_state = env.marl_env.reset(jax.random.PRNGKey(2))
@@ -291,3 +293,19 @@ def test_feed_forward_joint_policy_pads_each_agents_observation():
     assert int(policy.agent("speaker_0")(obs["speaker_0"], action_mask=mask[0])) == want[0]
     with pytest.raises(ValueError, match=r"shape \(11,\), but its observations have 3 numbers"):
         policy.agent("speaker_0")(obs["listener_0"], action_mask=mask[0])
+
+
+def test_joint_policy_with_agent_ids_acts_for_the_env_and_refuses_one_agent():
+    from jaxppo.run.policy import Policy
+
+    cfg = GRU.replace(agent_id=True, num_minibatches=2, network=jaxppo.NetworkConfig((16,)))
+    algo = Algorithm.create(jaxppo.resolve(cfg))
+    params = algo.init_params(jax.random.PRNGKey(1))
+    policy = Policy(algo, params, RunningStats.create((algo.spec.obs_dim,)))
+    obs, _ = policy.env.marl_env.reset(jax.random.PRNGKey(2))
+    actions = policy.joint(obs)
+    rows = jnp.concatenate([policy.env.stack(obs), jnp.eye(N_AGENTS)], axis=-1)
+    want = np.argmax(np.asarray(algo.network.apply(params, rows)[0].loc), axis=-1)
+    assert [int(actions[a]) for a in policy.agents] == want.tolist()
+    with pytest.raises(TypeError, match="agent_id=true"):
+        policy.agent("agent_0")
