@@ -1,8 +1,10 @@
 """jaxppo's IPPO on `jaxmarl:MPE_simple_spread_v3` side by side with JaxMARL's own baseline
-(`IPPO/ippo_ff_mpe.py`'s `make_train`, at `config/ippo_ff_mpe.yaml`) on this machine.
+(`IPPO/ippo_ff_mpe.py`'s `make_train`, at `config/ippo_ff_mpe.yaml`) on this machine; with
+`--smax MAP`, jaxppo's IPPO with a GRU on `jaxmarl:smax:MAP` against JaxMARL's
+`IPPO/ippo_rnn_smax.py` at `config/ippo_rnn_smax.yaml` (its map replaced by MAP).
 
     python experiments/jaxmarl_bench.py --anchors DIR --jaxmarl-python PY [--steps 2e6]
-        [--seeds 2] [--rounds 2]
+        [--seeds 2] [--rounds 2] [--smax 3m]
 
 DIR holds JaxMARL's baseline scripts (IPPO/ippo_ff_mpe.py, IPPO/config/ippo_ff_mpe.yaml); PY
 is a Python whose environment has what they import (jaxmarl, distrax, hydra-core, omegaconf,
@@ -48,6 +50,7 @@ SEED = 30  # ippo_ff_mpe.yaml's
 # Seeds as one vmapped program (--vmap), else one program run seed after seed. On this
 # machine JaxMARL's vmapped ippo_ff_mpe stalled (no CPU used) beyond about 10 iterations.
 VMAP = "--vmap" in sys.argv
+SMAX_OUT = REPO / "experiments" / "results" / "jaxmarl-smax-bench.json"
 
 
 def cpu_seconds() -> float:
@@ -151,16 +154,88 @@ def run_jaxmarl(steps: float, seeds: int, anchors: Path) -> dict:
                                       for s in np.asarray(m["returned_episode_returns"])]}
 
 
+def smax_config(anchors: Path, smax_map: str, steps: float):
+    """jaxppo's config of JaxMARL's ippo_rnn_smax.yaml on `smax_map`: the same envs, steps,
+    epochs, minibatches, learning rate (annealed linearly to 0), clip (policy and value, as
+    its loss clips both with CLIP_EPS), entropy and value coefficients, gradient clip and
+    env options; its FC_DIM_SIZE Dense layer before a GRU of GRU_HIDDEN_DIM. Its network has
+    one more relu layer of FC_DIM_SIZE in each head after the GRU, which jaxppo's has not."""
+    import yaml
+
+    import jaxppo
+
+    c = yaml.safe_load((anchors / "IPPO" / "config" / "ippo_rnn_smax.yaml").read_text())
+    return jaxppo.PPOConfig(
+        env=f"jaxmarl:smax:{smax_map}", env_kwargs=dict(c["ENV_KWARGS"]),
+        num_envs=c["NUM_ENVS"], num_steps=c["NUM_STEPS"], num_epochs=c["UPDATE_EPOCHS"],
+        num_minibatches=c["NUM_MINIBATCHES"], total_timesteps=int(steps), lr=c["LR"],
+        lr_schedule="linear" if c["ANNEAL_LR"] else "constant", gamma=c["GAMMA"],
+        gae_lambda=c["GAE_LAMBDA"], clip_param=c["CLIP_EPS"], vf_clip_param=c["CLIP_EPS"],
+        entropy_coeff=c["ENT_COEF"], vf_coeff=c["VF_COEF"], max_grad_norm=c["MAX_GRAD_NORM"],
+        adam_eps=1e-5, network=jaxppo.NetworkConfig(
+            (c["FC_DIM_SIZE"],), activation=c["ACTIVATION"], recurrent_size=c["GRU_HIDDEN_DIM"]))
+
+
+def smax_results(returns, wins, steps_per_iteration: int, seeds: int, t: dict) -> dict:
+    """Per seed the mean over the last 10 iterations of the return (one agent's: SMAX's
+    reward is the team's, the same for every agent) and of the win rate."""
+    import numpy as np
+
+    r, w = np.asarray(returns, np.float64), np.asarray(wins, np.float64)
+    env_steps = r.shape[1] * steps_per_iteration * seeds
+    return {**t, "final_return": [float(np.nanmean(x[-10:])) for x in r],
+            "final_win_rate": [float(np.nanmean(x[-10:])) for x in w],
+            "first_win_rate": [float(np.nanmean(x[:10])) for x in w],
+            "env_steps": env_steps, "steps_per_s": env_steps / t["train_s"],
+            "iterations": int(r.shape[1])}
+
+
+def run_jaxppo_smax(steps: float, seeds: int, anchors: Path, smax_map: str) -> dict:
+    import jax
+
+    from jaxppo.run.train import make_train
+
+    config = smax_config(anchors, smax_map, steps)
+    keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
+    (_, m), t = timed(make_train(config), keys)
+    return smax_results(m["episode_return_mean/ally_0"], m["win_rate"], config.batch_size,
+                        seeds, t)
+
+
+def run_jaxmarl_smax(steps: float, seeds: int, anchors: Path, smax_map: str) -> dict:
+    """JaxMARL's script as it is, its per-iteration wandb.log (through its io_callback)
+    recorded instead of sent: the mean return and win rate of the episodes that ended."""
+    import jax
+    import yaml
+
+    sys.path.insert(0, str(anchors / "IPPO"))
+    import ippo_rnn_smax
+
+    logged = []
+    ippo_rnn_smax.wandb.log = lambda row, *a, **k: logged.append(
+        {key: float(row[key]) for key in ("returns", "win_rate", "env_step")})
+    config = yaml.safe_load((anchors / "IPPO" / "config" / "ippo_rnn_smax.yaml").read_text())
+    config.update(TOTAL_TIMESTEPS=float(steps), MAP_NAME=smax_map)
+    keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
+    _, t = timed(ippo_rnn_smax.make_train(config), keys)
+    per_seed = len(logged) // seeds  # seed after seed; each seed's rows in step order
+    rows = [sorted(logged[i * per_seed:(i + 1) * per_seed], key=lambda r: r["env_step"])
+            for i in range(seeds)]
+    return smax_results([[r["returns"] for r in s] for s in rows],
+                        [[r["win_rate"] for r in s] for s in rows],
+                        config["NUM_ENVS"] * config["NUM_STEPS"], seeds, t)
+
+
 def one_run(side: str, args, script: str = __file__) -> dict:
     """A fresh process of one side of `script`; its last stdout line is the result."""
     python = sys.executable if side == "jaxppo" else args.jaxmarl_python
-    vmap = ["--vmap"] if getattr(args, "vmap", False) else []
+    options = (["--vmap"] if getattr(args, "vmap", False) else []) + (
+        ["--smax", args.smax] if getattr(args, "smax", None) else [])
     cmd = [python, script, "--side", side, "--steps", str(args.steps), "--seeds",
-           str(args.seeds), "--anchors", str(args.anchors)] + vmap
+           str(args.seeds), "--anchors", str(args.anchors)] + options
     env = {**os.environ, "PYTHONPATH": str(REPO)} if side == "jaxppo" else dict(os.environ)
     t, load = time.perf_counter(), os.getloadavg()[0]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          cwd=REPO, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{side} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -178,6 +253,7 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     p.add_argument("--jaxmarl-python", default=None)
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
     p.add_argument("--vmap", action="store_true", help="the seeds as one vmapped program")
+    p.add_argument("--smax", default=None, help="a SMAX map: IPPO with a GRU (ippo_rnn_smax)")
     return p.parse_args()
 
 
@@ -193,6 +269,9 @@ def alternating_runs(args, script: str = __file__) -> list[dict]:
 
 def main() -> None:
     args = side_by_side_args(__doc__, 2e6, 2, 2)
+    if args.smax:
+        smax_main(args)
+        return
     if args.side == "jaxppo":
         print(json.dumps(run_jaxppo(args.steps, args.seeds, REPO / "jaxppo" / "configs"
                                     / f"{ENV}.yaml")))
@@ -208,6 +287,24 @@ def main() -> None:
         "settings": f"jaxppo/configs/{ENV}.yaml = JaxMARL's ippo_ff_mpe.yaml, total_timesteps "
                     "as given", "runs": runs}, indent=1) + "\n")
     print(f"wrote {OUT}")
+
+
+def smax_main(args) -> None:
+    """--smax: one side in this process (--side), or both alternating in fresh processes."""
+    if args.side == "jaxppo":
+        print(json.dumps(run_jaxppo_smax(args.steps, args.seeds, args.anchors, args.smax)))
+        return
+    if args.side == "jaxmarl":
+        print(json.dumps(run_jaxmarl_smax(args.steps, args.seeds, args.anchors, args.smax)))
+        return
+    runs = alternating_runs(args)
+    SMAX_OUT.parent.mkdir(parents=True, exist_ok=True)
+    SMAX_OUT.write_text(json.dumps({
+        "cpu": cpu_model(), "cores": os.cpu_count(), "env": f"jaxmarl:smax:{args.smax}",
+        "steps_per_seed": args.steps, "seeds": args.seeds, "seeds_vmapped": args.vmap,
+        "settings": "JaxMARL's ippo_rnn_smax.yaml on this map (smax_config), total_timesteps "
+                    "as given", "runs": runs}, indent=1) + "\n")
+    print(f"wrote {SMAX_OUT}")
 
 
 if __name__ == "__main__":

@@ -383,8 +383,16 @@ def _member(out: dict) -> str:
 
 
 def _figures(out: dict) -> str:
-    return (f"return {out['return_mean']:.2f} ± {out['return_std']:.2f}, length "
+    """The evaluation in words; a multi-agent run's return is the team's, then each agent's
+    mean return and the win rate where the env reports wins."""
+    team = "team " if "agent_return_mean" in out else ""
+    text = (f"{team}return {out['return_mean']:.2f} ± {out['return_std']:.2f}, length "
             f"{out['length_mean']:.1f} ± {out['length_std']:.1f}")
+    if team:
+        text += " (" + ", ".join(f"{a} {v:.2f}" for a, v in out["agent_return_mean"].items()) + ")"
+    if "win_rate" in out:
+        text += f", win rate {out['win_rate']:.2f}"
+    return text
 
 
 def _video(args) -> int:

@@ -20,7 +20,7 @@ from jaxppo.core import networks
 from jaxppo.config import PPOConfig
 from jaxppo.envs.spec import env_action, flatten_obs
 from jaxppo.errors import ConfigError
-from jaxppo.core.evaluation import eval_max_steps, run_episodes
+from jaxppo.core.evaluation import eval_max_steps, eval_metric_keys, run_episodes
 from jaxppo.core.networks import DistParams
 from jaxppo.core.running_stats import RunningStats, normalize
 
@@ -103,6 +103,9 @@ class Transition(NamedTuple):
     # episode metrics count (None: where terminated or truncated). An env may report episodes
     # other than the ones learning sees, e.g. a game over all lives with episodic life.
     episode_end: jax.Array | None = None
+    # A multi-agent env that reports wins (SMAX, `env.reports_wins`): the episode that ended at
+    # t was won (bool, repeated for each agent of the env); None otherwise.
+    won: jax.Array | None = None
 
 
 METRIC_KEYS = (
@@ -260,6 +263,12 @@ class Algorithm:
         feed-forward network)."""
         return networks.initial_carry(self.network, batch_shape)
 
+    def envs_carry(self, num_envs: int):
+        """The carry of `num_envs` envs at an episode's start: [num_envs, ...], or one per
+        agent, [num_envs, agents, ...], for a multi-agent env."""
+        return self.initial_carry((num_envs,) + ((self.spec.num_agents,) if self.spec.agents
+                                                 else ()))
+
     def policy_step(self, params, obs_stats, raw_obs, carry, key, deterministic: bool = False,
                     action_mask=None):
         """(actions, new carry) for raw observations [..., *obs_shape] and the carry before
@@ -311,10 +320,27 @@ class Algorithm:
         bound = self.eval_bound() if max_steps is None else max_steps
         stats = run_episodes(
             lambda obs, k, c, m=None: self.policy_step(params, obs_stats, obs, c, k, det, m),
-            self.spec.env, self.spec.env_params, key, n, bound, self.initial_carry((n,)),
-            action_mask=self.spec.action_mask,
+            self.spec.env, self.spec.env_params, key, n, bound, self.envs_carry(n),
+            action_mask=self.spec.action_mask, num_agents=len(self.spec.agents),
         )
-        return stats.metrics()
+        return stats.metrics(self.spec.agents)
+
+    @property
+    def reports_wins(self) -> bool:
+        """The env reports won episodes (SMAX): training and evaluation give a win rate."""
+        return bool(self.spec.agents) and bool(getattr(self.spec.env, "reports_wins", False))
+
+    @property
+    def agent_metric_keys(self) -> tuple[str, ...]:
+        """A multi-agent env's training metrics beside METRIC_KEYS: each agent's
+        episode_return_mean/<agent>, and win_rate where the env reports wins; () otherwise."""
+        return (tuple(f"episode_return_mean/{a}" for a in self.spec.agents)
+                + (("win_rate",) if self.reports_wins else ()))
+
+    @property
+    def eval_metric_keys(self) -> tuple[str, ...]:
+        """The metrics `evaluate` gives (EVAL_METRIC_KEYS, and a multi-agent env's own)."""
+        return eval_metric_keys(self.spec.agents, self.reports_wins)
 
     def eval_bound(self) -> int:
         """Steps an evaluation episode may last (ConfigError when neither the config nor the

@@ -72,6 +72,18 @@ def local_episode_stats(traj) -> jax.Array:
     ])
 
 
+def local_agent_stats(traj, num_agents: int) -> jax.Array:
+    """[num_agents + 1] float32 from a multi-agent rollout [T, E*N] (actors env-major): each
+    agent's returns summed over the episodes that ended (its env's shared end), then the
+    episodes won among them (0 when the env reports no wins, `traj.won` None)."""
+    done = jnp.logical_or(traj.terminated, traj.truncated)
+    per_env = lambda x: x.reshape(x.shape[:1] + (-1, num_agents))  # noqa: E731 [T, E, N]
+    returns = jnp.sum(jnp.where(per_env(done), per_env(traj.episode_return), 0.0), axis=(0, 1))
+    won = (jnp.zeros(()) if traj.won is None
+           else jnp.sum(jnp.logical_and(per_env(done), per_env(traj.won))[..., 0]))
+    return jnp.concatenate([returns, won[None].astype(jnp.float32)])
+
+
 def episode_metrics(gathered: jax.Array) -> dict:
     """Metrics from every shard's `local_episode_stats` ([S, 5])."""
     n_done = jnp.sum(gathered[:, 0])

@@ -126,6 +126,7 @@ def step_envs(algo: Algorithm, st: TrainState, dist: DistParams, action, logp, e
         obs=st.last_obs, final_obs=final_obs, action=action,
         log_prob=logp, dist=dist, reward=reward, discounted_return=disc_ret,
         terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
+        won=spec.to_actors(info["won"]) if "won" in info else None,
     )
     if algo.config.critic_input == "world_state":
         final_ws = info["final_world_state"]  # [E, C]: every agent of an env gets its env's
@@ -204,6 +205,8 @@ def gather_rollout_stats(algo: Algorithm, traj: Transition) -> dict:
     ([S, 5]) and, when normalised, the moments of observations and discounted returns."""
     cfg, spec = algo.config, algo.spec
     local = {"episodes": collectives.local_episode_stats(team_episodes(spec, traj))}
+    if spec.agents:
+        local["agents"] = collectives.local_agent_stats(traj, spec.num_agents)
     if cfg.normalize_observations:
         flat_obs = flatten_obs(traj.obs, spec.obs_shape).reshape((-1, spec.obs_dim))
         local["obs"] = collectives.local_moments(flat_obs, axis=0)
@@ -225,6 +228,19 @@ def team_episodes(spec, traj: Transition) -> Transition:
                          episode_length=first(traj.episode_length),
                          terminated=first(traj.terminated), truncated=first(traj.truncated),
                          episode_end=first(traj.episode_end))
+
+
+def agent_metrics(algo: Algorithm, rollout_stats: dict) -> dict:
+    """A multi-agent env's metrics beside the team return: each agent's mean episode return
+    (`episode_return_mean/<agent>`) and, where the env reports wins (SMAX), the fraction of
+    ended episodes won (`win_rate`); NaN when no episode ended. {} for a single-agent env."""
+    spec = algo.spec
+    if not spec.agents:
+        return {}
+    sums = jnp.sum(rollout_stats["agents"], axis=0)  # [agents + 1] over shards
+    episodes = jnp.sum(rollout_stats["episodes"][:, 0])
+    mean = jnp.where(episodes > 0, sums / jnp.maximum(episodes, 1.0), jnp.nan)
+    return dict(zip(algo.agent_metric_keys, mean))  # the wins last, where reported
 
 
 def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_values,
@@ -423,6 +439,7 @@ def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Ar
     _, resid_var = gae_stats["residuals"]
     metrics = {
         **collectives.episode_metrics(rollout_stats["episodes"]),
+        **agent_metrics(algo, rollout_stats),
         "policy_loss": jnp.mean(learned.policy_loss),
         "value_loss": jnp.mean(learned.value_loss),
         "entropy": jnp.mean(learned.entropy),

@@ -140,6 +140,10 @@ class JaxMarlEnv:
     * Action masks: `action_mask(state, params) -> bool [N, n]` when the env gives available
       actions (SMAX's `get_avail_actions`) or agents have different action counts; jaxppo
       masks the policy with it.
+    * Wins (`reports_wins`, SMAX against its enemy): info["won"] (bool []) is true on the step
+      that ends an episode with every enemy dead and an ally alive, the battle SMAX rewards
+      with its won_battle_bonus (JaxMARL's SMAX baselines count a win where that last step's
+      reward is at least the bonus, 1.0 by default).
     * World state: `world_state(state, params) -> [C]` for SMAX and MPE (MAPPO's critic
       input), with the pre-reset state's in info["final_world_state"].
     """
@@ -167,6 +171,8 @@ class JaxMarlEnv:
         limit = getattr(marl_env, "max_steps", None)
         self._time_limit = (int(limit) if isinstance(limit, (int, np.integer))
                             and not isinstance(limit, bool) and limit > 0 else None)
+        enemy = import_jaxmarl("jaxmarl.environments.smax.heuristic_enemy_smax_env").EnemySMAX
+        self.reports_wins = isinstance(marl_env, enemy)
 
     @property
     def num_agents(self) -> int:
@@ -178,6 +184,10 @@ class JaxMarlEnv:
         # max_steps (26 steps for max_steps=25), and jaxppo's limit must not cut them earlier.
         return JaxMarlParams(self._time_limit + 1 if self._time_limit
                              else DEFAULT_EPISODE_LENGTH)
+
+    def agent_obs_size(self, agent: str) -> int:
+        """How many numbers agent `agent`'s own observation holds (before padding)."""
+        return self._obs_dims[self.agents.index(agent)]
 
     def stack(self, per_agent: dict) -> jax.Array:
         """{agent: obs} -> [N, D] float32, each agent's flattened and zero-padded to D."""
@@ -205,6 +215,8 @@ class JaxMarlEnv:
         obs, next_state, info = adapter.auto_reset(
             done, self.reset(k_reset, params), self.stack(obs),
             state.replace(marl_state=stepped, time=time))
+        if self.reports_wins:
+            info["won"] = jnp.logical_and(done, self._won(stepped))
         if self._world_state_fn is not None:
             info["final_world_state"] = self._world_state_fn(stepped)
         return obs, next_state, self.rewards(reward, step_info, state), terminated, truncated, info
@@ -213,6 +225,12 @@ class JaxMarlEnv:
         """The agents' rewards [N] of a step from JaxMARL's (the env's reward dict, its info,
         the state before the step)."""
         return jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in self.agents])
+
+    def _won(self, marl_state) -> jax.Array:
+        """Every enemy dead and an ally alive (SMAX's won battle) in an EnemySMAX state."""
+        alive = marl_state.state.unit_alive  # allies, then enemies
+        allies = self.marl_env.num_allies
+        return jnp.logical_and(~jnp.any(alive[allies:]), jnp.any(alive[:allies]))
 
     @property
     def action_mask(self):

@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm, TrainState
-from jaxppo.core.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS
+from jaxppo.core.evaluation import EVAL_KEY_TAG
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.errors import ConfigError
 from jaxppo.program.layout import Layout
@@ -206,7 +206,7 @@ def _maybe_evaluate(algo: Algorithm, state: TrainState, due: jax.Array) -> dict:
         return algo.evaluate(st.params, st.obs_stats, jax.random.fold_in(st.rng, EVAL_KEY_TAG))
 
     def skip(st):
-        return {k: jnp.float32(jnp.nan) for k in EVAL_METRIC_KEYS}
+        return {k: jnp.float32(jnp.nan) for k in algo.eval_metric_keys}
 
     return jax.lax.cond(due, evaluate, skip, state)
 

@@ -196,11 +196,12 @@ def check_split(config: PPOConfig, layout: Layout) -> None:
         + (f" or num_devices from {divisors(config.num_envs)}" if layout.num_processes == 1 else ""))
 
 
-def check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout) -> None:
+def check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout, agents: int = 1) -> None:
     """Minibatches are cut so that the global minibatch is the same set of transitions on
     any layout: feed-forward ones take num_steps/M steps of every env, recurrent ones whole
-    env sequences, one env of every M consecutive ones on each shard (or of all the envs,
-    with sync="batch", where each shard updates on the whole batch)."""
+    actor sequences (an env's, or one agent's of a multi-agent env: `agents` per env), one of
+    every M consecutive ones on each shard (or of all of them, with sync="batch", where each
+    shard updates on the whole batch)."""
     M = config.num_minibatches
     if not recurrent:
         if config.num_steps % M:
@@ -215,13 +216,15 @@ def check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout) -> Non
     split = (layout.shards > 1 and config.sync != "batch" and config.pbt is None
              and not layout.by_seed)
     envs = config.num_envs // layout.shards if split else config.num_envs
-    if envs % M == 0:
+    if envs * agents % M == 0:
         return
     where = (f"the envs on each device (num_envs={config.num_envs} / {layout.shards} "
              f"devices = {envs})" if split else f"num_envs={config.num_envs}")
+    if agents > 1:
+        where = f"the actors of {where} x {agents} agents = {envs * agents}"
     net = (f"network.module={module_name(config.network.module)} (recurrent)"
            if config.network.custom else f"network.recurrent_size={config.network.recurrent_size}")
     raise ConfigError(
         f"num_minibatches={M} does not divide {where}: with {net} each minibatch holds whole "
-        "env sequences; choose "
-        f"num_minibatches from {divisors(envs)}" + (", or sync='batch'" if split else ""))
+        f"{'actor' if agents > 1 else 'env'} sequences; choose "
+        f"num_minibatches from {divisors(envs * agents)}" + (", or sync='batch'" if split else ""))

@@ -50,7 +50,7 @@ class Resolved:
         """The same run on another layout (None: one device), checked for it."""
         layout = layout or Layout()
         check_split(self.config, layout)
-        check_minibatches(self.config, self.recurrent, layout)
+        check_minibatches(self.config, self.recurrent, layout, self.spec.num_agents)
         return dataclasses.replace(self, layout=layout)
 
     @property
@@ -128,7 +128,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
         layout = host_layout(config, recurrent)
     check_split(config, layout)
     try:
-        check_minibatches(config, recurrent, layout)
+        check_minibatches(config, recurrent, layout, spec.num_agents)
     except ConfigError as e:
         if given_size is None:
             raise
@@ -200,13 +200,16 @@ def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
 
 
 def _check_multi_agent(config: PPOConfig, recurrent: bool) -> None:
-    """What a multi-agent env (IPPO, one feed-forward network shared by every agent) does not
-    take yet: a ConfigError naming it, not a shape error from inside the compiled program."""
-    if recurrent:
+    """What a multi-agent env (IPPO or MAPPO, one network shared by every agent) does not take
+    yet: a ConfigError naming it, not a shape error from inside the compiled program."""
+    given = [f"{name}={getattr(config, name)!r}" for name, default in
+             (("critic_input", "local"), ("agent_id", False)) if getattr(config, name) != default]
+    if recurrent and given:
         raise ConfigError(
-            f"{config.env_name} is a multi-agent env, and jaxppo trains those with a "
-            "feed-forward network shared by every agent (IPPO); a recurrent network (GRU) is "
-            "not supported for them yet: set network.recurrent_size: 0")
+            f"{' and '.join(given)} with a recurrent network (network.recurrent_size="
+            f"{config.network.recurrent_size}) is not supported yet: a multi-agent env trains a "
+            "GRU with each agent's own observation (IPPO); set critic_input: local and agent_id: "
+            "false, or network.recurrent_size: 0")
     if config.transforms:
         raise ConfigError(
             f"transforms={config.transforms!r}: {config.env_name} is a multi-agent env, and "
@@ -214,8 +217,9 @@ def _check_multi_agent(config: PPOConfig, recurrent: bool) -> None:
 
 
 def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
-    """critic_input and agent_id need a multi-agent env; a centralised critic needs the
-    built-in network with a critic torso of its own, and "world_state" an env that gives one."""
+    """critic_input, agent_id and agent_params need a multi-agent env; a centralised critic
+    needs the built-in network with a critic torso of its own, and "world_state" an env that
+    gives one."""
     defaults = (("critic_input", "local"), ("agent_id", False), ("agent_params", "shared"))
     given = [f"{name}={getattr(config, name)!r}" for name, default in defaults
              if getattr(config, name) != default]

@@ -342,10 +342,30 @@ def _metadata(policy: Policy, fmt: str, io: _Signature, path: Path, sample_path:
         meta["noise"] = io.noise
     if fmt == "jax":
         meta["platforms"] = list(JAX_PLATFORMS)
+    if policy.agents:
+        meta["agents"] = _agents_entry(policy)
     table = _env_action_table(policy)
     if table is not None:
         meta["env_action_table"] = table  # row i: what action index i does in the original env
     return meta
+
+
+def _agents_entry(policy: Policy) -> dict:
+    """A multi-agent run's agents: the one exported function is every agent's policy (they
+    share the network), fed that agent's observation zero-padded at the end to obs_dim."""
+    if policy.algorithm.takes_every_agent:
+        own = ("each agent with its own network" if policy.algorithm.per_agent
+               else "one network shared by all, told apart by their one-hot ids")
+        meaning = (f"the agents act together ({own}): obs holds an env's agents' observations "
+                   "in names' order, each flattened and zero-padded at the end to obs's last "
+                   "axis; the action has the same agent axis")
+    else:
+        meaning = ("every agent acts with this function (one network shared by all): its "
+                   "observation, flattened, zero-padded at the end to obs's last axis; a "
+                   "batch may hold rows of several agents and envs")
+    return {"names": list(policy.agents),
+            "obs_size": {a: policy.env.agent_obs_size(a) for a in policy.agents},
+            "meaning": meaning}
 
 
 # ---------------------------------------------------------------- writers

@@ -74,7 +74,8 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
     """
     end_iter = _end_iteration(config, start_iter, stop_after_iterations)
     resumed_from = start_iter if resumed else None
-    history = _History(config, folder.previous_rows if folder else [])
+    history = _History(config, folder.previous_rows if folder else [],
+                       getattr(runner, "algorithm", None))
     reporter = _reporter(runner, config, progress, start_iter, label, member_labels)
     t_train = time.perf_counter()
     saver = _Saver(runner, config, folder, saved_at=resumed_from, record=checkpoint_record)
@@ -118,10 +119,12 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
 
 def _reporter(runner: Runner, config: PPOConfig, progress: bool | None, start_iter: int,
               label: str | None, member_labels: list[str] | None) -> Reporter:
-    """The run's progress: a multi-agent env's return is its team's."""
+    """The run's progress: a multi-agent env's return is its team's, beside its win rate where
+    the env reports wins (SMAX)."""
     return Reporter(config, config.num_iterations, progress, start=start_iter, label=label,
                     member_labels=member_labels,
-                    team=bool(getattr(runner.algorithm.spec, "agents", ())))
+                    team=bool(getattr(runner.algorithm.spec, "agents", ())),
+                    wins=bool(getattr(runner.algorithm, "reports_wins", False)))
 
 
 def _end_iteration(config: PPOConfig, start_iter: int, more: int | None) -> int:
@@ -304,10 +307,12 @@ def layout_text(runner: Runner, config: PPOConfig) -> str:
     return f"{text}; {note}" if note else text
 
 
-def metric_keys(config: PPOConfig) -> tuple[str, ...]:
-    """The metrics each iteration gives: the training ones, and eval_*, PBT's and the
-    actor-learner's when configured."""
-    return (METRIC_KEYS + (EVAL_METRIC_KEYS if config.eval_every else ())
+def metric_keys(config: PPOConfig, algorithm=None) -> tuple[str, ...]:
+    """The metrics each iteration gives: the training ones (with a multi-agent env's own, of
+    its `algorithm`), and eval_*, PBT's and the actor-learner's when configured."""
+    agents = algorithm.agent_metric_keys if algorithm is not None else ()
+    evals = algorithm.eval_metric_keys if algorithm is not None else EVAL_METRIC_KEYS
+    return (METRIC_KEYS + agents + (evals if config.eval_every else ())
             + pbt_metric_keys(config) + actor_learner_metric_keys(config))
 
 
@@ -436,8 +441,8 @@ def _short(row: dict | None) -> str:
 class _History:
     """The run's metric arrays: a resumed run's earlier rows, then every chunk's metrics."""
 
-    def __init__(self, config: PPOConfig, previous_rows: list[dict]):
-        self.keys = metric_keys(config)
+    def __init__(self, config: PPOConfig, previous_rows: list[dict], algorithm=None):
+        self.keys = metric_keys(config, algorithm)
         self.seeds = config.num_seeds
         self.parts = _history_from_rows(previous_rows, self.keys, self.seeds)
 
@@ -468,8 +473,9 @@ def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
             arr = arr.astype(np.int64)
         elif k in ("env_steps", "episodes"):  # the dtypes the compiled program returns
             arr = arr.astype(np.int32)
-        elif (k in METRIC_KEYS or k in EVAL_METRIC_KEYS or k.startswith(("pbt_", "hp_"))
-              or k in ACTOR_LEARNER_KEYS):
+        elif (k in METRIC_KEYS or k in EVAL_METRIC_KEYS
+              or k.startswith(("pbt_", "hp_", "episode_return_mean/", "eval_return_mean/"))
+              or k in ACTOR_LEARNER_KEYS or k in ("win_rate", "eval_win_rate")):
             arr = arr.astype(np.float32)
         history[k].append(arr)
     return history

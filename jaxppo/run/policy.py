@@ -15,6 +15,7 @@ each observation's state and acts among them only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ class Policy:
     A masked policy (trained with the env's action mask) needs the legal actions of each
     observation's state, `action_mask=policy.action_mask(state)` (bool [*batch, num_actions]),
     and acts among them only, sampled or deterministic.
+    A multi-agent run's policy (`agents` names them) acts for all agents with `joint({agent:
+    obs})` -> {agent: action} (a feed-forward one also as `policy({agent: obs})`), or for one
+    with `agent(name)`; called on an array it takes the agents' observations stacked and
+    padded, [*batch, agents, obs_dim].
     Attributes: config (PPOConfig of the run), spec (EnvSpec), env and env_params (the env it
     trained on), params, obs_stats,
     iteration (of the checkpoint it came from; None for params.msgpack), recurrent, masked.
@@ -77,6 +82,8 @@ class Policy:
         return self.spec.env_params
 
     def __call__(self, obs, key: jax.Array | None = None, action_mask=None):
+        if isinstance(obs, dict) and self.agents and not self.recurrent:
+            return self.joint(obs, (), key, action_mask)  # {agent: obs} -> {agent: action}
         if self.recurrent:
             raise TypeError(
                 "this policy is recurrent: it needs its carry from step to step. Use "
@@ -183,10 +190,106 @@ class Policy:
         return evaluate_policy(self.algorithm, self.params, self.obs_stats, episodes=episodes,
                                seed=seed, deterministic=deterministic, max_steps=max_steps)
 
+    # ------------------------------------------------------------------ many agents
+    @property
+    def agents(self) -> tuple[str, ...]:
+        """A multi-agent run's agent names, in the env's order; () for a single-agent run."""
+        return tuple(self.spec.agents)
+
+    def joint(self, obs: dict, carry=(), key: jax.Array | None = None, action_mask=None):
+        """The joint policy of a multi-agent run: every agent acts on its own observation with
+        the network they share.
+
+        Args:
+          obs: {agent: observation} for every agent, as JaxMARL's reset / step give them
+            (each [*agent_obs_shape] or [B, *agent_obs_shape], the same batch for all).
+          carry: a recurrent policy's carry before them, [*batch, agents, ...] (the
+            `initial_carry(batch_shape + (len(policy.agents),))` at an episode's start); ()
+            for a feed-forward one.
+          key: a PRNG key to sample with (each agent's action drawn independently); None acts
+            with each distribution's mode.
+          action_mask: a masked policy's legal actions [*batch, agents, num_actions]
+            (`policy.action_mask(state)` of the env state); None for an unmasked one.
+
+        Returns:
+          {agent: action} for a feed-forward policy, ({agent: action}, carry) for a
+          recurrent one.
+        """
+        stacked = self._stack_agents(obs)
+        actions, carry = self.step(stacked, carry, key, action_mask)
+        out = {a: actions[..., i] for i, a in enumerate(self.agents)}
+        return (out, carry) if self.recurrent else out
+
+    def agent(self, name: str) -> "AgentPolicy":
+        """One agent's own policy: `policy.agent(name)(obs, key=None)` on that agent's
+        observation alone (the network every agent shares, or with `agent_params: per_agent`
+        the agent's own, fed the agent's observation padded as in training)."""
+        if not self.agents:
+            raise TypeError(f"{self.config.env_name} is a single-agent env: call the policy "
+                            "itself on its observations")
+        if name not in self.agents:
+            raise ValueError(f"agent {name!r} is not one of {self.config.env_name}'s agents "
+                             f"{list(self.agents)}")
+        if self.algorithm.with_agent_id:
+            raise TypeError("this policy was trained with agent_id=true: its input holds the "
+                            "env's agents together, so it acts for all of them at once; use "
+                            "policy.joint({agent: obs}) and take this agent's action")
+        if self.algorithm.per_agent:  # the agent's own network: its slice of the params
+            algorithm = dataclasses.replace(self.algorithm, network=self.algorithm.network.inner)
+            own = self.algorithm.agent_params(self.params, self.agents.index(name))
+            return AgentPolicy(Policy(algorithm, own, self.obs_stats, self.iteration), name)
+        return AgentPolicy(self, name)
+
+    def _stack_agents(self, obs: dict) -> jax.Array:
+        """{agent: obs} -> [*batch, agents, obs_dim], each flattened and zero-padded."""
+        if not self.agents:
+            raise TypeError(f"{self.config.env_name} is a single-agent env: the joint policy "
+                            "takes the observations of a multi-agent env's agents")
+        if not isinstance(obs, dict) or set(obs) != set(self.agents):
+            got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
+            raise ValueError(f"obs must map every agent to its observation, {list(self.agents)}; "
+                             f"got {got}")
+        return jnp.stack([self._pad(a, obs[a]) for a in self.agents], axis=-2)
+
+    def _pad(self, name: str, obs) -> jax.Array:
+        """One agent's observation(s) as the network takes them: [*batch, obs_dim]."""
+        size = self.env.agent_obs_size(name)
+        arr = jnp.asarray(obs, jnp.float32)
+        if arr.ndim < 1 or arr.shape[-1] != size:
+            raise ValueError(f"agent {name!r}'s observation has shape {tuple(arr.shape)}, but "
+                             f"its observations have {size} numbers; pass one [{size}] or a "
+                             f"batch [B, {size}]")
+        return jnp.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, self.spec.obs_dim - size)])
+
     def __repr__(self):
         return (f"Policy({self.config.env_name}, obs_shape={self.spec.obs_shape}, "
                 f"iteration={self.iteration}{', recurrent' if self.recurrent else ''}"
                 f"{', masked' if self.masked else ''})")
+
+
+class AgentPolicy:
+    """One agent's policy of a multi-agent run (`Policy.agent(name)`): the network every agent
+    shares (or the agent's own), on that agent's own observation [*agent_obs_shape] or [B, *agent_obs_shape],
+    padded as in training. `agent_policy(obs, key=None, action_mask=None)` -> actions;
+    `agent_policy.step(obs, carry, key=None, action_mask=None)` -> (actions, carry) for a
+    recurrent policy (carry [*batch, ...] from `initial_carry(batch_shape)`). A masked policy
+    takes that agent's legal actions [*batch, num_actions]."""
+
+    def __init__(self, policy: Policy, name: str):
+        self.policy, self.name = policy, name
+        self.recurrent, self.masked = policy.recurrent, policy.masked
+
+    def __call__(self, obs, key: jax.Array | None = None, action_mask=None):
+        return self.policy(self.policy._pad(self.name, obs), key, action_mask)
+
+    def step(self, obs, carry, key: jax.Array | None = None, action_mask=None):
+        return self.policy.step(self.policy._pad(self.name, obs), carry, key, action_mask)
+
+    def initial_carry(self, batch_shape: tuple[int, ...] = ()):
+        return self.policy.initial_carry(batch_shape)
+
+    def __repr__(self):
+        return f"AgentPolicy({self.policy.config.env_name}, {self.name!r})"
 
 
 def evaluate_policy(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: int,
@@ -260,8 +363,9 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
             return algorithm.policy_step(params, obs_stats, obs, carry, k, deterministic, mask)
 
         return run_episodes(step, algorithm.spec.env, algorithm.spec.env_params, key, episodes,
-                            bound, algorithm.initial_carry((episodes,)),
-                            action_mask=algorithm.spec.action_mask)
+                            bound, algorithm.envs_carry(episodes),
+                            action_mask=algorithm.spec.action_mask,
+                            num_agents=len(algorithm.spec.agents))
 
     key = jax.random.PRNGKey(seed)
     compiled = jax.jit(play).lower(params, obs_stats, key).compile()
@@ -269,7 +373,7 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
 
     def run(params, obs_stats) -> dict:
         stats = compiled(params, obs_stats, key)
-        out = summarize(stats)
+        out = summarize(stats, algorithm.spec.agents)
         out["returns"] = np.asarray(stats.returns).tolist()
         out["lengths"] = np.asarray(stats.lengths).tolist()
         return out
@@ -414,6 +518,11 @@ def load_policy(run_dir: str | Path, *, seed_index: int = 0, step: int | None = 
                 network: Any = None) -> Policy:
     """The trained policy of a run folder as a callable `act(obs, key=None)` (with
     `action_mask=` the legal actions, for a policy trained with the env's action mask).
+
+    A multi-agent run's (a `jaxmarl:` env) is also the joint policy: `policy.joint(obs)`
+    takes {agent: observation} and returns {agent: action} (with the carry for a recurrent
+    policy), `policy.agents` names the agents and `policy.agent(name)` is one agent's own
+    policy on that agent's observation alone (an `AgentPolicy`).
 
     Args:
       run_dir: the run folder.

@@ -21,11 +21,12 @@ class Reporter:
     the recent return, steps/s, the ETA and the last evaluation. The return is the mean over
     seeds; for a sweep (member_labels) the best and the worst setting instead, each the mean
     of the members with that label, e.g. "best lr=0.001: 480.2, worst lr=0.0001: 21.0".
-    A multi-agent env's (`team`) is the team return, the sum over its agents."""
+    A multi-agent env's (`team`) is the team return, the sum over its agents; one that reports
+    wins (`wins`, SMAX) shows its recent win rate beside it."""
 
     def __init__(self, config: PPOConfig, n_iter: int, progress: bool | None, start: int = 0,
                  label: str | None = None, member_labels: list[str] | None = None,
-                 team: bool = False):
+                 team: bool = False, wins: bool = False):
         self.n_iter = n_iter
         self.start = start
         self.config = config
@@ -36,6 +37,8 @@ class Reporter:
         self.interactive = sys.stderr.isatty() if progress is None else progress
         self.quiet = progress is False
         self.last_return = float("nan")
+        self.wins = wins
+        self.last_win_rate = float("nan")
         self.last_eval = "-"
         self.t0 = time.perf_counter()
         self.bar = None
@@ -48,6 +51,8 @@ class Reporter:
                 MofNCompleteColumn(), TextColumn(self.return_word + " {task.fields[ret]}"),
                 TextColumn("{task.fields[sps]} steps/s"),
             ]
+            if wins:
+                columns.insert(4, TextColumn("win rate {task.fields[win]}"))
             if config.eval_every:
                 columns.append(TextColumn("eval {task.fields[eval]}"))
             if config.max_policy_lag:
@@ -55,7 +60,7 @@ class Reporter:
             columns += [TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
             self.bar = Progress(*columns)
             self.task = self.bar.add_task("train", total=n_iter, completed=start, ret="   -  ",
-                                          sps="-", eval="-", actors="")
+                                          sps="-", eval="-", actors="", win="-")
             self.bar.start()
 
     def show_layout(self, text: str, devices_used: int) -> None:
@@ -85,10 +90,18 @@ class Reporter:
             return f"{best_lab}: {best:.1f}"
         return f"best {best_lab}: {best:.1f}, worst {worst_lab}: {worst:.1f}"
 
+    def win_text(self) -> str:
+        """The recent win rate (the mean over seeds of the last rows'), "-" until an episode
+        has ended."""
+        return f"{self.last_win_rate:.2f}" if math.isfinite(self.last_win_rate) else "-"
+
     def update(self, done_iters: int, rows: list[dict], sps: float):
         rets = [r["episode_return_mean"] for r in rows if math.isfinite(r["episode_return_mean"])]
         if rets:
             self.last_return = float(np.mean(rets[-max(1, self.config.num_seeds) * 10:]))
+        wins = [r["win_rate"] for r in rows if math.isfinite(r.get("win_rate", float("nan")))]
+        if wins:
+            self.last_win_rate = float(np.mean(wins[-max(1, self.config.num_seeds) * 10:]))
         if self.member_labels:
             for s in range(len(self.member_labels)):
                 own = [r["episode_return_mean"] for r in rows if r.get("seed", 0) == s
@@ -108,14 +121,17 @@ class Reporter:
         actors = actor_learner_text(rows)
         if self.bar is not None:
             self.bar.update(self.task, completed=done_iters, ret=self.return_text(),
-                            sps=f"{sps:,.0f}", eval=self.last_eval, actors=actors)
+                            sps=f"{sps:,.0f}", eval=self.last_eval, actors=actors,
+                            win=self.win_text())
         elif not self.quiet:
             steps = done_iters * self.config.batch_size
             elapsed = time.perf_counter() - self.t0
             eta = elapsed / max(done_iters - self.start, 1) * (self.n_iter - done_iters)
             ev = f"  eval {self.last_eval}" if self.config.eval_every else ""
+            win = f"  win rate {self.win_text()}" if self.wins else ""
             print(f"[{self.label}] iter {done_iters}/{self.n_iter}  "
-                  f"steps {steps:,}  {self.return_word} {self.return_text()}{ev}  {sps:,.0f} steps/s  "
+                  f"steps {steps:,}  {self.return_word} {self.return_text()}{win}{ev}  "
+                  f"{sps:,.0f} steps/s  "
                   f"{actors + '  ' if actors else ''}ETA {eta:.0f}s", file=sys.stderr, flush=True)
 
     def close(self):

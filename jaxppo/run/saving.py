@@ -42,7 +42,8 @@ def save_result(result, run_dir: str | Path, plot: bool, *, snapshot: Callable[[
     folder = RunFolder(path, config)
     try:
         folder.record_sweep(sweep_record)
-        folder.write_rows(metric_rows(result.metrics, metric_keys(config), config.num_seeds))
+        folder.write_rows(metric_rows(result.metrics, metric_keys(config, result._algorithm),
+                                       config.num_seeds))
         wall = float(result.metrics["wall_time"][0, -1])
         folder.save_checkpoint(it, snapshot(), checkpoint_meta(
             config, it, wall, result.num_devices, result.hosts, record))

@@ -16,7 +16,6 @@ from jaxppo.core import networks, ppo
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.errors import ConfigError
-from jaxppo.program import resolved as resolved_module
 
 pytest.importorskip("jaxmarl")
 
@@ -75,6 +74,20 @@ def test_each_actor_acts_with_its_own_agents_params_against_numpy(per_agent):
         np.testing.assert_allclose(one_env[i], np.asarray(own), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"agent_params=per_agent.*\[\.\.\., 3, D\]"):
         algo.network.apply(state.params, obs[0, :2])
+
+
+def test_the_joint_policy_and_each_agents_own_act_with_its_own_params(per_agent):
+    from jaxppo.run.policy import Policy
+
+    algo, _, state, traj, _ = per_agent
+    policy = Policy(algo, state.params, state.obs_stats)
+    obs = np.asarray(traj.obs)[3, :N]  # env 0's agents at step 3
+    p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), state.params["params"])
+    want = [int(np.argmax(_numpy_mlp(jax.tree.map(lambda a: a[i], p64), obs[i], "actor_torso",
+                                     "policy_head"))) for i in range(N)]
+    joint = policy.joint({a: obs[i] for i, a in enumerate(policy.agents)})
+    assert [int(joint[a]) for a in policy.agents] == want
+    assert [int(policy.agent(a)(obs[i])) for i, a in enumerate(policy.agents)] == want
 
 
 def test_the_loss_is_the_mean_of_the_agents_losses_and_each_gradient_its_own(per_agent):
@@ -145,14 +158,12 @@ def test_a_gaussian_log_std_per_agent_comes_back_per_actor():
         np.testing.assert_allclose(np.asarray(dist.loc[:, i::3]), np.asarray(want), rtol=1e-6)
 
 
-def test_errors_name_the_field_and_the_fix(monkeypatch):
+def test_errors_name_the_field_and_the_fix():
     with pytest.raises(ConfigError, match="agent_params='per_agent' only applies to multi-agent"
                                           r".*agent_params: shared"):
         jaxppo.resolve(jaxppo.PPOConfig(agent_params="per_agent"))
     with pytest.raises(ConfigError, match="agent_params='per-agent'.*did you mean 'per_agent'"):
         jaxppo.PPOConfig(agent_params="per-agent").validate()
-    # A recurrent network per agent (while multi-agent recurrent networks are refused anyway).
-    monkeypatch.setattr(resolved_module, "_check_multi_agent", lambda config, recurrent: None)
     with pytest.raises(ConfigError, match="per_agent.*recurrent_size: 0, or agent_params: shared"):
         jaxppo.resolve(TINY.replace(network=jaxppo.NetworkConfig((16,), recurrent_size=8)))
 
@@ -185,6 +196,8 @@ def test_a_resumed_per_agent_mappo_run_continues_exactly_and_loads_and_exports(t
     want = [int(np.argmax(_numpy_mlp(jax.tree.map(lambda a: a[i], p64), x[i], "actor_torso",
                                      "policy_head"))) for i in range(N)]
     np.testing.assert_array_equal(np.asarray(policy(obs)), want)
+    joint = policy.joint({a: obs[i] for i, a in enumerate(policy.agents)})
+    assert [int(joint[a]) for a in policy.agents] == want
     exported = export_policy(policy, "jax", path=tmp_path / "actor")
     assert exported.metadata["obs"]["shape"] == ["b", N, D]
     fn = jax.export.deserialize(bytearray(exported.path.read_bytes()))

@@ -150,8 +150,8 @@ def test_errors_name_the_fix():
         make_env(TINY.replace(env="jaxmarl:smax:3mm"))
     with pytest.raises(ConfigError, match="Discrete actions only"):
         make_env(TINY.replace(env_kwargs={"action_type": "Continuous"}))
-    with pytest.raises(ConfigError, match="recurrent_size: 0"):
-        jaxppo.resolve(TINY.replace(network=jaxppo.NetworkConfig((16,), recurrent_size=8)))
+    with pytest.raises(ConfigError, match="transforms do not take its agent axis"):
+        jaxppo.resolve(TINY.replace(transforms=[{"frame_stack": {"k": 2}}]))
 
 
 def test_missing_package_gives_the_install_line(monkeypatch):
