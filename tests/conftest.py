@@ -21,6 +21,15 @@ import pytest
 # keep it.
 os.environ["JAXPPO_CPU_DEVICES"] = "1"
 
+# XLA's CPU collectives abort the process when one device's thread reaches an all-reduce more
+# than 40 s after the others (xla_cpu_collective_call_terminate_timeout_seconds). A subprocess
+# with forced host devices beside the other worker on 2 cores can fall that far behind (seen
+# once in a cold `make test`), so every process the suite starts waits up to 10 minutes, the
+# subprocesses' own limit: the verdict never depends on the machine's speed. Subprocesses that
+# force a device count add it to these XLA_FLAGS.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_cpu_collective_call_terminate_timeout_seconds=600").strip()
+
 
 def pytest_configure(config):
     cache = getattr(config, "cache", None)

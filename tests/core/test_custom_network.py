@@ -323,7 +323,7 @@ def test_the_examples_keep_the_contract_for_continuous_actions():
 # ---------------------------------------------------------------------- devices, sweeps, PBT
 SPREAD_SCRIPT = """
 import json, os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 import jax, jaxppo, numpy as np
 from jaxppo import NetworkConfig
 base = jaxppo.PPOConfig(env="CartPole-v1", num_envs=4, num_steps=16, total_timesteps=3 * 64,

@@ -191,7 +191,7 @@ def test_a_recurrent_policy_masks_too():
 
 PMAP_SCRIPT = """
 import json, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 import jaxppo, numpy as np
 from jaxppo.process import enable_compilation_cache
 # The suite's compilation cache, from the first compile on: the three runs check the same

@@ -116,7 +116,7 @@ EXACT = dict(env="MemoryChain-bsuite", network=NetworkConfig((16,), recurrent_si
              transforms=[{"count_bonus": {"scale": 0.1}}], num_envs=8,
              normalize_observations=True, normalize_rewards=True, use_kl_loss=True,
              vf_clip_param=10.0, total_timesteps=8 * 16 * 6, log_every=2)
-TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+TWO_DEVICES = {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"}
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,8 @@ def _main() -> None:
 
 @pytest.fixture(scope="module")
 def split_runs(compile_cache_dir) -> dict:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    env = {**os.environ,
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
            "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True,
                           timeout=900, env=env, check=False)
