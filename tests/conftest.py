@@ -42,11 +42,9 @@ def pytest_configure(config):
 
 
 # The files that take longest on 2 cores (a cold `make test --durations=0`), longest first.
-LONGEST_FILES = ("test_ray.py", "test_readme.py", "test_custom_network.py", "test_checkpoint.py",
-                 "test_hostloop_devices.py", "test_pbt.py", "test_pmap.py", "test_jaxmarl.py",
-                 "test_masking.py", "test_jaxmarl_agents.py", "test_layout.py", "test_connect.py",
-                 "test_suites.py", "test_learning.py", "test_mappo.py", "test_train.py",
-                 "test_recurrent.py")
+LONGEST_FILES = ("test_ray.py", "test_custom_network.py", "test_pbt.py", "test_readme.py",
+                 "test_checkpoint.py", "test_masking.py", "test_learning.py", "test_suites.py",
+                 "test_pmap.py", "test_layout.py", "test_train.py", "test_recurrent.py")
 
 
 def pytest_collection_modifyitems(config, items):
