@@ -212,8 +212,7 @@ class Policy:
             (`policy.action_mask(state)` of the env state); None for an unmasked one.
 
         Returns:
-          {agent: action} for a feed-forward policy, ({agent: action}, carry) for a
-          recurrent one.
+          {agent: action}; a recurrent policy's is ({agent: action}, carry).
         """
         stacked = self._stack_agents(obs)
         actions, carry = self.step(stacked, carry, key, action_mask)
