@@ -29,6 +29,7 @@ from jaxppo.config_files import (load_yaml, read_config_file, refuse_unknown_key
                                  refuse_unknown_keywords)
 from jaxppo.envs.record import env_record, network_record
 from jaxppo.errors import ConfigError, warn
+from jaxppo.process import DEFAULT_CACHE_DIR
 from jaxppo.search import space
 
 # A schedule is a constant, or a piecewise-linear list of [env_step, value] points.
@@ -302,7 +303,8 @@ class PPOConfig:
     log_every: int = field(0, "iterations per compiled chunk between progress updates; 0 = auto "
                            "(about 40 chunks per run; every iteration for an env that steps in "
                            "Python)", check=cf.integer(0))
-    compilation_cache_dir: str | None = field("~/.cache/jaxppo/xla", "null disables the cache",
+    compilation_cache_dir: str | None = field(DEFAULT_CACHE_DIR, "null disables the cache; the "
+                                              "default gives way to JAX_COMPILATION_CACHE_DIR",
                                               check=cf.folder_or_null, machine_path=True)
     checkpoint_every: int = field(
         0, "iterations between checkpoints in RUN_DIR/checkpoints; 0 = none by count",

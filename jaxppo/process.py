@@ -27,16 +27,25 @@ def process_uptime() -> float:
         return time.perf_counter() - _IMPORT_TIME
 
 
+# compilation_cache_dir's default; JAX's own setting from the environment takes its place.
+DEFAULT_CACHE_DIR = "~/.cache/jaxppo/xla"
+JAX_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+
 def enable_compilation_cache(path: str | None) -> None:
     """Turns on JAX's persistent compilation cache, so a repeated run skips most compiling.
 
     Args:
-      path: the cache folder (~ expanded); None or "" leaves the cache as it is. A folder
-        that cannot be created or written (a read-only HOME) leaves the cache off, with a
-        warning: training does not need it.
+      path: the cache folder (~ expanded); None or "" leaves the cache as it is. The default
+        folder (DEFAULT_CACHE_DIR) gives way to JAX's own environment variable: with
+        JAX_COMPILATION_CACHE_DIR set, that folder is used (a cluster's shared cache, a
+        test suite's). A folder that cannot be created or written (a read-only HOME) leaves
+        the cache off, with a warning: training does not need it.
     """
     if not path:
         return
+    if path == DEFAULT_CACHE_DIR and os.environ.get(JAX_CACHE_ENV):
+        path = os.environ[JAX_CACHE_ENV]
     path = os.path.expanduser(path)
     try:
         os.makedirs(path, exist_ok=True)

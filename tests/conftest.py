@@ -1,10 +1,13 @@
 """Shared test setup.
 
 JAX's persistent compilation cache goes to a folder under pytest's cache (`.pytest_cache/d/`),
-so a rerun of the suite skips most XLA compiling. Nothing depends on it: with an empty cache
-(or `pytest -p no:cacheprovider`, which disables it) every test compiles from scratch and passes.
-Test configs set `compilation_cache_dir=None`, so `jaxppo.train` leaves this setting alone
-and never writes to the user's home cache.
+shared by both workers and every process the suite starts (CLI runs, forced-device workers,
+Ray's learners: through JAX's own JAX_COMPILATION_CACHE_DIR, which jaxppo's default cache
+folder gives way to), so a program compiled once is loaded by the others, and a rerun of the
+suite skips most XLA compiling. Nothing depends on it: with an empty cache (or `pytest -p
+no:cacheprovider`, which disables it) every test compiles from scratch and passes. Nothing
+writes to the user's home cache: test configs set `compilation_cache_dir=None` (jaxppo.train
+leaves the setting alone) or this folder, and a run folder resumed has the default back.
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ def pytest_configure(config):
     if cache is None or os.environ.get("JAXPPO_TEST_NO_COMPILE_CACHE"):
         return
     path = cache.mkdir("jax-xla")
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    settings = {"jax_compilation_cache_dir": str(path),
+                "jax_persistent_cache_min_compile_time_secs": 0.0,
+                "jax_persistent_cache_min_entry_size_bytes": -1}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(value)  # for the processes the tests start
 
 
 # The files that take longest on 2 cores (a cold `make test --durations=0`), longest first.

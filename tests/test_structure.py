@@ -60,13 +60,15 @@ def test_leaf_modules_import_nothing_from_jaxppo_but_errors():
     assert graph["jaxppo.errors"] == set() and graph["jaxppo.process"] == {"jaxppo.errors"}
     # config checks `search` and `pbt` with jaxppo.search.space, itself a leaf over errors;
     # its fields are declared with jaxppo.config_fields, files read with jaxppo.config_files,
-    # and env objects named with jaxppo.envs.record (which imports nothing of jaxppo)
+    # env objects named with jaxppo.envs.record (which imports nothing of jaxppo), and the
+    # compilation cache's default folder is jaxppo.process's
     assert graph["jaxppo.search.space"] == {"jaxppo.errors"}
     assert graph["jaxppo.config_fields"] == {"jaxppo.errors"}
     assert graph["jaxppo.config_files"] == {"jaxppo.errors", "jaxppo.config_fields"}
     assert graph["jaxppo.envs.record"] == set()
     assert graph["jaxppo.config"] == {"jaxppo.errors", "jaxppo.search.space", "jaxppo.config_fields",
-                                      "jaxppo.config_files", "jaxppo.envs.record"}
+                                      "jaxppo.config_files", "jaxppo.envs.record",
+                                      "jaxppo.process"}
 
 
 # What a folder never imports: the algorithm knows nothing of runs, searches, Ray or the CLI;

@@ -906,6 +906,30 @@ def test_an_unusable_compilation_cache_folder_is_a_warning(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_the_default_cache_folder_gives_way_to_jaxs_environment_variable(tmp_path, monkeypatch):
+    """compilation_cache_dir's default yields to JAX_COMPILATION_CACHE_DIR (a cluster's shared
+    cache, this suite's); a folder the config names is used whatever the environment says."""
+    import jax
+
+    from jaxppo.process import DEFAULT_CACHE_DIR, enable_compilation_cache
+
+    assert jaxppo.PPOConfig().compilation_cache_dir == DEFAULT_CACHE_DIR
+    before = jax.config.jax_compilation_cache_dir
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "shared"))
+    try:
+        enable_compilation_cache(DEFAULT_CACHE_DIR)
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "shared")
+        enable_compilation_cache(str(tmp_path / "mine"))
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
+        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+        enable_compilation_cache(DEFAULT_CACHE_DIR)
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "home/.cache/jaxppo/xla")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "mine", "shared"]
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
 def test_a_program_too_big_for_the_memory_is_refused_before_it_runs(tmp_path, monkeypatch):
     """XLA's figure for the compiled program against the free memory (here 1 KiB; the
     estimate before compiling is left out to reach it): a ConfigError with the need, the free
