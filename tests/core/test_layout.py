@@ -187,7 +187,7 @@ def test_describe_says_what_jaxppo_did_to_the_cpu_devices(monkeypatch, action, d
     assert all(w in text for w in words), text
 
 
-def test_a_run_on_jaxppos_cpu_devices_says_so_in_its_layout_line(compile_cache_dir):
+def test_a_run_on_jaxppos_cpu_devices_says_so_in_its_layout_line():
     """In a fresh process with the default (one device per core): describe() says so, and a
     run of 4 seeds, split over 2 (or 4) of the devices, ends its layout line with where they
     come from and how to turn them off; the layout it records (TrainResult.layout) stays what
@@ -196,13 +196,10 @@ def test_a_run_on_jaxppos_cpu_devices_says_so_in_its_layout_line(compile_cache_d
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
         pytest.skip("needs a machine of 2 or more cores")
-    cache = (f"jax.config.update('jax_compilation_cache_dir', {compile_cache_dir!r}); "
-             "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0); "
-             if compile_cache_dir else "")
     run = ("print('DESCRIBE', cpu_devices.describe()); r = jaxppo.train(jaxppo.PPOConfig."
            f"from_dict({_tiny().to_dict()!r}), progress=True, plot=False); "
            "print('RECORDED', r.layout)")
-    proc = _probe({}, cache, run)
+    proc = _probe({}, "", run)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     lines = dict(ln.split(" ", 1) for ln in out.splitlines() if ln.startswith(("DESCRIBE ",
@@ -256,10 +253,6 @@ def _main() -> None:
     seeds stopped after 3 iterations on one layout and resumed on the other, vs 1 device."""
     import jax
 
-    if os.environ.get("JAXPPO_TEST_CACHE_DIR"):  # the suite's compilation cache (conftest.py)
-        jax.config.update("jax_compilation_cache_dir", os.environ["JAXPPO_TEST_CACHE_DIR"])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     import jaxppo
     from jaxppo.run.checkpoints import load_params_dict
 
@@ -296,11 +289,10 @@ def _main() -> None:
 
 
 @pytest.fixture(scope="module")
-def split_runs(compile_cache_dir) -> dict:
+def split_runs() -> dict:
     env = {**os.environ,
            "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
-           "JAX_PLATFORMS": "cpu",
-           **({"JAXPPO_TEST_CACHE_DIR": compile_cache_dir} if compile_cache_dir else {})}
+           "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True,
                           timeout=900, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,7 +1,7 @@
 """Run in a subprocess with 4 forced host devices: a PBT population split over 2 and 4
 devices, and a checkpoint of the 2-device run (after 10 iterations) resumed on 4 devices.
-With JAXPPO_TEST_CACHE_DIR set it uses that persistent compilation cache (a resume on a device
-count already run then compiles nothing).
+It uses the suite's persistent compilation cache (JAX_COMPILATION_CACHE_DIR, set by
+conftest.py): a resume on a device count already run compiles nothing.
 
 `python pbt_worker.py OUT` writes OUT/<run>.npz (the devices it trained on, its metrics and
 its params' leaves) for the runs d2, d4 and resumed4, and leaves OUT/stopped, the 2-device
@@ -18,11 +18,6 @@ from pathlib import Path
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 
 import jax  # noqa: E402
-
-if os.environ.get("JAXPPO_TEST_CACHE_DIR"):  # the suite's compilation cache (conftest.py)
-    jax.config.update("jax_compilation_cache_dir", os.environ["JAXPPO_TEST_CACHE_DIR"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 import numpy as np  # noqa: E402
 
 import jaxppo  # noqa: E402

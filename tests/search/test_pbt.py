@@ -305,8 +305,7 @@ def _rel_diff(a, b) -> float:
     return float(np.nanmax(np.abs(a - b) / (1e-6 + np.abs(b)))) if a.size else 0.0
 
 
-def test_a_population_split_over_devices_trains_the_same_members(pbt_runs, compile_cache_dir,
-                                                                 tmp_path):
+def test_a_population_split_over_devices_trains_the_same_members(pbt_runs, tmp_path):
     """Members split over 2 or 4 devices (no collective between exploit steps) train as on
     one device, and a checkpoint moves between device counts (2 -> 4 in a process of 4
     devices, 2 -> 1 here). Equal up to float rounding: XLA's batched matmuls over 1, 2 or 4
@@ -317,9 +316,8 @@ def test_a_population_split_over_devices_trains_the_same_members(pbt_runs, compi
     from pathlib import Path
 
     worker = Path(__file__).with_name("pbt_worker.py")
-    env = {**os.environ, **({"JAXPPO_TEST_CACHE_DIR": compile_cache_dir} if compile_cache_dir else {})}
     proc = subprocess.run([sys.executable, str(worker), str(tmp_path)], capture_output=True,
-                          text=True, timeout=600, cwd=worker.parent, env=env)
+                          text=True, timeout=600, cwd=worker.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = pbt_runs[0]
     resumed1 = jaxppo.train(PBT.replace(num_devices=1), resume=tmp_path / "stopped",
