@@ -882,9 +882,11 @@ def test_make_ray_cluster_with_a_ray_token_and_make_ray_stop_stops_only_its_clus
 
 def test_a_sweep_on_hosts_is_recorded_and_resumes_with_its_hyperparameters(
         cluster, compile_cache_dir, tmp_path):
-    """A vmapped sweep of 2 lrs on 2 hosts: sweep.json names each member's lr, each member
-    logs its own lr, and a resume (without hparams) goes on with the recorded ones."""
-    cfg = tiny(compile_cache_dir, num_seeds=2, total_timesteps=4 * 16 * 4, lr_schedule="constant")
+    """A vmapped sweep of 2 lrs on 2 hosts, of a multi-agent env (each host's envs with their
+    agents): sweep.json names each member's lr, each member logs its own lr and each agent's
+    return, and a resume (without hparams) goes on with the recorded ones."""
+    cfg = tiny(compile_cache_dir, env="jaxmarl:MPE_simple_spread_v3", num_seeds=2,
+               total_timesteps=4 * 16 * 4, lr_schedule="constant")
     sweep = jaxppo.HyperParams.stack(
         [jaxppo.HyperParams.from_config(cfg.replace(lr=lr)) for lr in (1e-3, 3e-3)])
     run = tmp_path / "run"
@@ -895,9 +897,16 @@ def test_a_sweep_on_hosts_is_recorded_and_resumes_with_its_hyperparameters(
     assert record["labels"] == ["lr=0.001", "lr=0.003"]
     done = train_distributed(None, hosts=2, resume=run, progress=False, plot=False)
     assert done.completed
-    lrs = {(r["seed"], r["iteration"]): r["lr"] for r in _rows(run)}
+    rows = _rows(run)
+    lrs = {(r["seed"], r["iteration"]): r["lr"] for r in rows}
     for it in range(1, 5):
         assert lrs[(0, it)] == pytest.approx(1e-3) and lrs[(1, it)] == pytest.approx(3e-3), it
+    # MPE's episodes last 25 steps: iterations 2 and 4 end one per env, with every agent's return
+    ended = [r for r in rows if r["iteration"] in (2, 4)]
+    for r in ended:
+        agents = [r[f"episode_return_mean/agent_{i}"] for i in range(3)]
+        assert all(math.isfinite(a) for a in agents), r
+        assert r["episode_return_mean"] == pytest.approx(sum(agents), rel=1e-5), r
     members = json.loads((run / "summary.json").read_text())["members"]
     assert [m["label"] for m in members] == ["lr=0.001", "lr=0.003"]
 
