@@ -384,7 +384,8 @@ def _member(out: dict) -> str:
 
 def _figures(out: dict) -> str:
     """The evaluation in words; a multi-agent run's return is the team's, then each agent's
-    mean return and the win rate where the env reports wins."""
+    mean return, the win rate where the env reports wins and the env's episode values
+    (Overcooked's sparse return and dishes)."""
     team = "team " if "agent_return_mean" in out else ""
     text = (f"{team}return {out['return_mean']:.2f} ± {out['return_std']:.2f}, length "
             f"{out['length_mean']:.1f} ± {out['length_std']:.1f}")
@@ -392,6 +393,8 @@ def _figures(out: dict) -> str:
         text += " (" + ", ".join(f"{a} {v:.2f}" for a, v in out["agent_return_mean"].items()) + ")"
     if "win_rate" in out:
         text += f", win rate {out['win_rate']:.2f}"
+    for name, v in out.get("episode_value_mean", {}).items():
+        text += f", {name.replace('_', ' ')} {v:.2f}"
     return text
 
 

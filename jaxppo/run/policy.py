@@ -361,7 +361,7 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
         def step(obs, k, carry, mask=None):
             return algorithm.policy_step(params, obs_stats, obs, carry, k, deterministic, mask)
 
-        return run_episodes(step, algorithm.spec.env, algorithm.spec.env_params, key, episodes,
+        return run_episodes(step, algorithm.spec.env, algorithm.spec.eval_params, key, episodes,
                             bound, algorithm.envs_carry(episodes),
                             action_mask=algorithm.spec.action_mask,
                             num_agents=len(algorithm.spec.agents))
@@ -372,7 +372,7 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
 
     def run(params, obs_stats) -> dict:
         stats = compiled(params, obs_stats, key)
-        out = summarize(stats, algorithm.spec.agents)
+        out = summarize(stats, algorithm.spec.agents, algorithm.spec.episode_values)
         out["returns"] = np.asarray(stats.returns).tolist()
         out["lengths"] = np.asarray(stats.lengths).tolist()
         return out
