@@ -120,7 +120,8 @@ def _add_run_folder_commands(sub) -> None:
                    help="print the result as JSON (a multi-seed run: per_seed and aggregate)")
     e.add_argument("--video", metavar="OUT.gif|OUT.mp4",
                    help="instead, play --episodes episodes one after the other and write them as "
-                        "a video (classic-control and MinAtar envs; .mp4 needs ffmpeg)")
+                        "a video (classic-control, MinAtar, and JaxMARL's MPE and Overcooked "
+                        "envs; .mp4 needs ffmpeg)")
 
     x = sub.add_parser("export", help="write the trained policy as a jax.export function or ONNX")
     x.add_argument("run", help="run folder")

@@ -125,7 +125,7 @@ class JaxMarlEnv:
     reset(key, params) -> (obs [N, D], state); step(key, state, action [N], params) -> (obs
     [N, D], state, reward [N], terminated [], truncated [], info), auto-resetting with `key`
     when the episode ends and keeping the observations before the reset in
-    info["final_observation"].
+    info["final_observation"] (and JaxMARL's state before it in info["final_state"]).
 
     * Ends: the episode ends where JaxMARL's dones["__all__"] is true (the done every agent
       shares). An end once the env's own `max_steps` steps are reached (MPE: max_steps 25,
@@ -229,6 +229,7 @@ class JaxMarlEnv:
             info["episode_values"] = jnp.where(done, after.episode_values, 0.0)
         if self._world_state_fn is not None:
             info["final_world_state"] = self._world_state_fn(stepped)
+        info["final_state"] = stepped  # JaxMARL's, before the reset: what videos draw
         rewards = self.rewards(reward, step_info, state, params)
         return obs, next_state, rewards, terminated, truncated, info
 

@@ -16,6 +16,7 @@ each observation's state and acts among them only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -80,6 +81,12 @@ class Policy:
     @property
     def env_params(self):
         return self.spec.env_params
+
+    @functools.cached_property
+    def jitted_env(self) -> tuple:
+        """The env's reset and step, jitted once for this policy: (reset, step). Videos play
+        the env with them."""
+        return jax.jit(self.env.reset), jax.jit(self.env.step)
 
     def __call__(self, obs, key: jax.Array | None = None, action_mask=None):
         if isinstance(obs, dict) and self.agents and not self.recurrent:
