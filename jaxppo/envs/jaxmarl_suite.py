@@ -1,6 +1,6 @@
 """JaxMARL's multi-agent environments by name (`env="jaxmarl:<name>"`, e.g.
-"jaxmarl:MPE_simple_spread_v3", "jaxmarl:smax:<map>" for SMAX against its heuristic enemy,
-e.g. "jaxmarl:smax:3m", or "jaxmarl:overcooked:<layout>", e.g.
+"jaxmarl:MPE_simple_spread_v3" or "jaxmarl:hanabi", "jaxmarl:smax:<map>" for SMAX against its
+heuristic enemy, e.g. "jaxmarl:smax:3m", or "jaxmarl:overcooked:<layout>", e.g.
 "jaxmarl:overcooked:cramped_room") behind the gymnax API with an agent axis: `JaxMarlEnv`
 stacks the agents' observations, rewards and actions in `env.agents` order, splits the
 episode's end into terminated and truncated, and auto-resets.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import sys
 import warnings
 from typing import Any
@@ -138,8 +137,8 @@ class JaxMarlEnv:
     * Actions: one Discrete action per agent, `action_space().n` the largest agent's count;
       an agent with fewer actions has the others masked out.
     * Action masks: `action_mask(state, params) -> bool [N, n]` when the env gives available
-      actions (SMAX's `get_avail_actions`) or agents have different action counts; jaxppo
-      masks the policy with it.
+      actions (SMAX's `get_avail_actions`, Hanabi's `get_legal_moves`) or agents have
+      different action counts; jaxppo masks the policy with it.
     * Wins (`reports_wins`, SMAX against its enemy): info["won"] (bool []) is true on the step
       that ends an episode with every enemy dead and an ally alive, the battle SMAX rewards
       with its won_battle_bonus (JaxMARL's SMAX baselines count a win where that last step's
@@ -168,13 +167,12 @@ class JaxMarlEnv:
                     f"{self.name}: agent {a!r} has action space {type(act_space).__name__}; "
                     "jaxppo's JaxMARL adapter takes Discrete actions only (MPE envs take "
                     "env_kwargs={'action_type': 'Discrete'})")
-            obs_dims.append(math.prod(obs_space.shape))
+            obs_dims.append(int(np.prod(obs_space.shape)))  # Hanabi's shape is an int
             self._num_actions.append(int(act_space.n))
         self._obs_dims = tuple(obs_dims)
         self.obs_dim, self.n = max(obs_dims), max(self._num_actions)
-        base = import_jaxmarl("jaxmarl.environments.multi_agent_env").MultiAgentEnv
-        self._has_avail = type(marl_env).get_avail_actions is not base.get_avail_actions
-        self._has_mask = self._has_avail or len(set(self._num_actions)) > 1
+        self._avail = _available_actions_fn(marl_env)
+        self._has_mask = self._avail is not None or len(set(self._num_actions)) > 1
         self._world_state_fn = _world_state_fn(marl_env)
         limit = getattr(marl_env, "max_steps", None)
         self._time_limit = (int(limit) if isinstance(limit, (int, np.integer))
@@ -258,7 +256,7 @@ class JaxMarlEnv:
         return self._mask
 
     def _mask(self, state: JaxMarlEnvState, params=None) -> jax.Array:
-        avail = (self.marl_env.get_avail_actions(state.marl_state) if self._has_avail
+        avail = (self._avail(state.marl_state) if self._avail is not None
                  else {a: jnp.ones((k,), bool) for a, k in zip(self.agents, self._num_actions)})
         rows = [jnp.asarray(avail[a]).astype(bool) for a in self.agents]
         return jnp.stack([jnp.pad(r, (0, self.n - r.shape[0])) for r in rows])
@@ -283,6 +281,17 @@ class JaxMarlEnv:
 
     def __repr__(self) -> str:
         return f"JaxMarlEnv({type(self.marl_env).__name__}, {self.name!r})"
+
+
+def _available_actions_fn(marl_env):
+    """marl_state -> {agent: [n] legal actions}: the env's own `get_avail_actions` (SMAX), or
+    Hanabi's `get_legal_moves` (only the player whose turn it is has moves other than the
+    no-op); None for an env whose agents may take every action."""
+    base = import_jaxmarl("jaxmarl.environments.multi_agent_env").MultiAgentEnv
+    if type(marl_env).get_avail_actions is not base.get_avail_actions:
+        return marl_env.get_avail_actions
+    legal = getattr(marl_env, "get_legal_moves", None)
+    return legal if callable(legal) else None
 
 
 def _world_state_fn(marl_env):
