@@ -1,7 +1,8 @@
-"""Hanabi ("jaxmarl:hanabi"): the adapter's reset and step against JaxMARL's own env with the
-same keys and legal actions, its legal moves as the policy's action mask, and two training
-iterations (IPPO) whose rollouts take legal actions only, replayed through JaxMARL's step_env.
-The compiled iteration is shared by the tests (a module fixture). Skips without jaxmarl."""
+"""Hanabi ("jaxmarl:hanabi"): two training iterations (IPPO) whose rollouts, replayed through
+JaxMARL's own step_env and reset with the same keys and actions, have the same observations,
+rewards, ends and new games, with JaxMARL's legal moves as the action mask and only legal
+moves taken. The compiled iterations are shared by the tests (a module fixture). Skips
+without jaxmarl."""
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,6 @@ def iterations():
     algo = Algorithm.create(jaxppo.resolve(CFG))
     hp = HyperParams.from_config(CFG)
 
-    @jax.jit
     def iterate(state):
         after, traj = ppo.rollout(algo, state, hp)
         new, metrics = ppo.update(algo, after, traj, algo.spec.actor_ids(after.env_ids), hp,
@@ -43,6 +43,9 @@ def iterations():
         return new, traj, metrics
 
     state = jax.jit(lambda k: ppo.init(algo, k, hp))(jax.random.PRNGKey(0))
+    # Compiled once ahead of time, as training compiles its program (a jit call compiles
+    # again for the stepped state: Hanabi's reset gives a weakly typed score).
+    iterate = jax.jit(iterate).lower(state).compile()
     out = []
     for _ in range(2):
         new, traj, metrics = iterate(state)
@@ -51,75 +54,53 @@ def iterations():
     return algo, out
 
 
-@pytest.fixture(scope="module")
-def jaxmarl_fns(iterations):
-    """JaxMARL's own Hanabi (the run's), its step_env and get_legal_moves, compiled once."""
-    marl = iterations[0].spec.env.marl_env
-    return marl, jax.jit(marl.step_env), jax.jit(marl.get_legal_moves)
-
-
-def test_reset_and_step_are_jaxmarls_with_legal_moves_as_the_mask(iterations, jaxmarl_fns):
-    """Six turns with a random legal move of each agent: observations, rewards, ends and the
-    action mask equal JaxMARL's own reset, step_env and get_legal_moves with the same keys."""
-    spec, (marl, marl_step, legal_moves) = iterations[0].spec, jaxmarl_fns
-    env, params = spec.env, spec.env_params
-    assert spec.agents == ("agent_0", "agent_1") and spec.masked
-    assert spec.obs_shape == (marl.obs_size,) and spec.action_dim == marl.num_moves
-    reset, step = jax.jit(env.reset), jax.jit(env.step)
-    mask_of = jax.jit(spec.action_mask)
-    key = jax.random.PRNGKey(4)
-    obs, state = reset(key, params)
-    want_obs, marl_state = marl.reset(key)
-    for t in range(6):
-        np.testing.assert_array_equal(np.asarray(obs),
-                                      np.stack([want_obs[a] for a in marl.agents]))
-        legal = _legal(marl, legal_moves, marl_state)
-        np.testing.assert_array_equal(np.asarray(mask_of(state, params)), legal)
-        assert legal.sum(axis=1).tolist().count(1) == 1  # the other player: the no-op only
-        logits = jax.random.normal(jax.random.fold_in(key, t), legal.shape)
-        action = jnp.argmax(jnp.where(legal, logits, -jnp.inf), axis=-1)
-        k = jax.random.fold_in(key, 100 + t)
-        obs, state, reward, term, trunc, _ = step(k, state, action, params)
-        want_obs, marl_state, want_reward, dones, _ = marl_step(
-            jax.random.split(k)[0], marl_state, {a: action[i] for i, a in enumerate(marl.agents)})
-        np.testing.assert_array_equal(np.asarray(reward),
-                                      [float(want_reward[a]) for a in marl.agents])
-        assert bool(term) == bool(dones["__all__"]) and not bool(trunc)
-        if bool(term):  # the adapter reset with the key's other half
-            want_obs, marl_state = marl.reset(jax.random.split(k)[1])
-
-
-def test_training_takes_legal_moves_only(iterations, jaxmarl_fns):
-    """Both iterations' rollouts: every actor's action is legal in its state (the recorded
-    mask), and env 0's rollout replayed through JaxMARL's step_env with its keys and actions
-    gives the same rewards and game ends with every action legal by JaxMARL's
-    get_legal_moves (a new game after an end from JaxMARL's reset with the step key's other
-    half, as the adapter resets); the update changed the params and its losses are finite."""
+def test_the_spec_and_the_training_iterations(iterations):
+    """Two agents, JaxMARL's observation size and moves, a masked policy; the update changed
+    the params and its losses are finite."""
     algo, out = iterations
-    marl, marl_step, legal_moves = jaxmarl_fns
-    T, n, games = CFG.num_steps, algo.spec.num_agents, 0
-    for state, traj, metrics in out:
-        actions = np.asarray(traj.action)
-        taken = np.take_along_axis(np.asarray(traj.action_mask), actions[..., None], axis=-1)
-        assert taken.all()
-        assert np.any(np.asarray(traj.action_mask).sum(-1) > 1)  # real choices were masked
-        _, env_keys = ppo.rollout_noise(algo, jax.random.split(state.rng)[1], state.env_ids)
-        marl_state = jax.tree.map(lambda x: x[0], state.env_state.marl_state)
-        for t in range(T):
-            acts = actions[t, :n]  # env 0's agents (actors env-major)
-            assert _legal(marl, legal_moves, marl_state)[np.arange(n), acts].all()
-            k_step, k_reset = jax.random.split(env_keys[t, 0])
-            _, marl_state, reward, dones, _ = marl_step(
-                k_step, marl_state, {a: jnp.int32(acts[i]) for i, a in enumerate(marl.agents)})
-            np.testing.assert_array_equal(np.asarray(traj.reward)[t, :n],
-                                          [float(reward[a]) for a in marl.agents])
-            assert bool(dones["__all__"]) == bool(np.asarray(traj.terminated)[t, 0])
-            games += bool(dones["__all__"])
-            if bool(dones["__all__"]):
-                marl_state = marl.reset(k_reset)[1]
+    spec, marl = algo.spec, algo.spec.env.marl_env
+    assert spec.agents == ("agent_0", "agent_1") and spec.masked
+    assert spec.obs_shape == (marl.obs_size,) and spec.action_dim == marl.num_moves == 21
+    for _, _, metrics in out:
         for k in ("policy_loss", "value_loss", "entropy", "grad_norm"):
             assert np.isfinite(float(metrics[k])), k
-    assert games > 0  # the replay went on through new games
     before, after = out[0][0].params, out[1][0].params
     assert any(np.any(np.asarray(a) != np.asarray(b))
                for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+
+
+def test_rollouts_are_jaxmarls_games_with_legal_moves_only(iterations):
+    """Both iterations' rollouts: every actor's action is legal in its state (the recorded
+    mask), and two envs' rollouts replayed through JaxMARL's step_env with their keys and
+    actions have the same observations, masks (JaxMARL's get_legal_moves: the player whose
+    turn it is has choices, the other the no-op only), rewards and game ends, a new game
+    after an end being JaxMARL's reset with the step key's other half."""
+    algo, out = iterations
+    marl = algo.spec.env.marl_env
+    step, legal_moves = jax.jit(marl.step_env), jax.jit(marl.get_legal_moves)
+    T, n, games = CFG.num_steps, algo.spec.num_agents, 0
+    for state, traj, _ in out:
+        actions = np.asarray(traj.action)
+        masks, obs = np.asarray(traj.action_mask), np.asarray(traj.obs)
+        assert np.take_along_axis(masks, actions[..., None], axis=-1).all()
+        _, env_keys = ppo.rollout_noise(algo, jax.random.split(state.rng)[1], state.env_ids)
+        for e in range(2):  # two envs' games
+            actors = slice(e * n, (e + 1) * n)  # env e's agents (actors env-major)
+            marl_state = jax.tree.map(lambda x: x[e], state.env_state.marl_state)
+            for t in range(T):
+                legal = _legal(marl, legal_moves, marl_state)
+                np.testing.assert_array_equal(masks[t, actors], legal)
+                assert sorted(legal.sum(axis=1))[0] == 1  # the other player: the no-op
+                k_step, k_reset = jax.random.split(env_keys[t, e])
+                acts = {a: jnp.int32(actions[t, e * n + i]) for i, a in enumerate(marl.agents)}
+                marl_obs, marl_state, reward, dones, _ = step(k_step, marl_state, acts)
+                np.testing.assert_array_equal(np.asarray(traj.reward)[t, actors],
+                                              [float(reward[a]) for a in marl.agents])
+                assert bool(dones["__all__"]) == bool(np.asarray(traj.terminated)[t, e * n])
+                if bool(dones["__all__"]):
+                    games += 1
+                    marl_obs, marl_state = marl.reset(k_reset)
+                if t + 1 < T:
+                    np.testing.assert_array_equal(
+                        obs[t + 1, actors], np.stack([marl_obs[a] for a in marl.agents]))
+    assert games > 0  # the replay went on through new games
