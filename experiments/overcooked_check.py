@@ -15,9 +15,11 @@ learning rate over `--steps` and the shaped reward over the baseline's first 2.5
 The number compared is the sparse team return of the final policy: 20 per dish delivered,
 which each of the two agents receives, summed over both (40 per dish), the mean over 32
 episodes of 400 steps from fresh envs with actions sampled from the policy (jaxppo's
-`evaluate` on the env without shaping; a rollout of the baseline's network by hand).
-JaxMARL's training return of the first and last 10 iterations (its log wrapper's, before the
-shaping) is kept too. Writes experiments/results/overcooked-check.json.
+`evaluate`, which plays the game unshaped, and its eval_sparse_return_mean and
+eval_dishes_mean; a rollout of the baseline's network by hand). The sparse training return
+of the first and last 10 iterations is kept too (jaxppo's sparse_return_mean; JaxMARL's log
+wrapper's, before the shaping, times the 2 agents). Writes
+experiments/results/overcooked-check.json.
 """
 
 from __future__ import annotations
@@ -49,16 +51,17 @@ def run_jaxppo(steps: float, seeds: int) -> dict:
                                                              num_seeds=1)
     keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
     (states, metrics), t = timed(make_train(config), keys)
-    sparse = Algorithm.create(jaxppo.resolve(config.replace(env_kwargs={})))
-    evaluate = jax.jit(lambda p, s, k: sparse.evaluate(p, s, k, EVAL_EPISODES, False))
+    algo = Algorithm.create(jaxppo.resolve(config))  # its evaluation plays unshaped
+    evaluate = jax.jit(lambda p, s, k: algo.evaluate(p, s, k, EVAL_EPISODES, False))
     evals = [evaluate(jax.tree.map(lambda x: x[i], states.params),
                      jax.tree.map(lambda x: x[i], states.obs_stats), jax.random.PRNGKey(i))
              for i in range(seeds)]
     env_steps = int(metrics["env_steps"][0, -1]) * seeds
     return {**t, "env_steps": env_steps, "steps_per_s": env_steps / t["train_s"],
             "iterations": int(metrics["env_steps"].shape[1]),
-            "sparse_team_return": [float(e["eval_return_mean"]) for e in evals],
-            "dishes": [float(e["eval_return_mean"]) / 40 for e in evals],
+            "sparse_team_return": [float(e["eval_sparse_return_mean"]) for e in evals],
+            "dishes": [float(e["eval_dishes_mean"]) for e in evals],
+            "training_sparse_team_return": final_returns(np.asarray(metrics["sparse_return_mean"])),
             "shaped_training_return": final_returns(np.asarray(metrics["episode_return_mean"]))}
 
 

@@ -120,7 +120,8 @@ def _add_run_folder_commands(sub) -> None:
                    help="print the result as JSON (a multi-seed run: per_seed and aggregate)")
     e.add_argument("--video", metavar="OUT.gif|OUT.mp4",
                    help="instead, play --episodes episodes one after the other and write them as "
-                        "a video (classic-control and MinAtar envs; .mp4 needs ffmpeg)")
+                        "a video (classic-control, MinAtar, and JaxMARL's MPE and Overcooked "
+                        "envs; .mp4 needs ffmpeg)")
 
     x = sub.add_parser("export", help="write the trained policy as a jax.export function or ONNX")
     x.add_argument("run", help="run folder")
@@ -384,7 +385,8 @@ def _member(out: dict) -> str:
 
 def _figures(out: dict) -> str:
     """The evaluation in words; a multi-agent run's return is the team's, then each agent's
-    mean return and the win rate where the env reports wins."""
+    mean return, the win rate where the env reports wins and the env's episode values
+    (Overcooked's sparse return and dishes)."""
     team = "team " if "agent_return_mean" in out else ""
     text = (f"{team}return {out['return_mean']:.2f} ± {out['return_std']:.2f}, length "
             f"{out['length_mean']:.1f} ± {out['length_std']:.1f}")
@@ -392,6 +394,8 @@ def _figures(out: dict) -> str:
         text += " (" + ", ".join(f"{a} {v:.2f}" for a, v in out["agent_return_mean"].items()) + ")"
     if "win_rate" in out:
         text += f", win rate {out['win_rate']:.2f}"
+    for name, v in out.get("episode_value_mean", {}).items():
+        text += f", {name.replace('_', ' ')} {v:.2f}"
     return text
 
 

@@ -106,6 +106,10 @@ class Transition(NamedTuple):
     # A multi-agent env that reports wins (SMAX, `env.reports_wins`): the episode that ended at
     # t was won (bool, repeated for each agent of the env); None otherwise.
     won: jax.Array | None = None
+    # A multi-agent env with episode values (Overcooked's sparse return and dishes,
+    # `env.episode_values`): their values [K] of the episode that ended at t, 0 elsewhere
+    # (repeated for each agent of the env); None otherwise.
+    episode_values: jax.Array | None = None
 
 
 METRIC_KEYS = (
@@ -313,17 +317,18 @@ class Algorithm:
     def evaluate(self, params, obs_stats, key, num_episodes: int | None = None,
                  deterministic: bool | None = None, max_steps: int | None = None) -> dict:
         """eval_return_mean/std and eval_length_mean of one episode in each of
-        `num_episodes` fresh eval envs (defaults from the config). Pure; jit-able."""
+        `num_episodes` fresh eval envs (defaults from the config), with the env's
+        evaluation params (`EnvSpec.eval_params`: Overcooked unshaped). Pure; jit-able."""
         cfg = self.config
         n = cfg.eval_episodes if num_episodes is None else num_episodes
         det = cfg.eval_deterministic if deterministic is None else deterministic
         bound = self.eval_bound() if max_steps is None else max_steps
         stats = run_episodes(
             lambda obs, k, c, m=None: self.policy_step(params, obs_stats, obs, c, k, det, m),
-            self.spec.env, self.spec.env_params, key, n, bound, self.envs_carry(n),
+            self.spec.env, self.spec.eval_params, key, n, bound, self.envs_carry(n),
             action_mask=self.spec.action_mask, num_agents=len(self.spec.agents),
         )
-        return stats.metrics(self.spec.agents)
+        return stats.metrics(self.spec.agents, self.spec.episode_values)
 
     @property
     def reports_wins(self) -> bool:
@@ -333,14 +338,16 @@ class Algorithm:
     @property
     def agent_metric_keys(self) -> tuple[str, ...]:
         """A multi-agent env's training metrics beside METRIC_KEYS: each agent's
-        episode_return_mean/<agent>, and win_rate where the env reports wins; () otherwise."""
+        episode_return_mean/<agent>, win_rate where the env reports wins, and <name>_mean of
+        each of its episode values; () otherwise."""
         return (tuple(f"episode_return_mean/{a}" for a in self.spec.agents)
-                + (("win_rate",) if self.reports_wins else ()))
+                + (("win_rate",) if self.reports_wins else ())
+                + tuple(f"{v}_mean" for v in self.spec.episode_values))
 
     @property
     def eval_metric_keys(self) -> tuple[str, ...]:
         """The metrics `evaluate` gives (EVAL_METRIC_KEYS, and a multi-agent env's own)."""
-        return eval_metric_keys(self.spec.agents, self.reports_wins)
+        return eval_metric_keys(self.spec.agents, self.reports_wins, self.spec.episode_values)
 
     def eval_bound(self) -> int:
         """Steps an evaluation episode may last (ConfigError when neither the config nor the

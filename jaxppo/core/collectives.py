@@ -73,15 +73,20 @@ def local_episode_stats(traj) -> jax.Array:
 
 
 def local_agent_stats(traj, num_agents: int) -> jax.Array:
-    """[num_agents + 1] float32 from a multi-agent rollout [T, E*N] (actors env-major): each
-    agent's returns summed over the episodes that ended (its env's shared end), then the
-    episodes won among them (0 when the env reports no wins, `traj.won` None)."""
+    """[num_agents + 1 (+ K)] float32 from a multi-agent rollout [T, E*N] (actors env-major):
+    each agent's returns summed over the episodes that ended (its env's shared end), then the
+    episodes won among them (0 when the env reports no wins, `traj.won` None), then the sums
+    of the K episode values of those episodes (where `traj.episode_values` is given)."""
     done = jnp.logical_or(traj.terminated, traj.truncated)
-    per_env = lambda x: x.reshape(x.shape[:1] + (-1, num_agents))  # noqa: E731 [T, E, N]
+    per_env = lambda x: x.reshape((x.shape[0], -1, num_agents) + x.shape[2:])  # noqa: E731
     returns = jnp.sum(jnp.where(per_env(done), per_env(traj.episode_return), 0.0), axis=(0, 1))
     won = (jnp.zeros(()) if traj.won is None
            else jnp.sum(jnp.logical_and(per_env(done), per_env(traj.won))[..., 0]))
-    return jnp.concatenate([returns, won[None].astype(jnp.float32)])
+    parts = [returns, won[None].astype(jnp.float32)]
+    if traj.episode_values is not None:  # [T, E, K], the env's first agent's copy
+        ended = jnp.where(per_env(done)[..., 0, None], per_env(traj.episode_values)[:, :, 0], 0.0)
+        parts.append(jnp.sum(ended, axis=(0, 1)))
+    return jnp.concatenate(parts)
 
 
 def episode_metrics(gathered: jax.Array) -> dict:

@@ -26,18 +26,19 @@ EVAL_METRIC_KEYS = ("eval_return_mean", "eval_return_std", "eval_length_mean")
 class EpisodeStats(NamedTuple):
     """Per-episode results, one entry per eval env: returns [N] float32 (a multi-agent env's
     team return), lengths [N] int32; a multi-agent env's per-agent returns [N, agents]
-    float32, and whether each episode was won ([N] bool, an env that reports wins); None
-    otherwise."""
+    float32, whether each episode was won ([N] bool, an env that reports wins) and its
+    episode values ([N, K] float32, an env with `episode_values`); None otherwise."""
 
     returns: jax.Array
     lengths: jax.Array
     agent_returns: jax.Array | None = None
     won: jax.Array | None = None
+    values: jax.Array | None = None
 
-    def metrics(self, agents: tuple[str, ...] = ()) -> dict:
+    def metrics(self, agents: tuple[str, ...] = (), values: tuple[str, ...] = ()) -> dict:
         """eval_return_mean/std and eval_length_mean (scalars); with a multi-agent env's
-        `agents` (names) each agent's eval_return_mean/<agent>, and eval_win_rate where
-        the env reports wins."""
+        `agents` (names) each agent's eval_return_mean/<agent>, eval_win_rate where the env
+        reports wins, and eval_<name>_mean of each of its episode `values` (names)."""
         out = {
             "eval_return_mean": jnp.mean(self.returns),
             "eval_return_std": jnp.std(self.returns),
@@ -48,14 +49,18 @@ class EpisodeStats(NamedTuple):
             out.update({f"eval_return_mean/{a}": means[i] for i, a in enumerate(agents)})
         if self.won is not None:
             out["eval_win_rate"] = jnp.mean(self.won.astype(jnp.float32))
+        if self.values is not None:
+            means = jnp.mean(self.values, axis=0)
+            out.update({f"eval_{v}_mean": means[i] for i, v in enumerate(values)})
         return out
 
 
-def eval_metric_keys(agents: tuple[str, ...] = (), wins: bool = False) -> tuple[str, ...]:
+def eval_metric_keys(agents: tuple[str, ...] = (), wins: bool = False,
+                     values: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The keys `EpisodeStats.metrics` gives for an env with these agents (names; () for a
-    single-agent env) that reports wins or not."""
+    single-agent env) that reports wins or not, and has these episode values (names)."""
     return (EVAL_METRIC_KEYS + tuple(f"eval_return_mean/{a}" for a in agents)
-            + (("eval_win_rate",) if wins else ()))
+            + (("eval_win_rate",) if wins else ()) + tuple(f"eval_{v}_mean" for v in values))
 
 
 def run_episodes(
@@ -78,8 +83,9 @@ def run_episodes(
     ends at the env's terminated or truncated flag, or after `max_steps` steps (whatever it
     has collected by then counts). A multi-agent env (`num_agents` > 0: obs [N, agents, ...],
     rewards [N, agents]) returns the team return, the sum of its agents' returns, as training
-    reports it, beside each agent's return, and the wins of an env that reports them
-    (`env.reports_wins`, info["won"]).
+    reports it, beside each agent's return, the wins of an env that reports them
+    (`env.reports_wins`, info["won"]), and the episode values of an env that has them
+    (`env.episode_values`, info["episode_values"]).
     """
     k_reset, k_loop = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
@@ -88,9 +94,12 @@ def run_episodes(
     zeros_i = jnp.zeros((num_episodes,), jnp.int32)
     done0 = jnp.zeros((num_episodes,), bool)
     wins = num_agents > 0 and bool(getattr(env, "reports_wins", False))
-    # A multi-agent env's per-agent returns [N, agents] and wins [N]; nothing otherwise.
+    n_values = len(getattr(env, "episode_values", ())) if num_agents else 0
+    # A multi-agent env's per-agent returns [N, agents], wins [N] and episode values [N, K];
+    # nothing otherwise.
     extra0 = ((jnp.zeros((num_episodes, num_agents), jnp.float32),) if num_agents else ()) + (
-        (done0,) if wins else ())
+        (done0,) if wins else ()) + (
+        (jnp.zeros((num_episodes, n_values), jnp.float32),) if n_values else ())
 
     def cond(loop):
         t, _, _, _, _, _, _, done, _ = loop
@@ -112,7 +121,11 @@ def run_episodes(
             extra = (extra[0] + jnp.where(live[:, None], reward, 0.0),) + extra[1:]
             reward = jnp.sum(reward, axis=-1)
         if wins:
-            extra = extra[:1] + (jnp.logical_or(extra[1], jnp.logical_and(live, info["won"])),)
+            extra = extra[:1] + (jnp.logical_or(extra[1], jnp.logical_and(live, info["won"])),
+                                 ) + extra[2:]
+        if n_values:  # nonzero on the step that ends an episode only
+            extra = extra[:-1] + (extra[-1] + jnp.where(live[:, None], info["episode_values"],
+                                                        0.0),)
         ret = ret + jnp.where(live, reward, 0.0)
         length = length + live.astype(jnp.int32)
         done = jnp.logical_or(done, jnp.logical_or(term.astype(bool), trunc.astype(bool)))
@@ -123,7 +136,7 @@ def run_episodes(
     out = jax.lax.while_loop(cond, body, loop)
     extra = out[8]
     return EpisodeStats(out[5], out[6], extra[0] if num_agents else None,
-                        extra[1] if wins else None)
+                        extra[1] if wins else None, extra[-1] if n_values else None)
 
 
 def eval_max_steps(config, env_params) -> int:
@@ -139,10 +152,12 @@ def eval_max_steps(config, env_params) -> int:
     return int(limit)
 
 
-def summarize(stats: EpisodeStats, agents: tuple[str, ...] = ()) -> dict:
+def summarize(stats: EpisodeStats, agents: tuple[str, ...] = (),
+              values: tuple[str, ...] = ()) -> dict:
     """Host-side summary: mean/std of returns and lengths over the episodes (floats); for a
     multi-agent env (its `agents`' names) the return is the team's, and `agent_return_mean`
-    maps each agent to its mean return, with `win_rate` where the env reports wins."""
+    maps each agent to its mean return, with `win_rate` where the env reports wins and
+    `episode_value_mean` mapping each of its episode `values` (names) to its mean."""
     r = np.asarray(stats.returns, np.float64)
     n = np.asarray(stats.lengths, np.float64)
     out = {
@@ -157,4 +172,7 @@ def summarize(stats: EpisodeStats, agents: tuple[str, ...] = ()) -> dict:
         out["agent_return_mean"] = {a: float(m) for a, m in zip(agents, means)}
     if stats.won is not None:
         out["win_rate"] = float(np.mean(np.asarray(stats.won, np.float64)))
+    if stats.values is not None:
+        means = np.asarray(stats.values, np.float64).mean(axis=0)
+        out["episode_value_mean"] = {v: float(m) for v, m in zip(values, means)}
     return out

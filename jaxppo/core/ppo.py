@@ -127,6 +127,8 @@ def step_envs(algo: Algorithm, st: TrainState, dist: DistParams, action, logp, e
         log_prob=logp, dist=dist, reward=reward, discounted_return=disc_ret,
         terminated=term, truncated=trunc, episode_return=ep_ret, episode_length=ep_len,
         won=spec.to_actors(info["won"]) if "won" in info else None,
+        episode_values=(jnp.repeat(info["episode_values"], spec.num_agents, axis=0)
+                        if "episode_values" in info else None),
     )
     if algo.config.critic_input == "world_state":
         final_ws = info["final_world_state"]  # [E, C]: every agent of an env gets its env's
@@ -232,15 +234,22 @@ def team_episodes(spec, traj: Transition) -> Transition:
 
 def agent_metrics(algo: Algorithm, rollout_stats: dict) -> dict:
     """A multi-agent env's metrics beside the team return: each agent's mean episode return
-    (`episode_return_mean/<agent>`) and, where the env reports wins (SMAX), the fraction of
-    ended episodes won (`win_rate`); NaN when no episode ended. {} for a single-agent env."""
+    (`episode_return_mean/<agent>`), where the env reports wins (SMAX) the fraction of ended
+    episodes won (`win_rate`), and the mean of each of its episode values (`<name>_mean`,
+    Overcooked's sparse return and dishes); NaN when no episode ended. {} for a single-agent
+    env."""
     spec = algo.spec
     if not spec.agents:
         return {}
-    sums = jnp.sum(rollout_stats["agents"], axis=0)  # [agents + 1] over shards
+    sums = jnp.sum(rollout_stats["agents"], axis=0)  # [agents + 1 (+ values)] over shards
     episodes = jnp.sum(rollout_stats["episodes"][:, 0])
     mean = jnp.where(episodes > 0, sums / jnp.maximum(episodes, 1.0), jnp.nan)
-    return dict(zip(algo.agent_metric_keys, mean))  # the wins last, where reported
+    values = tuple(f"{v}_mean" for v in spec.episode_values)
+    names = algo.agent_metric_keys[:spec.num_agents] + ("win_rate",) + values
+    out = dict(zip(names, mean))
+    if not algo.reports_wins:
+        del out["win_rate"]
+    return out
 
 
 def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_values,

@@ -1,6 +1,6 @@
 """JaxMARL's multi-agent environments by name (`env="jaxmarl:<name>"`, e.g.
-"jaxmarl:MPE_simple_spread_v3", "jaxmarl:smax:<map>" for SMAX against its heuristic enemy,
-e.g. "jaxmarl:smax:3m", or "jaxmarl:overcooked:<layout>", e.g.
+"jaxmarl:MPE_simple_spread_v3" or "jaxmarl:hanabi", "jaxmarl:smax:<map>" for SMAX against its
+heuristic enemy, e.g. "jaxmarl:smax:3m", or "jaxmarl:overcooked:<layout>", e.g.
 "jaxmarl:overcooked:cramped_room") behind the gymnax API with an agent axis: `JaxMarlEnv`
 stacks the agents' observations, rewards and actions in `env.agents` order, splits the
 episode's end into terminated and truncated, and auto-resets.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import sys
 import warnings
 from typing import Any
@@ -125,7 +124,7 @@ class JaxMarlEnv:
     reset(key, params) -> (obs [N, D], state); step(key, state, action [N], params) -> (obs
     [N, D], state, reward [N], terminated [], truncated [], info), auto-resetting with `key`
     when the episode ends and keeping the observations before the reset in
-    info["final_observation"].
+    info["final_observation"] (and JaxMARL's state before it in info["final_state"]).
 
     * Ends: the episode ends where JaxMARL's dones["__all__"] is true (the done every agent
       shares). An end once the env's own `max_steps` steps are reached (MPE: max_steps 25,
@@ -138,15 +137,23 @@ class JaxMarlEnv:
     * Actions: one Discrete action per agent, `action_space().n` the largest agent's count;
       an agent with fewer actions has the others masked out.
     * Action masks: `action_mask(state, params) -> bool [N, n]` when the env gives available
-      actions (SMAX's `get_avail_actions`) or agents have different action counts; jaxppo
-      masks the policy with it.
+      actions (SMAX's `get_avail_actions`, Hanabi's `get_legal_moves`) or agents have
+      different action counts; jaxppo masks the policy with it.
     * Wins (`reports_wins`, SMAX against its enemy): info["won"] (bool []) is true on the step
       that ends an episode with every enemy dead and an ally alive, the battle SMAX rewards
       with its won_battle_bonus (JaxMARL's SMAX baselines count a win where that last step's
       reward is at least the bonus, 1.0 by default).
     * World state: `world_state(state, params) -> [C]` for SMAX and MPE (MAPPO's critic
       input), with the pre-reset state's in info["final_world_state"].
+    * Episode values (`episode_values`, names; Overcooked's sparse return and dishes):
+      info["episode_values"] (float32 [K]) holds on the step that ends an episode that
+      episode's value of each, 0 on other steps; training and evaluation report each one's
+      mean over the episodes that ended (`<name>_mean`), and the progress line shows the
+      `progress_value` one.
     """
+
+    episode_values: tuple[str, ...] = ()
+    progress_value: str | None = None
 
     def __init__(self, marl_env, name: str | None = None):
         self.marl_env = marl_env
@@ -160,13 +167,12 @@ class JaxMarlEnv:
                     f"{self.name}: agent {a!r} has action space {type(act_space).__name__}; "
                     "jaxppo's JaxMARL adapter takes Discrete actions only (MPE envs take "
                     "env_kwargs={'action_type': 'Discrete'})")
-            obs_dims.append(math.prod(obs_space.shape))
+            obs_dims.append(int(np.prod(obs_space.shape)))  # Hanabi's shape is an int
             self._num_actions.append(int(act_space.n))
         self._obs_dims = tuple(obs_dims)
         self.obs_dim, self.n = max(obs_dims), max(self._num_actions)
-        base = import_jaxmarl("jaxmarl.environments.multi_agent_env").MultiAgentEnv
-        self._has_avail = type(marl_env).get_avail_actions is not base.get_avail_actions
-        self._has_mask = self._has_avail or len(set(self._num_actions)) > 1
+        self._avail = _available_actions_fn(marl_env)
+        self._has_mask = self._avail is not None or len(set(self._num_actions)) > 1
         self._world_state_fn = _world_state_fn(marl_env)
         limit = getattr(marl_env, "max_steps", None)
         self._time_limit = (int(limit) if isinstance(limit, (int, np.integer))
@@ -212,18 +218,27 @@ class JaxMarlEnv:
                                    time >= params.max_steps_in_episode)
         terminated = jnp.logical_and(ended, ~truncated)
         done = jnp.logical_or(terminated, truncated)
+        after = self.advance(state, stepped, time, reward)
         obs, next_state, info = adapter.auto_reset(
-            done, self.reset(k_reset, params), self.stack(obs),
-            state.replace(marl_state=stepped, time=time))
+            done, self.reset(k_reset, params), self.stack(obs), after)
         if self.reports_wins:
             info["won"] = jnp.logical_and(done, self._won(stepped))
+        if self.episode_values:
+            info["episode_values"] = jnp.where(done, after.episode_values, 0.0)
         if self._world_state_fn is not None:
             info["final_world_state"] = self._world_state_fn(stepped)
-        return obs, next_state, self.rewards(reward, step_info, state), terminated, truncated, info
+        info["final_state"] = stepped  # JaxMARL's, before the reset: what videos draw
+        rewards = self.rewards(reward, step_info, state, params)
+        return obs, next_state, rewards, terminated, truncated, info
 
-    def rewards(self, reward: dict, step_info: dict, state) -> jax.Array:
+    def advance(self, state: JaxMarlEnvState, marl_state, time: jax.Array, reward: dict):
+        """The state after a step, before any reset: JaxMARL's `marl_state` at `time`, the
+        step's reward dict (JaxMARL's) added to what the state tracks of the episode."""
+        return state.replace(marl_state=marl_state, time=time)
+
+    def rewards(self, reward: dict, step_info: dict, state, params) -> jax.Array:
         """The agents' rewards [N] of a step from JaxMARL's (the env's reward dict, its info,
-        the state before the step)."""
+        the state before the step, the params)."""
         return jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in self.agents])
 
     def _won(self, marl_state) -> jax.Array:
@@ -241,7 +256,7 @@ class JaxMarlEnv:
         return self._mask
 
     def _mask(self, state: JaxMarlEnvState, params=None) -> jax.Array:
-        avail = (self.marl_env.get_avail_actions(state.marl_state) if self._has_avail
+        avail = (self._avail(state.marl_state) if self._avail is not None
                  else {a: jnp.ones((k,), bool) for a, k in zip(self.agents, self._num_actions)})
         rows = [jnp.asarray(avail[a]).astype(bool) for a in self.agents]
         return jnp.stack([jnp.pad(r, (0, self.n - r.shape[0])) for r in rows])
@@ -266,6 +281,17 @@ class JaxMarlEnv:
 
     def __repr__(self) -> str:
         return f"JaxMarlEnv({type(self.marl_env).__name__}, {self.name!r})"
+
+
+def _available_actions_fn(marl_env):
+    """marl_state -> {agent: [n] legal actions}: the env's own `get_avail_actions` (SMAX), or
+    Hanabi's `get_legal_moves` (only the player whose turn it is has moves other than the
+    no-op); None for an env whose agents may take every action."""
+    base = import_jaxmarl("jaxmarl.environments.multi_agent_env").MultiAgentEnv
+    if type(marl_env).get_avail_actions is not base.get_avail_actions:
+        return marl_env.get_avail_actions
+    legal = getattr(marl_env, "get_legal_moves", None)
+    return legal if callable(legal) else None
 
 
 def _world_state_fn(marl_env):
@@ -308,11 +334,21 @@ def _make_overcooked(path: str, name: str, kwargs: dict, rest: str) -> Overcooke
 
 
 @struct.dataclass
+class OvercookedParams(JaxMarlParams):
+    """Overcooked's params: jaxppo's time limit, and whether the reward is shaped (the
+    config's `shaped_reward_steps`; evaluation plays the game unshaped)."""
+
+    shaped: bool = struct.field(pytree_node=False, default=True)
+
+
+@struct.dataclass
 class OvercookedEnvState(JaxMarlEnvState):
     """Overcooked's state with the steps this env has taken since training began (every
-    episode's), which anneal the shaped reward."""
+    episode's), which anneal the shaped reward, and the episode's sparse team return and
+    dishes delivered so far."""
 
     env_steps: jax.Array = 0  # int32 []
+    episode_values: jax.Array = 0.0  # float32 [2]: sparse team return, dishes
 
 
 class OvercookedEnv(JaxMarlEnv):
@@ -322,16 +358,33 @@ class OvercookedEnv(JaxMarlEnv):
     plus, with `shaped_reward_steps` > 0, its own shaped reward (onion in pot, plate and soup
     pick-ups) times a coefficient annealed linearly from 1 to 0 over this env's first
     `shaped_reward_steps` steps (JaxMARL's `REW_SHAPING_HORIZON` of env steps over its envs;
-    `shaped_reward_steps` counts the steps of each env). Episodes last 400 steps, a
-    truncation."""
+    `shaped_reward_steps` counts the steps of each env). Params with `shaped=False`
+    (`evaluation_params`) give the sparse reward alone. Episodes last 400 steps, a
+    truncation. Each episode's sparse team return (the sum over agents of their unshaped
+    rewards, 40 per dish) and dishes delivered are its episode values."""
+
+    episode_values = ("sparse_return", "dishes")
+    progress_value = "dishes"
 
     def __init__(self, marl_env, name: str, shaped_reward_steps: int = 0):
         super().__init__(marl_env, name)
         self.shaped_reward_steps = shaped_reward_steps
+        self._dish_reward = float(import_jaxmarl(
+            "jaxmarl.environments.overcooked.overcooked").DELIVERY_REWARD)
+
+    @property
+    def default_params(self) -> OvercookedParams:
+        return OvercookedParams(super().default_params.max_steps_in_episode)
+
+    def evaluation_params(self, params: JaxMarlParams) -> OvercookedParams:
+        """The params evaluation plays with: `params` without reward shaping (the game's
+        own reward, 20 per dish to each agent)."""
+        return OvercookedParams(params.max_steps_in_episode, shaped=False)
 
     def reset(self, key: jax.Array, params: JaxMarlParams | None = None):
         obs, state = super().reset(key, params)
-        return obs, OvercookedEnvState(state.marl_state, state.time, jnp.zeros((), jnp.int32))
+        return obs, OvercookedEnvState(state.marl_state, state.time, jnp.zeros((), jnp.int32),
+                                       jnp.zeros((len(self.episode_values),), jnp.float32))
 
     def step(self, key: jax.Array, state: OvercookedEnvState, action: jax.Array,
              params: JaxMarlParams | None = None):
@@ -341,9 +394,16 @@ class OvercookedEnv(JaxMarlEnv):
         next_state = next_state.replace(env_steps=state.env_steps + 1)
         return obs, next_state, rewards, terminated, truncated, info
 
-    def rewards(self, reward: dict, step_info: dict, state) -> jax.Array:
-        sparse = super().rewards(reward, step_info, state)
-        if not self.shaped_reward_steps:
+    def advance(self, state: OvercookedEnvState, marl_state, time: jax.Array, reward: dict):
+        sparse = jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in self.agents])
+        # Every agent receives the team's delivery reward: one agent's counts the dishes.
+        step_values = jnp.stack([jnp.sum(sparse), sparse[0] / self._dish_reward])
+        return super().advance(state, marl_state, time, reward).replace(
+            episode_values=state.episode_values + step_values)
+
+    def rewards(self, reward: dict, step_info: dict, state, params) -> jax.Array:
+        sparse = super().rewards(reward, step_info, state, params)
+        if not self.shaped_reward_steps or not getattr(params, "shaped", True):
             return sparse
         shaped = jnp.stack([jnp.asarray(step_info["shaped_reward"][a], jnp.float32)
                             for a in self.agents])

@@ -54,6 +54,20 @@ class EnvSpec(NamedTuple):
         """True when the policy's illegal actions are masked (the env gives a mask)."""
         return self.action_mask is not None
 
+    @property
+    def eval_params(self) -> Any:
+        """The params evaluation plays with: the env's `evaluation_params(env_params)` where
+        it has one (Overcooked: its game unshaped), else env_params."""
+        own = getattr(self.env, "evaluation_params", None)
+        return own(self.env_params) if callable(own) else self.env_params
+
+    @property
+    def episode_values(self) -> tuple[str, ...]:
+        """The names of a multi-agent env's episode values (its `episode_values`, e.g.
+        Overcooked's sparse return and dishes: info["episode_values"] [K] on the step that
+        ends an episode); () for other envs."""
+        return tuple(getattr(self.env, "episode_values", ())) if self.agents else ()
+
     def masks(self, env_state) -> jax.Array | None:
         """The action masks [E, action_dim] of a batch of env states [E, ...] (None when
         unmasked)."""

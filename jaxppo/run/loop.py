@@ -120,11 +120,12 @@ def train_loop(runner: Runner, config: PPOConfig, *, folder: RunFolder | None = 
 def _reporter(runner: Runner, config: PPOConfig, progress: bool | None, start_iter: int,
               label: str | None, member_labels: list[str] | None) -> Reporter:
     """The run's progress: a multi-agent env's return is its team's, beside its win rate where
-    the env reports wins (SMAX)."""
+    the env reports wins (SMAX) and the episode value it shows (Overcooked's dishes)."""
+    spec = runner.algorithm.spec
+    shown = getattr(spec.env, "progress_value", None) if getattr(spec, "agents", ()) else None
     return Reporter(config, config.num_iterations, progress, start=start_iter, label=label,
-                    member_labels=member_labels,
-                    team=bool(getattr(runner.algorithm.spec, "agents", ())),
-                    wins=bool(getattr(runner.algorithm, "reports_wins", False)))
+                    member_labels=member_labels, team=bool(getattr(spec, "agents", ())),
+                    wins=bool(getattr(runner.algorithm, "reports_wins", False)), value=shown)
 
 
 def _end_iteration(config: PPOConfig, start_iter: int, more: int | None) -> int:
@@ -475,7 +476,8 @@ def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
             arr = arr.astype(np.int32)
         elif (k in METRIC_KEYS or k in EVAL_METRIC_KEYS
               or k.startswith(("pbt_", "hp_", "episode_return_mean/", "eval_return_mean/"))
-              or k in ACTOR_LEARNER_KEYS or k in ("win_rate", "eval_win_rate")):
+              or k in ACTOR_LEARNER_KEYS or k in ("win_rate", "eval_win_rate")
+              or k.endswith("_mean")):  # an env's episode values too
             arr = arr.astype(np.float32)
         history[k].append(arr)
     return history

@@ -16,6 +16,7 @@ each observation's state and acts among them only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -80,6 +81,12 @@ class Policy:
     @property
     def env_params(self):
         return self.spec.env_params
+
+    @functools.cached_property
+    def jitted_env(self) -> tuple:
+        """The env's reset and step, jitted once for this policy: (reset, step). Videos play
+        the env with them."""
+        return jax.jit(self.env.reset), jax.jit(self.env.step)
 
     def __call__(self, obs, key: jax.Array | None = None, action_mask=None):
         if isinstance(obs, dict) and self.agents and not self.recurrent:
@@ -361,7 +368,7 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
         def step(obs, k, carry, mask=None):
             return algorithm.policy_step(params, obs_stats, obs, carry, k, deterministic, mask)
 
-        return run_episodes(step, algorithm.spec.env, algorithm.spec.env_params, key, episodes,
+        return run_episodes(step, algorithm.spec.env, algorithm.spec.eval_params, key, episodes,
                             bound, algorithm.envs_carry(episodes),
                             action_mask=algorithm.spec.action_mask,
                             num_agents=len(algorithm.spec.agents))
@@ -372,7 +379,7 @@ def _evaluator(algorithm: Algorithm, params, obs_stats, *, episodes: int, seed: 
 
     def run(params, obs_stats) -> dict:
         stats = compiled(params, obs_stats, key)
-        out = summarize(stats, algorithm.spec.agents)
+        out = summarize(stats, algorithm.spec.agents, algorithm.spec.episode_values)
         out["returns"] = np.asarray(stats.returns).tolist()
         out["lengths"] = np.asarray(stats.lengths).tolist()
         return out

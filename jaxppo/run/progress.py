@@ -22,11 +22,12 @@ class Reporter:
     seeds; for a sweep (member_labels) the best and the worst setting instead, each the mean
     of the members with that label, e.g. "best lr=0.001: 480.2, worst lr=0.0001: 21.0".
     A multi-agent env's (`team`) is the team return, the sum over its agents; one that reports
-    wins (`wins`, SMAX) shows its recent win rate beside it."""
+    wins (`wins`, SMAX) shows its recent win rate beside it, and one with an episode value to
+    show (`value`, e.g. "dishes" for Overcooked) that value's recent mean (`<value>_mean`)."""
 
     def __init__(self, config: PPOConfig, n_iter: int, progress: bool | None, start: int = 0,
                  label: str | None = None, member_labels: list[str] | None = None,
-                 team: bool = False, wins: bool = False):
+                 team: bool = False, wins: bool = False, value: str | None = None):
         self.n_iter = n_iter
         self.start = start
         self.config = config
@@ -37,8 +38,10 @@ class Reporter:
         self.interactive = sys.stderr.isatty() if progress is None else progress
         self.quiet = progress is False
         self.last_return = float("nan")
-        self.wins = wins
-        self.last_win_rate = float("nan")
+        # (label, metrics key, format) of the figures shown beside the return.
+        self.shown = ([("win rate", "win_rate", ".2f")] if wins else []) + (
+            [(value.replace("_", " "), f"{value}_mean", ".1f")] if value else [])
+        self.last_shown = {key: float("nan") for _, key, _ in self.shown}
         self.last_eval = "-"
         self.t0 = time.perf_counter()
         self.bar = None
@@ -51,8 +54,8 @@ class Reporter:
                 MofNCompleteColumn(), TextColumn(self.return_word + " {task.fields[ret]}"),
                 TextColumn("{task.fields[sps]} steps/s"),
             ]
-            if wins:
-                columns.insert(4, TextColumn("win rate {task.fields[win]}"))
+            for i, (name, _, _) in enumerate(self.shown):
+                columns.insert(4 + i, TextColumn(f"{name} {{task.fields[shown{i}]}}"))
             if config.eval_every:
                 columns.append(TextColumn("eval {task.fields[eval]}"))
             if config.max_policy_lag:
@@ -60,7 +63,8 @@ class Reporter:
             columns += [TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
             self.bar = Progress(*columns)
             self.task = self.bar.add_task("train", total=n_iter, completed=start, ret="   -  ",
-                                          sps="-", eval="-", actors="", win="-")
+                                          sps="-", eval="-", actors="",
+                                          **self._shown_fields())
             self.bar.start()
 
     def show_layout(self, text: str, devices_used: int) -> None:
@@ -90,18 +94,23 @@ class Reporter:
             return f"{best_lab}: {best:.1f}"
         return f"best {best_lab}: {best:.1f}, worst {worst_lab}: {worst:.1f}"
 
-    def win_text(self) -> str:
-        """The recent win rate (the mean over seeds of the last rows'), "-" until an episode
-        has ended."""
-        return f"{self.last_win_rate:.2f}" if math.isfinite(self.last_win_rate) else "-"
+    def _shown_fields(self) -> dict[str, str]:
+        """The recent value of each figure shown beside the return (the mean over seeds of the
+        last rows'), "-" until an episode has ended: the bar's fields shown0, shown1, ..."""
+        out = {}
+        for i, (_, key, fmt) in enumerate(self.shown):
+            v = self.last_shown[key]
+            out[f"shown{i}"] = format(v, fmt) if math.isfinite(v) else "-"
+        return out
 
     def update(self, done_iters: int, rows: list[dict], sps: float):
         rets = [r["episode_return_mean"] for r in rows if math.isfinite(r["episode_return_mean"])]
         if rets:
             self.last_return = float(np.mean(rets[-max(1, self.config.num_seeds) * 10:]))
-        wins = [r["win_rate"] for r in rows if math.isfinite(r.get("win_rate", float("nan")))]
-        if wins:
-            self.last_win_rate = float(np.mean(wins[-max(1, self.config.num_seeds) * 10:]))
+        for key in self.last_shown:
+            vals = [r[key] for r in rows if math.isfinite(r.get(key, float("nan")))]
+            if vals:
+                self.last_shown[key] = float(np.mean(vals[-max(1, self.config.num_seeds) * 10:]))
         if self.member_labels:
             for s in range(len(self.member_labels)):
                 own = [r["episode_return_mean"] for r in rows if r.get("seed", 0) == s
@@ -122,13 +131,15 @@ class Reporter:
         if self.bar is not None:
             self.bar.update(self.task, completed=done_iters, ret=self.return_text(),
                             sps=f"{sps:,.0f}", eval=self.last_eval, actors=actors,
-                            win=self.win_text())
+                            **self._shown_fields())
         elif not self.quiet:
             steps = done_iters * self.config.batch_size
             elapsed = time.perf_counter() - self.t0
             eta = elapsed / max(done_iters - self.start, 1) * (self.n_iter - done_iters)
             ev = f"  eval {self.last_eval}" if self.config.eval_every else ""
-            win = f"  win rate {self.win_text()}" if self.wins else ""
+            fields = self._shown_fields()
+            win = "".join(f"  {name} {fields[f'shown{i}']}"
+                          for i, (name, _, _) in enumerate(self.shown))
             print(f"[{self.label}] iter {done_iters}/{self.n_iter}  "
                   f"steps {steps:,}  {self.return_word} {self.return_text()}{win}{ev}  "
                   f"{sps:,.0f} steps/s  "

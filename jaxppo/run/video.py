@@ -1,7 +1,8 @@
 """Videos of a trained policy's episodes (`jaxppo eval RUN_DIR --video out.gif`): played on
-the host with the jitted policy and drawn from the observations with matplotlib, for gymnax's
-classic-control envs and MinAtar. A .gif needs nothing more; an .mp4 needs ffmpeg (on the
-PATH or from imageio-ffmpeg, `pip install 'jaxppo[video]'`).
+the host with the jitted policy and drawn with matplotlib, for gymnax's classic-control envs
+and MinAtar (from the observations) and JaxMARL's MPE and Overcooked (from the env's state,
+every agent acting with the joint policy). A .gif needs nothing more; an .mp4 needs ffmpeg
+(on the PATH or from imageio-ffmpeg, `pip install 'jaxppo[video]'`).
 """
 
 from __future__ import annotations
@@ -21,18 +22,29 @@ VIDEO_INSTALL = "pip install 'jaxppo[video]'"
 CLASSIC_CONTROL = ("Acrobot-v1", "CartPole-v1", "MountainCar-v0", "MountainCarContinuous-v0",
                    "Pendulum-v1")
 FORMATS = (".gif", ".mp4")
+MULTI_AGENT = "JaxMARL's MPE envs (jaxmarl:MPE_*) and Overcooked (jaxmarl:overcooked:<layout>)"
+ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # an MPE speaker's message, as JaxMARL shows it
+OVERCOOKED_TILE = 32  # pixels per grid cell
 
 
 class Episode(NamedTuple):
     """One recorded episode: observations [T + 1, *obs_shape] (the first from reset, the last
-    the one the episode ended in) and rewards [T]."""
+    the one the episode ended in; a multi-agent env's [T + 1, agents, obs_dim]), rewards [T]
+    (a multi-agent env's team reward, the sum over its agents) and, for a multi-agent env,
+    JaxMARL's states [T + 1] (host arrays) that its frames are drawn from; else None."""
 
     observations: np.ndarray
     rewards: np.ndarray
+    states: list | None = None
 
     @property
     def length(self) -> int:
         return len(self.rewards)
+
+    @property
+    def frames(self) -> list | np.ndarray:
+        """What each frame draws: the states of a multi-agent env, else the observations."""
+        return self.observations if self.states is None else self.states
 
 
 def write_video(policy: Policy, path: str | Path, *, episodes: int = 1, seed: int = 0,
@@ -50,7 +62,8 @@ def write_video(policy: Policy, path: str | Path, *, episodes: int = 1, seed: in
       fps: frames per second (default 20 for classic control, 10 for MinAtar).
 
     Returns:
-      {"path", "frames", "episodes", "returns", "lengths"}: each episode's return and length.
+      {"path", "frames", "episodes", "returns", "lengths"}: each episode's return (a
+      multi-agent env's team return) and length.
 
     Raises:
       VideoError: before playing anything, for an env it cannot draw or a format it
@@ -83,7 +96,9 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
 
     Returns:
       One `Episode` each, until it terminated or truncated or reached max_steps. A masked
-      policy acts among the legal actions of each state (the env's action mask).
+      policy acts among the legal actions of each state (the env's action mask). In a
+      multi-agent env every agent acts with the joint policy (its observations [agents,
+      obs_dim] one batch, a recurrent policy's carry one per agent).
 
     Raises:
       ValueError: max_steps is not an integer >= 1.
@@ -93,26 +108,29 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
         raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1 (or None for the "
                          "env's time limit)")
     bound = max_steps if max_steps is not None else policy.algorithm.eval_bound()
-    env, params = policy.env, policy.env_params
-    reset, step = jax.jit(env.reset), jax.jit(env.step)
+    params, agents = policy.env_params, policy.agents
+    reset, step = policy.jitted_env
     key = jax.random.PRNGKey(seed)
     out = []
     for _ in range(episodes):
         key, k_reset = jax.random.split(key)
         obs, state = reset(k_reset, params)
-        carry = policy.initial_carry(())
+        carry = policy.initial_carry((len(agents),) if agents else ())
         observations, rewards = [np.asarray(obs)], []
+        states = [jax.device_get(state.marl_state)] if agents else None
         for _ in range(bound):
             key, k_act, k_step = jax.random.split(key, 3)
             mask = policy.action_mask(state) if policy.masked else None
             action, carry = policy.step(obs, carry, None if deterministic else k_act, mask)
             obs, state, reward, terminated, truncated, info = step(k_step, state, action, params)
-            rewards.append(float(reward))
-            # The observation the step reached, before an auto-reset replaced it.
+            rewards.append(float(np.sum(reward)))  # a multi-agent env's: the team's
+            # The observation (and state) the step reached, before an auto-reset replaced it.
             observations.append(np.asarray(info["final_observation"]))
+            if agents:
+                states.append(jax.device_get(info["final_state"]))
             if bool(terminated) or bool(truncated):
                 break
-        out.append(Episode(np.stack(observations), np.asarray(rewards, np.float32)))
+        out.append(Episode(np.stack(observations), np.asarray(rewards, np.float32), states))
     return out
 
 
@@ -125,8 +143,11 @@ def renderer(policy: Policy) -> tuple[str, Callable]:
       (env name, setup(ax) -> update(obs)).
 
     Raises:
-      VideoError: an env jaxppo does not draw (only classic control and MinAtar).
+      VideoError: an env jaxppo does not draw (only classic control, MinAtar, and JaxMARL's
+        MPE and Overcooked).
     """
+    if policy.agents:
+        return _multi_agent_renderer(policy)
     if getattr(policy.env, "host_loop", False):
         raise VideoError(
             f"no video for {policy.config.env}: it steps in Python (gymnasium), and jaxppo's "
@@ -150,8 +171,22 @@ def renderer(policy: Policy) -> tuple[str, Callable]:
         return name, setup
     raise VideoError(
         f"no video for {policy.config.env_name}: jaxppo draws gymnax's classic-control envs "
-        f"({', '.join(CLASSIC_CONTROL)}) and the MinAtar envs (*-MinAtar). `jaxppo eval` "
-        "without --video evaluates any env")
+        f"({', '.join(CLASSIC_CONTROL)}), the MinAtar envs (*-MinAtar) and, of the "
+        f"multi-agent envs, {MULTI_AGENT}. `jaxppo eval` without --video evaluates any env")
+
+
+def _multi_agent_renderer(policy: Policy) -> tuple[str, Callable]:
+    """(env name, setup(ax) -> update(JaxMARL state)) for a multi-agent env (VideoError for
+    one jaxppo does not draw)."""
+    marl = getattr(policy.env, "marl_env", None)
+    module = type(marl).__module__
+    if module.startswith("jaxmarl.environments.mpe."):
+        return policy.config.env_name, lambda ax: _mpe(ax, marl)
+    if module.startswith("jaxmarl.environments.overcooked."):
+        return policy.config.env_name, lambda ax: _overcooked(ax, marl)
+    raise VideoError(
+        f"no video for {policy.config.env}: of the multi-agent envs jaxppo draws {MULTI_AGENT}. "
+        "`jaxppo eval` without --video evaluates any env")
 
 
 def _newest_frame(base_shape: tuple, obs_shape: tuple) -> Callable:
@@ -242,6 +277,53 @@ def _minatar(ax, channels: int):
     return update
 
 
+def _mpe(ax, marl):
+    """An MPE state as JaxMARL's MPEVisualizer draws it: each entity (agents, then landmarks)
+    a circle of its radius and colour at its position in [-2, 2]^2, and what each agent that
+    speaks says."""
+    from matplotlib.patches import Circle
+
+    ax.set(xlim=(-2, 2), ylim=(-2, 2))
+    colours, radii = np.asarray(marl.colour, np.float32) / 255, np.asarray(marl.rad)
+    circles = [ax.add_patch(Circle((0.0, 0.0), radii[i], color=colours[i]))
+               for i in range(marl.num_entities)]
+    speakers = np.flatnonzero(np.asarray(marl.silent) == 0)
+    said = [ax.text(-1.95, -1.95 + 0.17 * j, "", fontsize=7) for j in range(len(speakers))]
+
+    def update(state):
+        for circle, pos in zip(circles, np.asarray(state.p_pos)):
+            circle.center = pos
+        for text, i in zip(said, speakers):
+            text.set_text(f"{marl.agents[i]} says {ALPHABET[int(np.argmax(state.c[i]))]}")
+    return update
+
+
+def _overcooked(ax, marl):
+    """An Overcooked state as JaxMARL's OvercookedVisualizer renders it (rgb, no display):
+    the kitchen's tiles, pots, onions, plates and soups, and each agent, its direction and
+    what it holds."""
+    from jaxppo.envs.jaxmarl_suite import import_jaxmarl
+
+    visualizer = import_jaxmarl("jaxmarl.viz.overcooked_visualizer").OvercookedVisualizer
+    pad = marl.agent_view_size - 2  # the border JaxMARL's own animation leaves out
+
+    def rgb(state):
+        grid = np.asarray(state.maze_map)[pad:-pad, pad:-pad, :]
+        return visualizer._render_grid(grid, tile_size=OVERCOOKED_TILE,
+                                       agent_dir_idx=np.asarray(state.agent_dir_idx),
+                                       agent_inv=np.asarray(state.agent_inv))
+
+    image = None
+
+    def update(state):
+        nonlocal image
+        if image is None:
+            image = ax.imshow(rgb(state), interpolation="none")
+        else:
+            image.set_data(rgb(state))
+    return update
+
+
 def _rectangle(xy, w, h, **kw):
     from matplotlib.patches import Rectangle
 
@@ -287,12 +369,13 @@ def _animate(played: list[Episode], setup: Callable, name: str, writer, path: Pa
     ax.set_aspect("equal")
     update = setup(ax)
     returns = [np.concatenate([[0.0], np.cumsum(e.rewards)]) for e in played]
+    word = "return" if played[0].states is None else "team return"
 
     def draw(i):
         e, t = frames[i]
-        update(played[e].observations[t])
-        ax.set_title(f"{name}  episode {e + 1}/{len(played)}  step {t}  return {returns[e][t]:.1f}",
-                     fontsize=8)
+        update(played[e].frames[t])
+        ax.set_title(f"{name}  episode {e + 1}/{len(played)}  step {t}  {word} "
+                     f"{returns[e][t]:.1f}", fontsize=8)
 
     try:
         anim = animation.FuncAnimation(fig, draw, frames=len(frames), repeat=False)
