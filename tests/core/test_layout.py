@@ -290,14 +290,9 @@ def _main() -> None:
 
 @pytest.fixture(scope="module")
 def split_runs() -> dict:
-    env = {**os.environ,
-           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
-           "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True,
-                          timeout=900, env=env, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    from forced_devices import run_with_devices  # tests/ is on sys.path (not in script mode)
+
+    return run_with_devices(__file__, devices=2)  # this file as a script, on 2 CPU devices
 
 
 def _assert_close(diff: dict):

@@ -15,9 +15,6 @@ over a few iterations of Adam that stays well under 1e-5 on params and within 1e
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -90,15 +87,10 @@ def _main() -> None:
 
 
 @pytest.fixture(scope="module")
-def split_runs(compile_cache_dir) -> dict:
-    env = {**os.environ,
-           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
-           "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True,
-                          timeout=900, env=env, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+def split_runs() -> dict:
+    from forced_devices import run_with_devices  # tests/ is on sys.path (not in script mode)
+
+    return run_with_devices(__file__, devices=2)  # this file as a script, on 2 CPU devices
 
 
 def _assert_same_run(r: dict) -> None:
