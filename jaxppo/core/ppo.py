@@ -244,12 +244,9 @@ def agent_metrics(algo: Algorithm, rollout_stats: dict) -> dict:
     sums = jnp.sum(rollout_stats["agents"], axis=0)  # [agents + 1 (+ values)] over shards
     episodes = jnp.sum(rollout_stats["episodes"][:, 0])
     mean = jnp.where(episodes > 0, sums / jnp.maximum(episodes, 1.0), jnp.nan)
-    values = tuple(f"{v}_mean" for v in spec.episode_values)
-    names = algo.agent_metric_keys[:spec.num_agents] + ("win_rate",) + values
-    out = dict(zip(names, mean))
-    if not algo.reports_wins:
-        del out["win_rate"]
-    return out
+    if not algo.reports_wins:  # the wins' slot, after the agents', is 0: not a metric
+        mean = jnp.concatenate([mean[:spec.num_agents], mean[spec.num_agents + 1:]])
+    return dict(zip(algo.agent_metric_keys, mean))  # agents, win_rate?, episode values
 
 
 def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_values,

@@ -24,7 +24,6 @@ from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
 from jaxppo.program.build import auto_chunk
 from jaxppo.program.layout import Layout, describe_layout
-from jaxppo.run.actorlearner import METRIC_KEYS as ACTOR_LEARNER_KEYS
 from jaxppo.run.actorlearner import metric_keys as actor_learner_metric_keys
 from jaxppo.run.folder import RunFolder
 from jaxppo.run.progress import Reporter
@@ -474,10 +473,7 @@ def _history_from_rows(rows: list[dict], keys, seeds: int) -> dict[str, list]:
             arr = arr.astype(np.int64)
         elif k in ("env_steps", "episodes"):  # the dtypes the compiled program returns
             arr = arr.astype(np.int32)
-        elif (k in METRIC_KEYS or k in EVAL_METRIC_KEYS
-              or k.startswith(("pbt_", "hp_", "episode_return_mean/", "eval_return_mean/"))
-              or k in ACTOR_LEARNER_KEYS or k in ("win_rate", "eval_win_rate")
-              or k.endswith("_mean")):  # an env's episode values too
+        elif k not in ("wall_time", "sps"):  # every other metric: float32, as computed
             arr = arr.astype(np.float32)
         history[k].append(arr)
     return history

@@ -108,7 +108,7 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
         raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1 (or None for the "
                          "env's time limit)")
     bound = max_steps if max_steps is not None else policy.algorithm.eval_bound()
-    params, agents = policy.env_params, policy.agents
+    params, agents = policy.spec.eval_params, policy.agents  # as evaluation plays it
     reset, step = policy.jitted_env
     key = jax.random.PRNGKey(seed)
     out = []
