@@ -5,6 +5,7 @@ of the distribution parameters (which the rollout stores for the KL term).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable, NamedTuple, Sequence
 
@@ -237,11 +238,58 @@ class Conv(nn.Module):
         kernel = self.param("kernel", self.kernel_init, (k, k, x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
         if self.via == "xla":
-            return jax.lax.conv_general_dilated(
-                x, kernel, (self.stride, self.stride), self.padding,
-                dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
+            return xla_conv(x, kernel, self.stride, self.padding) + bias
         windows = _windows(x, k, self.stride, self.padding)
         return windows @ kernel.reshape(-1, self.features) + bias
+
+
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def xla_conv(x: jax.Array, kernel: jax.Array, stride: int = 1, padding: str = "SAME"):
+    """XLA's convolution of x [N, H, W, C] with kernel [k, k, C, O] ("SAME" or "VALID").
+
+    At stride 1 its gradients are convolutions in the one layout XLA's CPU backend runs
+    with its fast (Eigen) kernels. The gradients JAX derives are convolutions in other
+    layouts, which XLA rewrites into that one only outside loops: inside the update's scan
+    over minibatches it ran them with its generic loops, an IMPALA CNN's backward pass about
+    8x slower (docs/design.md). Same values up to float rounding."""
+    if stride != 1:
+        return jax.lax.conv_general_dilated(x, kernel, (stride, stride), padding,
+                                            dimension_numbers=_NHWC)
+    return _conv_s1(x, kernel, _same_pads(kernel.shape[0]) if padding == "SAME" else (0, 0))
+
+
+def _same_pads(k: int) -> tuple[int, int]:
+    """(before, after) padding of a "SAME" conv of kernel side k at stride 1, as XLA pads."""
+    return (k - 1) // 2, k - 1 - (k - 1) // 2
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _conv_s1(x, kernel, pads):
+    return jax.lax.conv_general_dilated(x, kernel, (1, 1), [pads, pads], dimension_numbers=_NHWC)
+
+
+def _conv_s1_fwd(x, kernel, pads):
+    return _conv_s1(x, kernel, pads), (x, kernel)
+
+
+def _conv_s1_bwd(pads, res, dy):
+    x, kernel = res
+    back = tuple(kernel.shape[0] - 1 - p for p in pads)
+    # d/dx: dy correlated with the kernel flipped in space, its in/out channels swapped,
+    # padded by what the forward conv's window reaches past each edge.
+    flipped = jnp.flip(kernel, (0, 1)).transpose(0, 1, 3, 2)
+    dx = jax.lax.conv_general_dilated(dy, flipped, (1, 1), [back, back],
+                                      dimension_numbers=_NHWC)
+    # d/dkernel[a, b, c, o] = sum over n, i, j of x_padded[n, i + a, j + b, c] dy[n, i, j, o]:
+    # a conv whose batch is the input channels and whose features are the examples.
+    dk = jax.lax.conv_general_dilated(x.transpose(3, 1, 2, 0), dy.transpose(1, 2, 0, 3),
+                                      (1, 1), [pads, pads], dimension_numbers=_NHWC)
+    return dx, dk.transpose(1, 2, 0, 3)
+
+
+_conv_s1.defvjp(_conv_s1_fwd, _conv_s1_bwd)
 
 
 def _windows(x: jax.Array, k: int, stride: int, padding: str) -> jax.Array:

@@ -100,6 +100,53 @@ def test_conv_is_flaxs_conv_either_way_it_is_computed(features, k, stride, paddi
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("k,stride,padding", [(3, 1, "SAME"), (4, 1, "SAME"), (1, 1, "SAME"),
+                                               (3, 1, "VALID"), (4, 2, "SAME")])
+def test_xla_conv_gradients_are_jaxs_own(k, stride, padding):
+    """xla_conv's value and both gradients (its own rule at stride 1) equal those JAX derives
+    for lax.conv_general_dilated."""
+    from jaxppo.core.networks import xla_conv
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 9, 7, 4))
+    w = jax.random.normal(jax.random.PRNGKey(1), (k, k, 4, 5))
+    ref = lambda x, w: _lax_conv(x, {"kernel": w, "bias": 0.0}, stride, padding)
+    y, vjp = jax.vjp(lambda x, w: xla_conv(x, w, stride, padding), x, w)
+    y_ref, vjp_ref = jax.vjp(ref, x, w)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    ct = jax.random.normal(jax.random.PRNGKey(2), y.shape)
+    for ours, theirs in zip(vjp(ct), vjp_ref(ct)):
+        assert ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_the_impala_cnns_gradient_in_a_scan_uses_xlas_fast_convolution_layout():
+    """Inside the update's scan over minibatches XLA's CPU backend runs a convolution with its
+    fast kernels only in one layout (input NHWC, kernel HWIO, output NHWC: b01f_01io->b01f),
+    and leaves the other layouts of JAX's own conv gradients to slow generic loops there.
+    Every convolution of a scanned IMPALA CNN gradient is in that layout."""
+    import re
+
+    from jaxppo.core.networks import ImpalaCNN
+
+    # 20x20 frames (stages of 10, 5, 3 pixels a side): with a stage of 2 or fewer XLA swaps
+    # the operands of the smallest convs, a layout of its own choosing
+    net = ImpalaCNN((20, 20, 2))
+    xs = jnp.zeros((2, 3, 20 * 20 * 2))
+    params = net.init(jax.random.PRNGKey(0), xs[0])
+    grad = jax.grad(lambda p, x: jnp.sum(net.apply(p, x) ** 2))
+
+    def steps(p, xs):
+        return jax.lax.scan(lambda p, x: (jax.tree.map(lambda a, g: a - g, p, grad(p, x)), None),
+                            p, xs)[0]
+
+    hlo = jax.jit(steps).lower(params, xs).compile().as_text()
+    layouts = re.findall(r"convolution\(.*dim_labels=([a-z0-9_>-]+)", hlo)
+    # 15 convs: forward, kernel gradient, and the input gradient of all but the first (its
+    # input is the observation)
+    assert len(layouts) == 15 + 15 + 14, layouts
+    assert set(layouts) == {"b01f_01io->b01f"}, sorted(set(layouts))
+
+
 def _atari_net(torso: str, shared: bool = True) -> ActorCritic:
     return ActorCritic(action_dim=4, discrete=True, torso=torso, obs_shape=(84, 84, 4),
                        shared_trunk=shared)
