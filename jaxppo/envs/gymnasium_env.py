@@ -232,18 +232,17 @@ def check_hosts(config, hosts: int) -> None:
             "host's cores), or change num_envs")
 
 
-def check_config(config, layout) -> None:
+def check_config(config) -> None:
     """Checks that the host loop (or the actor-learner) can run the config (a gymnasium
     env's or an envpool task's).
 
     Raises:
-      ConfigError: sync='batch' over several devices or hosts, population-based training,
-        or actor-learner options that do not fit.
+      ConfigError: sync='batch' over several devices, population-based training, or
+        actor-learner options that do not fit (on several hosts also `check_hosts`, once the
+        layout is known).
     """
     check_actor_options(config)
     where = f"env={config.env!r} steps in Python (host-loop mode)"
-    if getattr(layout, "num_processes", 1) > 1:
-        check_hosts(config, layout.num_processes)
     if config.pbt is not None:
         raise ConfigError(f"pbt={config.pbt!r}: {where}, where seeds train side by side but "
                           "population-based training (exploit and explore between members) "

@@ -111,7 +111,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     if config.network.custom:
         check_custom_network(config, spec, network)
     if spec.host_loop:  # jaxppo.run.hostloop, run.actorlearner
-        check_host_loop_config(config, layout)
+        check_host_loop_config(config)
     else:
         refuse_host_options(config)
     recurrent = networks.is_recurrent(network)
