@@ -849,10 +849,10 @@ def test_a_gymnasium_env_on_two_hosts_matches_one_process_and_resumes_with_actor
 @pytest.mark.slow
 def test_an_envpool_run_on_two_hosts_survives_a_killed_learner(cluster, compile_cache_dir,
                                                                tmp_path, caplog):
-    """envpool on 2 hosts; one learner's process is SIGKILLed after iteration 2: the group
-    restarts from the snapshot after it, with fresh envs as a resumed run has, and goes on to
-    the end with every iteration logged once: the numbers of one process stopped after
-    iteration 2 and resumed."""
+    """envpool on 2 hosts, each host's update split over 2 devices; one learner's process is
+    SIGKILLed after iteration 2: the group restarts from the snapshot after it, with fresh
+    envs as a resumed run has, and goes on to the end with every iteration logged once: the
+    numbers of one process (one device) stopped after iteration 2 and resumed."""
     cfg = _host_env_cfg(compile_cache_dir, env="envpool:CartPole-v1", num_seeds=1,
                         eval_every=0, checkpoint_every=0)
     single = tmp_path / "single"
@@ -866,10 +866,11 @@ def test_an_envpool_run_on_two_hosts_survives_a_killed_learner(cluster, compile_
 
     run = tmp_path / "hosts"
     with caplog.at_level(logging.INFO, logger="jaxppo.distributed"):
-        result = train_distributed(cfg, hosts=2, run_dir=run, progress=False, plot=False,
-                                   callback=on_rows)
+        result = train_distributed(cfg.replace(num_devices=2), hosts=2, run_dir=run,
+                                   progress=False, plot=False, callback=on_rows,
+                                   learner_env=TWO_DEVICES)
     assert killed and [f["iteration"] for f in result.host_failures] == [3]
-    assert result.hosts == 2 and result.completed
+    assert result.hosts == 2 and result.num_devices == 4 and result.completed
     assert any("restarting the group from the state after iteration 2 " in r.getMessage()
                for r in caplog.records)
     rows = _rows(run)
