@@ -284,8 +284,8 @@ class PPOConfig:
         check=cf.integer(0, " (0 = the synchronous host loop, e.g. 1 = actors at most one "
                          "update behind)"), section="envs stepped in Python")
     actor_threads: int | None = field(
-        None, "max_policy_lag >= 1: actor threads, each stepping num_envs / actor_threads envs; "
-        "null = from the machine's cores (one left to the learner)",
+        None, "max_policy_lag >= 1: actor threads (on each host), each stepping num_envs / "
+        "(hosts x actor_threads) envs; null = from the machine's cores (one left to the learner)",
         check=cf.optional(cf.integer(1, ", e.g. 2 (or null: chosen from the cores)")))
     rollout_timeout: float | None = field(
         None, "max_policy_lag >= 1: seconds the learner waits for an actor's rollout before "

@@ -7,7 +7,9 @@ or, on a running cluster, `ray job submit ... -- python -m jaxppo.distributed --
 Ray places the learners (a STRICT_SPREAD placement group), hands them host 0's coordinator
 address for `jax.distributed.initialize`, watches them and restarts the group from the last
 chunk's state when one dies; XLA all-reduces gradients and statistics inside the compiled
-iteration, exactly as `pmap` does over one host's devices.
+iteration, exactly as `pmap` does over one host's devices. An env that steps in Python
+(gymnasium, envpool) runs in each host's own host loop on that host's share of the envs, the
+update all-reduced over every host's devices.
 
 This subpackage is the only place that imports Ray, and it does so on first use: importing
 `jaxppo` (or single-host training) never loads it.

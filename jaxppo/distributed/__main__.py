@@ -26,7 +26,9 @@ def _build_parser() -> argparse.ArgumentParser:
             "RAY_ADDRESS (a submitted job has it), else a cluster running on this machine "
             "(`make ray-cluster`, `ray start`), else starts a private loopback cluster of "
             "--hosts nodes for the run. num_envs is the global env count (split evenly over "
-            "hosts x devices). "
+            "hosts x devices). An env that steps in Python (gymnasium:<id>, envpool:<task>) "
+            "steps each host's share of the envs in that host's own host loop (or actor "
+            "threads, max_policy_lag >= 1); the update is all-reduced over the hosts. "
             f"Config precedence as in `jaxppo train`: {command.PRECEDENCE}."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

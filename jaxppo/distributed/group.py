@@ -29,6 +29,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jaxppo.core.algorithm import Algorithm
+from jaxppo.envs.gymnasium_env import check_hosts as check_host_loop_hosts
 from jaxppo.errors import ConfigError
 from jaxppo.program.shards import join_parts, shard_state
 from jaxppo.program.layout import Layout
@@ -75,7 +76,8 @@ def split_problem(resolved: Resolved, hosts: int) -> HostsConfigError | None:
     """Why the run cannot be split over `hosts` hosts, or None when it can.
 
     Every host owns the same number of envs (PBT runs included); then `jaxppo.resolve`'s
-    check for a layout of one shard per host applies.
+    check for a layout of one shard per host applies, and for an env that steps in Python
+    the host loop's (`jaxppo.envs.gymnasium_env.check_hosts`).
     """
     n = resolved.config.num_envs
     if n % hosts:
@@ -87,6 +89,8 @@ def split_problem(resolved: Resolved, hosts: int) -> HostsConfigError | None:
             f"host must own the same number of envs. Use hosts from {divisors}, or set "
             f"num_envs to a multiple of {hosts} (e.g. --set num_envs={envs_hint})")
     try:
+        if resolved.host_loop:  # each host steps its share of the envs in Python
+            check_host_loop_hosts(resolved.config, hosts)
         resolved.with_layout(Layout(1, hosts))
     except ConfigError as e:
         return HostsConfigError(str(e))
@@ -188,6 +192,17 @@ class HostGroup:
             nxt = min(until, self.learners_at + self.chunk_len)
             self._call_all("train_chunk", self.learners_at, nxt, False)
             self.learners_at = nxt
+
+    @property
+    def layout_note(self) -> str | None:
+        """For an env that steps in Python, where it steps and acts (the layout line's note)."""
+        if not self.resolved.host_loop:
+            return None
+        cfg, hosts = self.config, self.hosts or self.requested
+        lag = (f"; actor threads on each host, max_policy_lag {cfg.max_policy_lag}"
+               if cfg.max_policy_lag else "")
+        return (f"each host steps its {cfg.num_envs // hosts} envs in Python and acts on one "
+                f"device{lag}")
 
     @property
     def population(self) -> bool:

@@ -1,5 +1,6 @@
 """`train_distributed`: one PPO run over several Ray hosts, through `jaxppo.run.train.train_with`
-(the checks, resume, run folder and loop of `jaxppo.train`), with a `HostGroup` as its runner;
+(the checks, resume, run folder and loop of `jaxppo.train`), with a `HostGroup` as its runner
+(an env that steps in Python: each host steps its share of the envs in its own host loop);
 and `train_from_command`, the driver behind `python -m jaxppo.distributed` and `jaxppo train
 --hosts`."""
 

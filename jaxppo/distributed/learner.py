@@ -2,6 +2,9 @@
 
 Every host runs the same compiled chunk (jaxppo.program) over an axis that spans all hosts'
 devices; gradients and statistics are all-reduced inside it by XLA (gloo on CPU, NCCL on GPU).
+An env that steps in Python runs in each host's own host loop (jaxppo.run.hostloop, or the
+actor-learner's threads with max_policy_lag >= 1) on that host's share of the envs; the
+learners' update is one program over every host's devices, all-reduced as the chunk's is.
 The learner is a Ray actor started by jaxppo.distributed.group, but nothing here needs Ray
 except `info` and `coordinator_address`, which ask Ray for the node's address.
 """
@@ -25,6 +28,8 @@ from jax.experimental import multihost_utils
 from jaxppo import cpu_devices
 from jaxppo.distributed import loopback
 from jaxppo.distributed.cluster import quiet_library_logs
+from jaxppo.run.actorlearner import ActorLearnerRunner
+from jaxppo.run.hostloop import HostLoopRunner
 from jaxppo.run.runner import ChunkRunner
 from jaxppo.program.build import build_program
 from jaxppo.program.resolved import resolve
@@ -154,8 +159,13 @@ class HostLearner:
         t0 = time.perf_counter()
         enable_compilation_cache(self.config.compilation_cache_dir)
         with _checked_by_driver():
-            program = build_program(self.resolved, self.hp, chunk_len)
-        self.runner = ChunkRunner(program, self.hp, jax.random.PRNGKey(self.config.seed), restored)
+            if self.resolved.host_loop:
+                host = ActorLearnerRunner if self.config.max_policy_lag else HostLoopRunner
+                self.runner = host(self.resolved, self.hp, restored)
+            else:
+                program = build_program(self.resolved, self.hp, chunk_len)
+                self.runner = ChunkRunner(program, self.hp, jax.random.PRNGKey(self.config.seed),
+                                          restored)
         multihost_utils.sync_global_devices("jaxppo learners ready")
         if self.resolved.layout.num_processes > 1 and jax.default_backend() == "cpu":
             self.collectives = loopback.quiet_gloo_poller()
@@ -173,7 +183,10 @@ class HostLearner:
         return self.runner.local_part(replicated=self.host_index == 0)
 
     def leave(self) -> None:
-        """Leave the jax.distributed group (every host calls it together)."""
+        """Close the runner (a host loop's envs and actor threads), then leave the
+        jax.distributed group (every host calls it together)."""
+        if self.runner is not None:
+            self.runner.close()
         jax.distributed.shutdown()
 
     def stats(self) -> dict:

@@ -206,18 +206,43 @@ def check_actor_options(config) -> None:
             "to choose from the cores), or change num_envs")
 
 
-def check_config(config, layout) -> None:
+def check_hosts(config, hosts: int) -> None:
+    """Checks that the host loop (or the actor-learner) can run the config on `hosts` hosts,
+    each stepping num_envs / hosts of the envs (its actor threads a share of those).
+
+    Raises:
+      ConfigError: sync='batch' on several hosts, or actor threads that do not split a
+        host's envs evenly.
+    """
+    if hosts <= 1:
+        return
+    where = f"env={config.env!r} steps in Python (host-loop mode)"
+    if config.sync == "batch":
+        raise ConfigError(
+            f"sync='batch' with {hosts} hosts: {where}, and each host's learner updates on its "
+            "own envs' rollout with every minibatch's gradient all-reduced over the hosts; use "
+            "sync='gradients' (the default)")
+    per, threads = config.num_envs // hosts, config.actor_threads
+    if config.max_policy_lag and threads is not None and per % threads:
+        fits = [d for d in range(1, per + 1) if per % d == 0]
+        raise ConfigError(
+            f"actor_threads={threads} does not divide the {per} envs of each of {hosts} hosts "
+            f"(num_envs={config.num_envs} / {hosts}): every host runs actor_threads threads of "
+            f"the same number of envs; use actor_threads in {fits} (or null to choose from each "
+            "host's cores), or change num_envs")
+
+
+def check_config(config) -> None:
     """Checks that the host loop (or the actor-learner) can run the config (a gymnasium
     env's or an envpool task's).
 
     Raises:
-      ConfigError: hosts, sync='batch' over several devices, population-based training,
-        or actor-learner options that do not fit.
+      ConfigError: sync='batch' over several devices, population-based training, or
+        actor-learner options that do not fit (on several hosts also `check_hosts`, once the
+        layout is known).
     """
     check_actor_options(config)
     where = f"env={config.env!r} steps in Python (host-loop mode)"
-    if layout == "hosts" or getattr(layout, "num_processes", 1) > 1:
-        raise ConfigError(f"{where}: it trains in one process; multi-host training needs a gymnax env")
     if config.pbt is not None:
         raise ConfigError(f"pbt={config.pbt!r}: {where}, where seeds train side by side but "
                           "population-based training (exploit and explore between members) "

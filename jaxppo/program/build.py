@@ -75,7 +75,7 @@ def build_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Progra
         init = jax.jit(lambda root, hp: init_dev(root, hp, 0))
         compiled = jax.jit(chunk_dev, donate_argnums=0)
     else:
-        devices = _program_devices(layout)
+        devices = program_devices(layout)
         pinit = jax.pmap(init_dev, axis_name=AXIS, in_axes=(None, None, 0), devices=devices)
         first = layout.first_shard
         init = lambda root, hp: pinit(root, hp, jnp.arange(first, first + layout.local_devices))  # noqa: E731
@@ -93,7 +93,7 @@ def _population_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> 
     seeds = resolved.config.num_seeds
     # A member's envs are one shard.
     algo = Algorithm.create(dataclasses.replace(resolved, layout=Layout()))
-    devices = _program_devices(layout)
+    devices = program_devices(layout)
     init = _whole_runs_init(algo, layout, seeds, is_batched(hp, seeds), devices)
     compiled = jax.pmap(_population_chunk(algo, chunk_len, AXIS), axis_name=AXIS,
                         in_axes=(0, None, None, None), devices=devices, donate_argnums=0)
@@ -117,7 +117,7 @@ def _seeds_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Progr
                         in_axes=(0, 0 if batched else None))(
             state, _own_slice(hp, batched, first, local))
 
-    devices = _program_devices(layout)
+    devices = program_devices(layout)
     init = _whole_runs_init(algo, layout, seeds, batched, devices)
     compiled = jax.pmap(chunk_dev, axis_name=AXIS, in_axes=(0, None, None, None),
                         devices=devices, donate_argnums=0)
@@ -265,7 +265,7 @@ def _own_slice(hp: HyperParams, batched: bool, first, local: int) -> HyperParams
     return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, first, local), hp)
 
 
-def _program_devices(layout: Layout) -> list:
+def program_devices(layout: Layout) -> list:
     """The devices the pmap spans, in shard order: each process's first local_devices."""
     if layout.num_processes == 1:
         return jax.local_devices()[:layout.local_devices]

@@ -139,15 +139,18 @@ def learner_layout(config: PPOConfig) -> Layout:
     return local_layout(config)
 
 
-def host_layout(config: PPOConfig, recurrent: bool = False) -> Layout:
+def host_layout(config: PPOConfig, recurrent: bool = False, host_loop: bool = False) -> Layout:
     """Every process's layout in a jax.distributed group: the envs (PBT: members) over
     num_devices local devices of each. "auto" takes every local device, except on a CPU
     whose devices are jaxppo's own (one per core): there, as many as pay for the envs
-    (`auto_layout`, counting every host's)."""
+    (`auto_layout`, counting every host's); and for an env that steps in Python
+    (`host_loop`), one learner device per host, as `learner_layout` keeps one."""
     available = jax.local_device_count()
     hosts = jax.process_count()
     n = config.num_devices
-    if is_auto_devices(n):
+    if is_auto_devices(n) and host_loop:
+        n = 1
+    elif is_auto_devices(n):
         n = available
         if jax.default_backend() == "cpu" and cpu_devices.status["action"] == "set":
             if config.pbt is not None:

@@ -27,6 +27,7 @@ from jaxppo.envs.record import listed
 from jaxppo.errors import ConfigError, warn
 from jaxppo.core.evaluation import eval_max_steps
 from jaxppo.envs.gymnasium_env import check_config as check_host_loop_config
+from jaxppo.envs.gymnasium_env import check_hosts as check_host_loop_hosts
 from jaxppo.envs.gymnasium_env import refuse_host_options
 from jaxppo.envs.transforms import reward_hooks
 from jaxppo.program.layout import (Layout, check_minibatches, check_split, describe_layout,
@@ -109,8 +110,8 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     network = networks.make_network(config, spec, module)
     if config.network.custom:
         check_custom_network(config, spec, network)
-    if spec.host_loop:  # one process (jaxppo.run.hostloop, run.actorlearner)
-        check_host_loop_config(config, layout)
+    if spec.host_loop:  # jaxppo.run.hostloop, run.actorlearner
+        check_host_loop_config(config)
     else:
         refuse_host_options(config)
     recurrent = networks.is_recurrent(network)
@@ -125,7 +126,9 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     elif layout == "local":
         layout = (learner_layout(config) if spec.host_loop else local_layout(config, recurrent))
     elif layout == "hosts":
-        layout = host_layout(config, recurrent)
+        layout = host_layout(config, recurrent, spec.host_loop)
+    if spec.host_loop:  # each host steps its share of the envs
+        check_host_loop_hosts(config, layout.num_processes)
     check_split(config, layout)
     try:
         check_minibatches(config, recurrent, layout, spec.num_agents)

@@ -71,17 +71,19 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def actor_threads(config, cores: int | None = None) -> tuple[int, str]:
+def actor_threads(config, cores: int | None = None, hosts: int = 1) -> tuple[int, str]:
     """(actor threads, why): the config's, or with actor_threads null the most that divide
-    num_envs and leave one of the cores to the learner."""
+    this host's envs (num_envs / hosts) and leave one of the cores to the learner."""
     if config.actor_threads is not None:
         return config.actor_threads, f"actor_threads={config.actor_threads}"
     cores = available_cores() if cores is None else cores
     most = max(1, cores - 1)
-    threads = max(d for d in range(1, min(most, config.num_envs) + 1) if config.num_envs % d == 0)
+    envs = config.num_envs // hosts
+    threads = max(d for d in range(1, min(most, envs) + 1) if envs % d == 0)
+    mine = (f"num_envs={config.num_envs}" if hosts == 1 else
+            f"this host's {envs} envs (num_envs={config.num_envs} / {hosts} hosts)")
     return threads, (f"actor_threads null: {cores} core{'s' if cores > 1 else ''}, one left to "
-                     "the learner" + (f", {threads} dividing num_envs={config.num_envs}"
-                                      if threads < most else ""))
+                     "the learner" + (f", {threads} dividing {mine}" if threads < most else ""))
 
 
 @dataclasses.dataclass
@@ -214,7 +216,7 @@ class ActorLearnerRunner(HostLoopRunner):
                  keys: jax.Array | None = None):
         cfg = resolved.config
         self.max_lag = cfg.max_policy_lag
-        self.threads, why = actor_threads(cfg)
+        self.threads, why = actor_threads(cfg, hosts=resolved.layout.num_processes)
         self.actors: list[Actor] = []
         self._stop = threading.Event()
         self._shared: _Shared | None = None
@@ -226,23 +228,33 @@ class ActorLearnerRunner(HostLoopRunner):
         self.stop_check: Callable[[], bool] | None = None
         self._may_stop = False
         super().__init__(resolved, hp, restored, keys)
-        per = cfg.num_envs // self.threads
+        per = cfg.num_envs // self.hosts // self.threads
         self.layout_note = (f"actor-learner: {self.threads} actor thread"
                             f"{'s' if self.threads > 1 else ''} x {per} envs"
                             f"{' of each seed' if self.seeded else ''} ({why}), "
                             f"max_policy_lag {self.max_lag}"
                             + (f", acting on one device, the update split over {self.shards}"
                                if self.shards > 1 else ""))
-        state = self.learner.unsharded(self.state)
-        self._envs_after = (np.asarray(state.last_obs), *(np.asarray(x) for x in (
-            state.discounted_return, state.episode_return, state.episode_length)))
+        if self.hosts == 1:
+            state = self.learner.unsharded(self.state)
+            self._envs_after = (np.asarray(state.last_obs), *(np.asarray(x) for x in (
+                state.discounted_return, state.episode_return, state.episode_length)))
+        else:  # this host's envs, as they start
+            obs = self._joined_obs()
+            zeros = np.zeros(obs.shape[:self._env_axis + 1], np.float32)
+            self._envs_after = (obs, zeros, zeros.copy(), zeros.astype(np.int32))
 
     def _open_envs(self, seeds: list[list[int]]) -> np.ndarray:
         per = len(seeds[0]) // self.threads
         for a in range(self.threads):  # close() closes those made when one fails
-            ids = np.arange(a * per, (a + 1) * per, dtype=np.int32)
+            first = self.env_lo + a * per  # global ids
+            ids = np.arange(first, first + per, dtype=np.int32)
             rollout = open_rollout(self.algorithm, [s[a * per:(a + 1) * per] for s in seeds])
             self.actors.append(Actor(a, rollout, ids, self.max_lag))
+        return self._joined_obs()
+
+    def _joined_obs(self) -> np.ndarray:
+        """Every actor's envs' observations, joined along the envs [S?, E/hosts, ...]."""
         return np.concatenate([a.rollout.obs for a in self.actors], axis=self._env_axis)
 
     @property
@@ -372,13 +384,12 @@ class ActorLearnerRunner(HostLoopRunner):
                          f"raised this {what}; the run stopped. Where: {where}")
             raise err
 
-    def snapshot(self) -> TrainState:
-        """The learner state after the last update, as numpy, with the envs' observations and
-        episode trackers after the rollouts it learned from (which a resume does not use: it
-        restarts the envs)."""
+    def _trackers(self) -> dict:
+        """The envs' observations and episode trackers after the rollouts the last update
+        learned from (which a resume does not use: it restarts the envs)."""
         last_obs, disc, ret, length = (x.copy() for x in self._envs_after)
-        return self.learner.unsharded(self.state).replace(
-            last_obs=last_obs, discounted_return=disc, episode_return=ret, episode_length=length)
+        return dict(last_obs=last_obs, discounted_return=disc, episode_return=ret,
+                    episode_length=length)
 
     def close(self) -> None:
         """Stop the actor threads, join them, then close every env."""

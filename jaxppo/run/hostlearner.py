@@ -8,6 +8,11 @@ statistics, KL coefficient, key, counters); the update's collectives are the com
 from global env ids), so it equals the one-device update up to float rounding. Acting reads
 device 0's copy (`replica`). Snapshots are in the unsharded layout
 (`jaxppo.program.shards`), so a run resumes on any device count.
+
+On several hosts (a multi-process layout, after `jax.distributed.initialize`) the pmap spans
+every host's devices in shard order, as the compiled multi-host program's does, and each
+process feeds its own devices: its envs' rollout [T, E/hosts] cut over them and its shards of
+the state; the collectives all-reduce over every host's.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm, TrainState, Transition
 from jaxppo.core.collectives import env_axes
 from jaxppo.core.hyperparams import HyperParams
-from jaxppo.program.build import AXIS
+from jaxppo.program.build import AXIS, program_devices
 from jaxppo.program.resolved import Resolved
-from jaxppo.program.shards import shard_state, to_unsharded
+from jaxppo.program.shards import local_part, shard_state, to_unsharded
 
 
 def _over_seeds(fn, seeded: bool, in_axes):
@@ -37,6 +42,7 @@ class Learner:
     def __init__(self, resolved: Resolved, hp: HyperParams, seeded: bool, hp_axis: int | None):
         self.layout = resolved.layout
         self.shards = n = resolved.layout.shards
+        self.local = resolved.layout.local_devices  # the shards this process feeds
         self.seeded = seeded
         self.num_seeds = resolved.config.num_seeds
         self.hp = hp
@@ -46,7 +52,7 @@ class Learner:
         if n == 1:
             self._update = jax.jit(update)
         else:
-            self.devices = jax.local_devices()[:n]
+            self.devices = program_devices(self.layout)
             self._update = jax.pmap(update, axis_name=AXIS, in_axes=(0, 0, None, 0, 0),
                                     devices=self.devices)
 
@@ -55,6 +61,9 @@ class Learner:
         if self.shards == 1:
             return jax.tree.map(jnp.asarray, state)
         full = shard_state(jax.device_get(state), self.shards, self.num_seeds)
+        if self.layout.num_processes > 1:  # this process's shards
+            first = self.layout.first_shard
+            full = jax.tree.map(lambda x: x[first:first + self.local], full)
         return jax.pmap(lambda s: s, devices=self.devices)(full)  # placed as pmap places
 
     def replica(self, state: TrainState) -> TrainState:
@@ -72,13 +81,23 @@ class Learner:
             return jax.device_get(state)
         return to_unsharded(state, self.layout, self.num_seeds)
 
+    def local_part(self, state: TrainState, replicated: bool = True) -> TrainState:
+        """This process's shards of the state as numpy [local_devices, S?, ...]
+        (`jaxppo.program.shards.local_part`: the replicated fields None unless `replicated`)."""
+        return local_part(state, self.layout, replicated)
+
     def _args(self, state: TrainState, traj: Transition) -> tuple:
         if self.shards > 1:
-            traj = shard_rollout(traj, self.shards, self.seeded)
+            traj = shard_rollout(traj, self.local, self.seeded)
         return state, traj, self.hp, state.env_steps, state.obs_stats
 
     def compile(self, state: TrainState, traj: Transition) -> None:
-        """Compile the update for this state and a rollout shaped as `traj`."""
+        """Compile the update for this state and a rollout shaped as `traj`. Across
+        processes pmap's ahead-of-time lowering takes global shapes while calls pass each
+        process's part, so every host compiles it by calling it (the result is dropped)."""
+        if self.layout.num_processes > 1:
+            jax.block_until_ready(self._update(*self._args(state, traj)))
+            return
         self._update = self._update.lower(*self._args(state, traj)).compile()
 
     def update(self, state: TrainState, traj: Transition, rng: jax.Array | None = None):
@@ -86,10 +105,14 @@ class Learner:
         replaces the state's key first. Metrics are one device's (they are global)."""
         if rng is not None:
             if self.shards > 1:
-                rng = np.broadcast_to(np.asarray(rng), (self.shards,) + rng.shape)
+                rng = np.broadcast_to(np.asarray(rng), (self.local,) + rng.shape)
             state = state.replace(rng=rng)
         state, metrics = self._update(*self._args(state, traj))
-        return state, metrics if self.shards == 1 else jax.tree.map(lambda x: x[0], metrics)
+        if self.shards == 1:
+            return state, metrics
+        if self.layout.num_processes > 1:  # this process's first device's copy
+            return state, jax.tree.map(lambda x: x.addressable_shards[0].data[0], metrics)
+        return state, jax.tree.map(lambda x: x[0], metrics)
 
 
 def shard_rollout(traj: Transition, shards: int, seeded: bool) -> Transition:
@@ -102,8 +125,14 @@ def shard_rollout(traj: Transition, shards: int, seeded: bool) -> Transition:
         x = np.asarray(x)
         if axis < 0:
             return np.broadcast_to(x, (shards,) + x.shape)
-        axis += lead
-        x = x.reshape(x.shape[:axis] + (shards, x.shape[axis] // shards) + x.shape[axis + 1:])
-        return np.moveaxis(x, axis, 0)
+        return split_envs(x, shards, lead + axis)
 
     return jax.tree.map(split, traj, env_axes(traj))
+
+
+def split_envs(x, shards: int, axis: int) -> np.ndarray:
+    """An array (numpy) with envs along `axis` as [shards, ..., E/shards, ...]: shard d holds
+    envs d*E/shards.. in global order."""
+    x = np.asarray(x)
+    x = x.reshape(x.shape[:axis] + (shards, x.shape[axis] // shards) + x.shape[axis + 1:])
+    return np.moveaxis(x, axis, 0)

@@ -26,6 +26,14 @@ With an integer num_devices the update is split over this host's devices
 (`jaxppo.run.hostlearner.Learner`: the rollout cut along its envs, the compiled path's
 collectives); acting reads one device's copy of the params.
 
+On several hosts (`jaxppo.distributed`: one runner in each host's learner process, the
+processes one jax.distributed group) host h steps envs h*E/H..(h+1)*E/H - 1 of the global
+num_envs E, reset with the seeds one process gives those env ids and acting with the noise of
+those ids, with its copy of the params; the update runs over every host's devices, each
+feeding its envs' rollout. The first learner state is built on every host from every host's
+first observations (gathered), as one process builds it. So H hosts give one process's
+numbers (to float rounding). Only host 0 evaluates (its metrics are the run's).
+
 Checkpoints hold the learner state (params, optimiser, statistics, KL coefficient, random
 key, counters; [num_seeds, ...] with several seeds; unsharded whatever the device count); a gymnasium env's state cannot be saved,
 so a resumed run restarts its envs (fresh episodes, reset from a seed derived from each seed's
@@ -40,6 +48,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxppo.core import ppo
 from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, Transition, TrainState
@@ -49,7 +58,7 @@ from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS
 from jaxppo.program.build import is_batched
 from jaxppo.program.resolved import Resolved
-from jaxppo.run.hostlearner import Learner
+from jaxppo.run.hostlearner import Learner, split_envs
 
 
 def _env_seeds(key: jax.Array, n: int) -> list[int]:
@@ -75,7 +84,10 @@ def seed_keys(config) -> jax.Array:
 
 def iteration_of(state: TrainState) -> int:
     """The iterations a learner state has done (every seed's state has done as many)."""
-    return int(np.ravel(np.asarray(state.iteration))[0])
+    it = state.iteration
+    if isinstance(it, jax.Array) and not it.is_fully_addressable:  # split over hosts
+        it = it.addressable_shards[0].data
+    return int(np.ravel(np.asarray(it))[0])
 
 
 def over_seeds(fn, seeded: bool, in_axes):
@@ -386,6 +398,11 @@ class HostLoopRunner:
         h_axis = hp_axis(hp, cfg)
         self.layout = resolved.layout
         self.shards = resolved.layout.shards
+        # This process's envs of the global num_envs (all but on several hosts).
+        self.hosts = resolved.layout.num_processes
+        per = cfg.num_envs // self.hosts
+        self.env_lo = resolved.layout.process_index * per
+        self.env_hi = self.env_lo + per
         # Split over devices, the params come back one copy per device (as the compiled path's).
         self.params_replicated = self.shards > 1
         if self.shards > 1:
@@ -399,9 +416,11 @@ class HostLoopRunner:
         start = 0 if restored is None else iteration_of(restored)
         try:
             # A resumed run restarts its envs from seeds of its own: the env state was not saved.
-            obs = self._open_envs([env_seeds(cfg, start, k) for k in self.keys])
+            obs = self._open_envs([env_seeds(cfg, start, k)[self.env_lo:self.env_hi]
+                                   for k in self.keys])
             self.learner = Learner(resolved, hp, seeded, h_axis)
             if restored is None:
+                obs = self._every_hosts_obs(obs)
                 self.state = self.learner.place(jax.jit(init_fn(algo, hp))(self.keys, obs))
             else:
                 self.state = self.learner.place(restored)
@@ -422,6 +441,15 @@ class HostLoopRunner:
         self.rollout = open_rollout(self.algorithm, seeds)
         return self.rollout.obs
 
+    def _every_hosts_obs(self, obs: np.ndarray) -> np.ndarray:
+        """Every env's first observation [S?, E, ...] in global env order, from this host's
+        [S?, E/hosts, ...]: gathered from every host when several (a fresh learner state's
+        observation statistics are over every env's)."""
+        if self.hosts == 1:
+            return obs
+        every = multihost_utils.process_allgather(np.asarray(obs))  # [hosts, S?, E/hosts, ...]
+        return np.concatenate(list(np.asarray(every)), axis=1 if self.seeded else 0)
+
     def acting_state(self) -> TrainState:
         """The learner state as acting reads it (params, statistics, key, counters): one
         device's copy."""
@@ -441,7 +469,8 @@ class HostLoopRunner:
 
     @property
     def _env_ids(self) -> np.ndarray:
-        return np.arange(self.config.num_envs, dtype=np.int32)
+        """The global ids of this process's envs."""
+        return np.arange(self.env_lo, self.env_hi, dtype=np.int32)
 
     # ------------------------------------------------------------------ the Runner protocol
     def iterate(self) -> tuple[dict, Transition]:
@@ -464,7 +493,9 @@ class HostLoopRunner:
         """Iteration `it`'s metrics with eval_* (NaN unless an evaluation is due)."""
         cfg, metrics = self.config, dict(metrics)
         if cfg.eval_every:
-            due = it % cfg.eval_every == 0 or it == cfg.num_iterations
+            # On several hosts host 0's metrics are the run's: only it evaluates.
+            due = ((it % cfg.eval_every == 0 or it == cfg.num_iterations)
+                   and self.layout.process_index == 0)
             metrics.update(self._evaluate() if due else
                            {k: np.full(self._seed_shape, np.nan, np.float32)
                             for k in EVAL_METRIC_KEYS})
@@ -504,13 +535,26 @@ class HostLoopRunner:
                          "eval_length_mean": np.float32(lengths.mean())})
         return rows[0] if not self.seeded else {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
-    def snapshot(self) -> TrainState:
-        """The learner state after the last iteration, as numpy (with the envs' observations
-        and episode trackers, which a resume does not use: it restarts the envs)."""
+    def _trackers(self) -> dict:
+        """This process's envs' observations and episode trackers [S?, E/hosts] (numpy), as
+        the TrainState fields snapshots hold them in (a resume does not use them: it restarts
+        the envs)."""
         r = self.rollout
-        return self.learner.unsharded(self.state).replace(
-            last_obs=r.obs.copy(), discounted_return=r.discounted_return.copy(),
-            episode_return=r.episode_return.copy(), episode_length=r.episode_length.copy())
+        return dict(last_obs=r.obs.copy(), discounted_return=r.discounted_return.copy(),
+                    episode_return=r.episode_return.copy(), episode_length=r.episode_length.copy())
+
+    def snapshot(self) -> TrainState:
+        """The learner state after the last iteration, as numpy, with the envs' observations
+        and episode trackers (one process holding every env)."""
+        return self.learner.unsharded(self.state).replace(**self._trackers())
+
+    def local_part(self, replicated: bool = True) -> TrainState:
+        """This process's shards of the state after the last iteration, as numpy
+        [local_devices, S?, ...] (`jaxppo.program.shards.local_part`), with its envs'
+        trackers: what a host hands the driver, which joins every host's."""
+        part = self.learner.local_part(self.state, replicated)
+        return part.replace(**{k: split_envs(v, self.learner.local, int(self.seeded))
+                               for k, v in self._trackers().items()})
 
     def final_state(self) -> TrainState:
         """The learner state as the update left it (device arrays; split over devices, the

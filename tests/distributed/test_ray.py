@@ -762,6 +762,134 @@ def test_corrupt_checkpoint_is_a_clear_error_and_nothing_changes(ray_runs, tmp_p
     assert _folder_digest(run) == before
 
 
+# ---------------------------------------------------------------------- envs that step in Python
+# A gymnasium or envpool env steps in each host's own host loop (or actor threads) on its share
+# of the envs, and the learners' update spans every host's devices. Each 2-host run below is
+# compared with one process at the same global num_envs, stopped and resumed (or restarted)
+# at the same iteration: a resumed host loop restarts its envs, the same way on any layout.
+HOST_ENV_STOP = 2
+
+
+def _host_env_cfg(cache_dir, **kw):
+    # 2 seeds (one vector env per seed on each host), every global statistic of the first
+    # learner state in play (the first observations of every host's envs), evaluation on host
+    # 0, checkpoints every 2 iterations.
+    base = dict(env="gymnasium:CartPole-v1", num_seeds=2, total_timesteps=4 * 16 * 4,
+                checkpoint_every=2, normalize_observations=True, normalize_rewards=True,
+                eval_every=2, eval_episodes=2)
+    base.update(kw)
+    return tiny(cache_dir, **base)
+
+
+def _assert_same_rows(multi_dir: Path, single_dir: Path, keys=COMPARED) -> None:
+    from jaxppo.run.checkpoints import load_params_dict
+
+    multi, single = _rows(multi_dir), _rows(single_dir)
+    assert [(r["iteration"], r.get("seed")) for r in multi] == [(r["iteration"], r.get("seed"))
+                                                                for r in single]
+    for a, b in zip(multi, single):
+        for k in keys:  # None: not logged in that row (no evaluation; before the lag was set)
+            expected = None if b.get(k) is None else pytest.approx(b[k], rel=1e-4, abs=1e-6)
+            assert a.get(k) == expected, (a["iteration"], k)
+    pm = load_params_dict(multi_dir / "params.msgpack")["params"]
+    ps = load_params_dict(single_dir / "params.msgpack")["params"]
+    for a, b in zip(jax.tree.leaves(pm), jax.tree.leaves(ps)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def host_env_runs(cluster, compile_cache_dir, tmp_path_factory):
+    """A gymnasium env on 2 hosts stopped after HOST_ENV_STOP iterations (synchronous host
+    loop), then resumed through `jaxppo train --hosts 2 --resume` with max_policy_lag=1 (actor
+    threads on each host); and the same in one process."""
+    from jaxppo import cli
+
+    base = tmp_path_factory.mktemp("host-env")
+    cfg = _host_env_cfg(compile_cache_dir)
+    resume = ["--set", "max_policy_lag=1", "--no-progress", "--no-plot"]
+    single = jaxppo.train(cfg, run_dir=base / "single", progress=False, plot=False,
+                          stop_after_iterations=HOST_ENV_STOP)
+    single_rc = cli.main(["train", "--resume", str(base / "single"), *resume])
+    part = train_distributed(cfg, hosts=2, run_dir=base / "hosts", progress=False, plot=False,
+                             stop_after_iterations=HOST_ENV_STOP)
+    rows_before = _rows(base / "hosts")
+    rc = cli.main(["train", "--hosts", "2", "--resume", str(base / "hosts"), *resume])
+    return SimpleNamespace(base=base, cfg=cfg, single=single, part=part, rc=rc,
+                           single_rc=single_rc, rows_before=rows_before)
+
+
+def test_a_gymnasium_env_on_two_hosts_matches_one_process_and_resumes_with_actor_threads(
+        host_env_runs):
+    """2 hosts x 2 gymnasium envs (of each of 2 seeds) == 1 process x 4 envs: every metric and
+    the final params, through a stop, a resume from the command line and a switch to the
+    actor-learner (max_policy_lag 1: after the resume's first update, every rollout is played
+    with the params of the update before, on each host)."""
+    from jaxppo.run.checkpoints import CheckpointStore
+
+    r = host_env_runs
+    assert r.part.hosts == 2 and r.part.num_devices == 2 and r.part.iterations_done == 2
+    assert "each host steps its 2 envs in Python" in r.part.layout
+    assert [row["iteration"] for row in r.rows_before] == [1, 1, 2, 2]
+    assert r.rc == 0 and r.single_rc == 0
+    rows = _rows(r.base / "hosts")
+    assert [row["iteration"] for row in rows] == [1, 1, 2, 2, 3, 3, 4, 4]  # each once
+    assert [row.get("policy_lag") for row in rows[4:]] == [0, 0, 1, 1]
+    assert all(np.isfinite(row["eval_return_mean"]) for row in rows if row["iteration"] % 2 == 0)
+    _assert_same_rows(r.base / "hosts", r.base / "single",
+                      COMPARED + ("eval_return_mean", "policy_lag"))
+    with CheckpointStore(r.base / "hosts", read_only=True) as store:
+        state, meta = store.restore(4)
+    assert meta["hosts"] == 2 and meta["state_layout"] == "unsharded"
+    # The learner state unsharded: every seed's envs in global order.
+    np.testing.assert_array_equal(np.asarray(state["env_ids"]), np.tile(np.arange(4), (2, 1)))
+    summary = json.loads((r.base / "hosts" / "summary.json").read_text())
+    assert summary["completed"] and summary["hosts"] == 2 and summary["envs_per_host"] == 2
+
+
+@pytest.mark.slow
+def test_an_envpool_run_on_two_hosts_survives_a_killed_learner(cluster, compile_cache_dir,
+                                                               tmp_path, caplog):
+    """envpool on 2 hosts, each host's update split over 2 devices; one learner's process is
+    SIGKILLed after iteration 2: the group restarts from the snapshot after it, with fresh
+    envs as a resumed run has, and goes on to the end with every iteration logged once: the
+    numbers of one process (one device) stopped after iteration 2 and resumed."""
+    cfg = _host_env_cfg(compile_cache_dir, env="envpool:CartPole-v1", num_seeds=1,
+                        eval_every=0, checkpoint_every=0)
+    single = tmp_path / "single"
+    jaxppo.train(cfg, run_dir=single, progress=False, plot=False, stop_after_iterations=2)
+    jaxppo.train(None, resume=single, progress=False, plot=False)
+    killed = []
+
+    def on_rows(rows):
+        if rows[-1]["iteration"] == 2 and not killed:
+            _kill_a_learner(killed)
+
+    run = tmp_path / "hosts"
+    with caplog.at_level(logging.INFO, logger="jaxppo.distributed"):
+        result = train_distributed(cfg.replace(num_devices=2), hosts=2, run_dir=run,
+                                   progress=False, plot=False, callback=on_rows,
+                                   learner_env=TWO_DEVICES)
+    assert killed and [f["iteration"] for f in result.host_failures] == [3]
+    assert result.hosts == 2 and result.num_devices == 4 and result.completed
+    assert any("restarting the group from the state after iteration 2 " in r.getMessage()
+               for r in caplog.records)
+    rows = _rows(run)
+    assert [row["iteration"] for row in rows] == [1, 2, 3, 4]
+    _assert_same_rows(run, single)
+
+
+def test_an_env_stepped_in_python_refuses_what_hosts_cannot_split():
+    """Checked before any cluster is reached: a rollout all-gathered over the hosts, and
+    actor threads that do not split each host's envs evenly."""
+    gym = dict(env="gymnasium:CartPole-v1")
+    with pytest.raises(HostsConfigError, match=r"sync='batch' with 2 hosts.*sync='gradients'"):
+        train_distributed(tiny(**gym, sync="batch"), hosts=2, progress=False)
+    with pytest.raises(HostsConfigError, match=r"actor_threads=2 does not divide the 1 envs of "
+                                               r"each of 2 hosts.*actor_threads in \[1\]"):
+        train_distributed(tiny(**gym, num_envs=2, num_minibatches=1, max_policy_lag=1,
+                               actor_threads=2), hosts=2, progress=False)
+
+
 # ---------------------------------------------------------------------- make targets
 def _make(*args, timeout=60, env=None) -> subprocess.CompletedProcess:
     import shutil

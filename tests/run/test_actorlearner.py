@@ -199,6 +199,12 @@ def test_actor_threads_from_the_cores_divide_num_envs():
     assert actorlearner.actor_threads(cfg, cores=16)[0] == 6
     threads, why = actorlearner.actor_threads(cfg, cores=5)
     assert why == "actor_threads null: 5 cores, one left to the learner, 3 dividing num_envs=6"
+    # On hosts each host's threads split its own envs (num_envs / hosts).
+    cfg = cfg.replace(num_envs=12)
+    assert actorlearner.actor_threads(cfg, cores=5, hosts=2) == (
+        3, "actor_threads null: 5 cores, one left to the learner, 3 dividing this host's 6 envs "
+           "(num_envs=12 / 2 hosts)")
+    assert actorlearner.actor_threads(cfg, cores=16, hosts=4)[0] == 3
 
 
 # ---------------------------------------------------------------------- lag 0
