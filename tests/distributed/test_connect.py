@@ -1,5 +1,6 @@
 """Connecting to Ray: `--hosts N` with no cluster to join starts a private N-node loopback
-cluster for the run; a cluster that wants a token is named as such.
+cluster for the run. (A cluster that wants a token is named as such: tests/distributed/test_ray.py,
+with `make ray-cluster`'s.)
 
 README's multi-host line (`python -m jaxppo train --hosts 2 --env CartPole-v1`) must run as
 written on a fresh machine: the driver starts N Ray nodes on 127.0.0.1, says so, trains on
@@ -22,7 +23,6 @@ import pytest
 pytest.importorskip("ray")
 
 from jaxppo.distributed.cluster import choose_address  # noqa: E402
-from ray_heads import free_port, start_head  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,36 +82,3 @@ def _train_on_a_private_cluster(tmp_path: Path, ray_tmp: str) -> None:
     while _processes_naming(ray_tmp) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _processes_naming(ray_tmp) == []
-
-
-@pytest.mark.slow
-def test_a_cluster_that_requires_a_token_is_named_as_such(tmp_path):
-    """A head started with token authentication (as `ray start --head` does when the user has
-    ~/.ray/auth_token); a driver without RAY_AUTH_MODE=token is told that, not that no
-    cluster runs there."""
-    from jaxppo.distributed.loopback import stop_cluster
-
-    home = tmp_path / "home"
-    (home / ".ray").mkdir(parents=True)
-    (home / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
-    ray_tmp = tempfile.mkdtemp(prefix="jxr-", dir="/tmp")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO))
-    env.pop("RAY_ADDRESS", None)
-    try:
-        start_head(port, ray_tmp, dict(env, RAY_AUTH_MODE="token"))
-        probe = ("from jaxppo.distributed.cluster import connect\n"
-                 f"connect('127.0.0.1:{port}', timeout_s=10)\n")
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                             text=True, timeout=180)
-        assert out.returncode != 0
-        last = out.stderr.strip().splitlines()[-1]
-        assert "requires token authentication, which this process does not use" in last, last
-        assert "RAY_AUTH_MODE=token" in last and "make ray-cluster" not in last
-        # Ray's own retry lines are kept out of the way of the one that says what to do.
-        assert "InvalidAuthToken" not in out.stderr
-    finally:
-        stop_cluster(f"127.0.0.1:{port}", ray_tmp)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-

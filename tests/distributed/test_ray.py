@@ -943,7 +943,8 @@ def test_make_ray_cluster_with_a_ray_token_and_make_ray_stop_stops_only_its_clus
     it: every node, `ray status` and job submission run with it and the cluster starts; the
     user's own ~/.ray is not touched. The second is a bare head. `make ray-stop` with the
     first's RAY_PORT stops all of its processes and none of the second's (nor a process that
-    only reads the first's logs); Ray's `ray stop` cannot choose."""
+    only reads the first's logs); Ray's `ray stop` cannot choose. A driver without
+    RAY_AUTH_MODE=token is told that the first cluster wants a token."""
     import shutil
     import tempfile
 
@@ -978,6 +979,17 @@ def test_make_ray_cluster_with_a_ray_token_and_make_ray_stop_stops_only_its_clus
         first = cluster_processes(f"127.0.0.1:{p1}", str(t1))
         gcs = [pid for pid in first if _is_gcs(pid)]
         assert gcs and b"RAY_AUTH_MODE=token" in Path(f"/proc/{gcs[0]}/environ").read_bytes()
+        # A driver from that shell without RAY_AUTH_MODE=token is told the cluster wants a
+        # token, not that no cluster runs there.
+        probe = f"from jaxppo.distributed.cluster import connect\nconnect('127.0.0.1:{p1}', timeout_s=10)\n"
+        out = subprocess.run([sys.executable, "-c", probe], env=dict(env, PYTHONPATH=str(REPO)),
+                             capture_output=True, text=True, timeout=180)
+        assert out.returncode != 0
+        last = out.stderr.strip().splitlines()[-1]
+        assert "requires token authentication, which this process does not use" in last, last
+        assert "RAY_AUTH_MODE=token" in last and "make ray-cluster" not in last
+        # Ray's own retry lines are kept out of the way of the one that says what to do.
+        assert "InvalidAuthToken" not in out.stderr
         start_head(p2, t2, env2)
         second = cluster_processes(f"127.0.0.1:{p2}", str(t2))
         assert len(first) >= 4 and len(second) >= 4 and not set(first) & set(second)
