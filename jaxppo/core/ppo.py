@@ -193,13 +193,35 @@ def rollout_values(algo: Algorithm, params, obs_stats: RunningStats, traj: Trans
         return values, algo.network.apply(params, final_in, carries)[1]
     T = traj.reward.shape[0]
     both_in = jnp.concatenate([obs_in, final_in], axis=0)
+    rows = _value_rows(T, algo.config.num_minibatches)
     if not algo.central_critic:
-        both = algo.network.apply(params, both_in)[1]
+        both = _in_blocks(lambda x: algo.network.apply(params, x)[1], rows, both_in)
         return both[:T], both[T:]
     critic_in = jnp.concatenate([algo.critic_in(obs_stats, traj.obs, traj.world_state),
                                  algo.critic_in(obs_stats, traj.final_obs, traj.final_world_state)])
-    both = algo.network.apply(params, both_in, critic_obs=critic_in)[1]
+    both = _in_blocks(lambda x, c: algo.network.apply(params, x, critic_obs=c)[1], rows,
+                      both_in, critic_in)
     return both[:T], both[T:]
+
+
+def _value_rows(num_steps: int, num_minibatches: int) -> int:
+    """The rows (steps of every env) of a block of the value pass over [2T, E]: the most that
+    divide 2T and hold no more states than a minibatch (T/M rows), so that pass never holds
+    more activations than a minibatch's forward pass does (an Atari CNN's over all 2T x E
+    states at once took several times the memory of the whole update)."""
+    most = max(1, num_steps // num_minibatches)
+    return max(r for r in range(1, most + 1) if (2 * num_steps) % r == 0)
+
+
+def _in_blocks(fn, rows: int, *xs):
+    """fn over arrays [R, ...] given in blocks of `rows` (a lax.map when there are several);
+    the same values as one call, row for row."""
+    n = xs[0].shape[0]
+    if rows >= n:
+        return fn(*xs)
+    out = jax.lax.map(lambda b: fn(*b), tuple(x.reshape((n // rows, rows) + x.shape[1:])
+                                              for x in xs))
+    return out.reshape((n,) + out.shape[2:])
 
 
 def gather_rollout_stats(algo: Algorithm, traj: Transition) -> dict:
