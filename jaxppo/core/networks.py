@@ -424,7 +424,15 @@ class RecurrentActorCritic(PolicyNetwork):
     `__call__(obs [..., obs_dim], carry [..., carry_size] = zeros, reset [...] = None)`
     (carry_size >= 1) returns (dist, value [...], new carry); `reset` marks observations that start an
     episode, whose carry is zeroed first.
+
+    `central_critic` (MAPPO with a GRU): the critic is a torso and GRU of its own over
+    `critic_obs` [..., C] (the world state, or every agent's observation), with its own carry
+    of the same size. A call with `critic_obs` takes and returns the carry pair (actor's,
+    critic's); a call without it acts only: it takes and returns the actor's carry alone, and
+    its value is None.
     """
+
+    central_critic: bool = False
 
     def setup(self):
         self.encoder = make_torso(self)
@@ -432,14 +440,33 @@ class RecurrentActorCritic(PolicyNetwork):
         self.core = nn.GRUCell(features=self.carry_size, recurrent_kernel_init=orthogonal(1.0))
         setup_policy_heads(self)
         self.value_head = _dense(1, 1.0)
+        if self.central_critic:
+            self.critic_encoder = make_torso(self)
+            self.critic_core = nn.GRUCell(features=self.carry_size,
+                                          recurrent_kernel_init=orthogonal(1.0))
 
-    def __call__(self, obs, carry=None, reset=None):
+    def __call__(self, obs, carry=None, reset=None, critic_obs=None):
+        central = self.central_critic and critic_obs is not None
         if carry is None or (isinstance(carry, tuple) and not carry):
             carry = initial_carry(self, obs.shape[:-1])
-        if reset is not None:
-            carry = carry * (1.0 - reset.astype(carry.dtype))[..., None]
-        carry, y = self.core(carry, self.encoder(obs))
-        return policy_dist(self, y), self.value_head(y)[..., 0], carry
+            carry = (carry, carry) if central else carry
+        actor_carry, critic_carry = carry if central else (carry, None)
+        actor_carry, y = self.core(_reset_carry(actor_carry, reset), self.encoder(obs))
+        dist = policy_dist(self, y)
+        if not self.central_critic:
+            return dist, self.value_head(y)[..., 0], actor_carry
+        if critic_obs is None:
+            return dist, None, actor_carry
+        critic_carry, z = self.critic_core(_reset_carry(critic_carry, reset),
+                                           self.critic_encoder(critic_obs))
+        return dist, self.value_head(z)[..., 0], (actor_carry, critic_carry)
+
+
+def _reset_carry(carry: jax.Array, reset: jax.Array | None) -> jax.Array:
+    """The carry [..., H] zeroed where `reset` [...] marks an episode's first observation."""
+    if reset is None:
+        return carry
+    return carry * (1.0 - reset.astype(carry.dtype))[..., None]
 
 
 def initial_carry(network, batch_shape: tuple[int, ...] = ()):
@@ -453,6 +480,16 @@ def initial_carry(network, batch_shape: tuple[int, ...] = ()):
     if not network.carry_size:
         return ()
     return jnp.zeros(tuple(batch_shape) + (network.carry_size,), jnp.float32)
+
+
+def training_carry(network, batch_shape: tuple[int, ...] = ()):
+    """The carry training keeps from step to step: `initial_carry`, or for the built-in GRU
+    with a centralised critic the pair (actor's, critic's), both zeros."""
+    inner = network.inner if isinstance(network, PerAgentNetwork) else network
+    carry = initial_carry(network, batch_shape)
+    if isinstance(inner, RecurrentActorCritic) and inner.central_critic:
+        return (carry, carry)
+    return carry
 
 
 def is_recurrent(network) -> bool:
@@ -697,6 +734,7 @@ def make_network(config, spec, module: nn.Module | None = None) -> nn.Module:
         state_dependent_std=bool(net.state_dependent_std),
     )
     if net.recurrent_size:
-        return RecurrentActorCritic(carry_size=net.recurrent_size, **common)
+        return RecurrentActorCritic(carry_size=net.recurrent_size,
+                                    central_critic=config.critic_input != "local", **common)
     return ActorCritic(shared_trunk=net.shared_trunk,
                        central_critic=config.critic_input != "local", **common)
