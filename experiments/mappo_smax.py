@@ -15,7 +15,7 @@ model, the load, the settings, and per side and seed the mean over the last 10 i
 the mean return and win rate of the episodes that ended in each iteration (JaxMARL's own
 logged `returns` and `win_rate`; jaxppo's `episode_return_mean/ally_0` and `win_rate`).
 
-jaxppo's side is jaxppo/configs/smax_2s3z_mappo.yaml (the yaml's settings) with
+jaxppo's side is jaxppo/configs/smax_2s3z.yaml (the yaml's settings) with
 total_timesteps as given. What differs at the same settings: jaxppo standardises advantages
 over the iteration's batch (JaxMARL per minibatch), optimises actor and critic with one Adam
 on the summed loss (JaxMARL: one Adam each, each with its own gradient clip), bootstraps a
@@ -35,7 +35,7 @@ from jaxmarl_bench import SEED, one_run, run_smax_baseline, smax_results, timed
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "experiments" / "results" / "mappo-smax.json"
-CONFIG = REPO / "jaxppo" / "configs" / "smax_2s3z_mappo.yaml"
+CONFIG = REPO / "jaxppo" / "configs" / "smax_2s3z.yaml"
 
 
 def run_jaxppo(steps: float, seeds: int) -> dict:
@@ -90,7 +90,7 @@ def main() -> None:
         print(json.dumps(run), flush=True)
         out["runs"] = [r for r in out["runs"] if r["side"] != side] + [run]
         out.update(env="jaxmarl:smax:2s3z", key=SEED, settings=(
-            "JaxMARL's mappo_homogenous_rnn_smax.yaml; jaxppo/configs/smax_2s3z_mappo.yaml; "
+            "JaxMARL's mappo_homogenous_rnn_smax.yaml; jaxppo/configs/smax_2s3z.yaml; "
             "total_timesteps as given"), shared_machine=(
             "2 cores shared with other work: the load before and after each run is recorded; "
             "timings are noisy, the learning figures are not"))

@@ -596,42 +596,45 @@ class PerAgentNetwork:
 
     def apply(self, params, obs, carry=(), reset=None, critic_obs=None):
         """(dist, value [..., K], carry) of actors' inputs obs [..., K, D] (and a centralised
-        critic's critic_obs [..., K, C]), actor k through params[k % N]; a feed-forward
-        network's carry () passes through."""
+        critic's critic_obs [..., K, C]), actor k through params[k % N]; a recurrent
+        network's carry (leaves [..., K, ...]) and reset [..., K] are regrouped the same way,
+        a feed-forward network's carry () passes through."""
         n = self.num_agents
         if obs.ndim < 2 or obs.shape[-2] % n:
             raise ValueError(
                 f"observations {tuple(obs.shape)}: a policy with a network per agent "
                 f"(agent_params=per_agent) needs every agent's observation, [..., {n}, D] "
                 "(agents in the env's order), to give each one its own network")
-        batch_rank = obs.ndim - 1  # the output's actor axis is batch_rank - 1
+        ax = obs.ndim - 2  # the actors' axis, in the inputs and the outputs
 
-        def by_agent(x):  # [..., K, F] -> [N, ..., K/N, F]
-            return jnp.moveaxis(x.reshape(x.shape[:-2] + (x.shape[-2] // n, n, x.shape[-1])),
-                                -2, 0)
+        def by_agent(x):  # [..., K, *rest] -> [N, ..., K/N, *rest]
+            x = x.reshape(x.shape[:ax] + (x.shape[ax] // n, n) + x.shape[ax + 1:])
+            return jnp.moveaxis(x, ax + 1, 0)
 
-        def by_actor(y):  # [N, ..., K/N, ...] -> [..., K, ...]
-            y = jnp.moveaxis(y, 0, batch_rank)
-            return y.reshape(y.shape[:batch_rank - 1] + (-1,) + y.shape[batch_rank + 1:])
+        def by_actor(y):  # [N, ..., K/N, *rest] -> [..., K, *rest]
+            y = jnp.moveaxis(y, 0, ax + 1)
+            return y.reshape(y.shape[:ax] + (-1,) + y.shape[ax + 2:])
 
-        def one(p, x, c):
+        def one(p, x, c, h, r):
             if c is None:
-                return self.inner.apply(p, x)[:2]
-            return self.inner.apply(p, x, critic_obs=c)[:2]
+                return self.inner.apply(p, x, h, r)
+            return self.inner.apply(p, x, h, r, critic_obs=c)
 
-        critic = None if critic_obs is None else by_agent(critic_obs)
-        dist, value = jax.vmap(one)(params, by_agent(obs), critic)
+        regroup = lambda tree: jax.tree.map(by_agent, tree)  # noqa: E731
+        dist, value, carry_out = jax.vmap(one)(params, by_agent(obs), regroup(critic_obs),
+                                               regroup(carry), regroup(reset))
         loc = by_actor(dist.loc)
         if self.discrete:  # unused by a categorical: one row, as a shared network gives
             log_std = dist.log_std[0]
         elif dist.log_std.ndim == 2:  # [N, D]: each agent's vector, for each of its actors
-            lead = (1,) * batch_rank
+            lead = (1,) * (ax + 1)
             shape = (n,) + obs.shape[:-2] + (obs.shape[-2] // n, loc.shape[-1])
             log_std = by_actor(jnp.broadcast_to(
                 dist.log_std.reshape((n,) + lead + (loc.shape[-1],)), shape))
         else:
             log_std = by_actor(dist.log_std)
-        return DistParams(loc, log_std), None if value is None else by_actor(value), carry
+        value = None if value is None else by_actor(value)
+        return DistParams(loc, log_std), value, jax.tree.map(by_actor, carry_out)
 
     def agent_params(self, params, agent: int):
         """Agent `agent`'s params, as the inner network takes them."""

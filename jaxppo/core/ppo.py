@@ -400,8 +400,9 @@ def learn(algo: Algorithm, params, opt_state, batch: Batch, env_ids, key, hp, lr
     def epoch(carry, k):
         # Every minibatch of the epoch in one gather (the minibatches stacked [M, ...]),
         # rather than one gather per field in every minibatch step.
-        idx = collectives.minibatch_indices(k, env_ids, algo.config.num_steps,
-                                            algo.config.num_minibatches, algo.recurrent)
+        idx = collectives.minibatch_indices(
+            k, env_ids, algo.config.num_steps, algo.config.num_minibatches, algo.recurrent,
+            algo.spec.num_agents if algo.per_agent else 1)
         minibatches = jax.vmap(lambda i: gather_minibatch(algo, batch, i))(idx)
         return jax.lax.scan(minibatch_step, carry, minibatches)
 

@@ -118,7 +118,6 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
         _check_multi_agent(config)
     _check_agent_options(config, spec)
     if config.agent_params == "per_agent":
-        _check_per_agent(config, recurrent)
         network = networks.PerAgentNetwork(network, spec.num_agents, spec.discrete)
     if layout is None:
         layout = Layout()
@@ -249,17 +248,6 @@ def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
                 "(only observations are); set normalize_observations: false, or use "
                 "critic_input: joint_obs (built from the normalised observations)")
     _check_agent_id_network(config)
-
-
-def _check_per_agent(config: PPOConfig, recurrent: bool) -> None:
-    """A network per agent regroups a feed-forward batch by agent (actor k is agent k % N);
-    a recurrent network's minibatches are whole sequences of any actors, which it does not
-    regroup yet."""
-    if recurrent:
-        raise ConfigError(
-            "agent_params='per_agent' gives each agent a feed-forward network of its own; a "
-            "recurrent network (network.recurrent_size, or a module with a carry) is not "
-            "supported with it yet: set network.recurrent_size: 0, or agent_params: shared")
 
 
 def _check_agent_id_network(config: PPOConfig) -> None:

@@ -186,3 +186,82 @@ def test_joint_obs_critic_with_a_gru_and_a_local_critic_with_agent_ids():
     p = local.init_params(jax.random.PRNGKey(0))["params"]
     assert "critic_core" not in p and p["encoder"]["Dense_0"]["kernel"].shape == (D + N, F)
     assert local.train_carry((5,)).shape == (5, H)
+
+
+# ---------------------------------------------------------------- a GRU per agent
+PER_AGENT = CFG.replace(agent_params="per_agent", agent_id=False, checkpoint_every=0,
+                        compilation_cache_dir=None)
+
+
+def test_a_gru_per_agent_replays_each_actor_through_its_own_network():
+    """agent_params per_agent with GRUs: each actor's rollout policy and values are its own
+    agent's network (run alone on that agent's actors, carries and resets), and a minibatch
+    of whole envs (each env's agents together) replays them exactly."""
+    algo = Algorithm.create(jaxppo.resolve(PER_AGENT))
+    hp = HyperParams.from_config(algo.config)
+
+    @jax.jit
+    def run(s):
+        s, traj = ppo.rollout(algo, s, hp)  # a second rollout: carries not all zero
+        s, traj = ppo.rollout(algo, s, hp)
+        values, _ = ppo.rollout_values(algo, s.params, s.obs_stats, traj)
+        return s, traj, values
+
+    state, traj, values = run(ppo.init(algo, jax.random.PRNGKey(0), hp))
+    assert np.abs(np.asarray(traj.carry0[1])).max() > 0
+    obs_in = algo.obs_in(state.obs_stats, traj.obs)
+    inner = algo.network.inner
+    for i in range(N):
+        own = algo.agent_params(state.params, i)
+        mine = jax.tree.map(lambda c: c[i::N], traj.carry0)
+
+        def step(carry, xs, own=own):
+            dist, value, carry = inner.apply(own, xs[0], carry, xs[1], critic_obs=xs[2])
+            return carry, (dist.loc, value)
+
+        _, (loc, v) = jax.lax.scan(step, mine, (obs_in[:, i::N], traj.reset[:, i::N],
+                                                traj.world_state[:, i::N]))
+        np.testing.assert_allclose(np.asarray(traj.dist.loc[:, i::N]), np.asarray(loc),
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(values[:, i::N]), np.asarray(v), rtol=1e-5,
+                                   atol=1e-5)
+    env_ids = algo.spec.actor_ids(state.env_ids)
+    idx = ppo.collectives.minibatch_indices(jax.random.PRNGKey(4), env_ids, T, 2, True, N)
+    assert sorted(np.asarray(idx).reshape(-1).tolist()) == list(range(E * N))
+    for cols in np.asarray(idx):  # whole envs, each env's agents in order
+        assert (cols.reshape(-1, N) == cols.reshape(-1, N)[:, :1] + np.arange(N)).all()
+    batch = ppo.make_batch(algo, state.obs_stats, traj, values, values, values)
+    for cols in idx:
+        dist, v, _ = ppo.forward(algo, state.params, ppo.gather_minibatch(algo, batch, cols))
+        np.testing.assert_allclose(np.asarray(dist.loc).reshape(T, N, -1),
+                                   np.asarray(traj.dist.loc)[:, np.asarray(cols)], rtol=1e-5,
+                                   atol=1e-5)
+        np.testing.assert_allclose(np.asarray(v).reshape(T, N),
+                                   np.asarray(values)[:, np.asarray(cols)], rtol=1e-5, atol=1e-6)
+
+
+def test_a_gru_per_agent_policy_acts_and_exports_with_each_agents_carry(tmp_path):
+    """The joint policy steps each agent's own GRU on its carry [*batch, N, H]; one agent's
+    policy is its own network on its own carry [*batch, H]; the export equals the policy."""
+    from jaxppo.run.policy import Policy
+
+    algo = Algorithm.create(jaxppo.resolve(PER_AGENT))
+    params = jax.jit(algo.init_params)(jax.random.PRNGKey(0))
+    hp = HyperParams.from_config(algo.config)
+    policy = Policy(algo, params, ppo.init(algo, jax.random.PRNGKey(0), hp).obs_stats)
+    exported = jaxppo.export_policy(policy, "jax", tmp_path / "per_agent.jaxexport")
+    fn = jax.export.deserialize(bytearray(exported.path.read_bytes()))
+    rng = np.random.default_rng(0)
+    carry = ex_carry = policy.initial_carry((E, N))
+    agent_carries = [policy.agent(a).initial_carry((E,)) for a in policy.agents]
+    for t in range(3):
+        obs = rng.normal(size=(E, N, D)).astype(np.float32)
+        actions, carry = policy.step(obs, carry)
+        ex_actions, ex_carry = fn.call(obs, ex_carry)
+        np.testing.assert_array_equal(np.asarray(ex_actions), np.asarray(actions))
+        np.testing.assert_allclose(np.asarray(ex_carry), np.asarray(carry), atol=1e-6)
+        for i, a in enumerate(policy.agents):
+            own, agent_carries[i] = policy.agent(a).step(obs[:, i], agent_carries[i])
+            np.testing.assert_array_equal(np.asarray(own), np.asarray(actions)[:, i])
+            np.testing.assert_allclose(np.asarray(agent_carries[i]), np.asarray(carry)[:, i],
+                                       atol=1e-6)
