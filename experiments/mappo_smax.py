@@ -82,12 +82,12 @@ def main() -> None:
     if args.side == "jaxmarl":
         print(json.dumps(run_jaxmarl(args.steps, args.seeds, args.anchors)))
         return
-    out = json.loads(OUT.read_text()) if OUT.exists() else {"runs": []}
     for side in args.sides:
         run = {**one_run(side, args, __file__), "load_after": os.getloadavg()[0],
                "steps_per_seed": args.steps, "seeds": args.seeds,
                "cpu": cpu_model(), "cores": os.cpu_count()}
         print(json.dumps(run), flush=True)
+        out = json.loads(OUT.read_text()) if OUT.exists() else {"runs": []}  # read late: the other side may have run meanwhile
         out["runs"] = [r for r in out["runs"] if r["side"] != side] + [run]
         out.update(env="jaxmarl:smax:2s3z", key=SEED, settings=(
             "JaxMARL's mappo_homogenous_rnn_smax.yaml; jaxppo/configs/smax_2s3z.yaml; "

@@ -304,8 +304,8 @@ class Algorithm:
         return self.policy_step(params, obs_stats, raw_obs, (), key, deterministic, action_mask)[0]
 
     def value(self, params, obs_stats, raw_obs, carry=(), world_state=None):
-        """V(obs) given the carry before it (default: the start of an episode). A centralised
-        critic reads `critic_in(obs_stats, raw_obs, world_state)` (every agent's
+        """V(obs) given the carry before it (default: the start of an episode; for a GRU with
+        a centralised critic the pair `train_carry` gives). A centralised critic reads `critic_in(obs_stats, raw_obs, world_state)` (every agent's
         observations [..., N, *obs_shape]; `world_state` [..., N, C] for "world_state")."""
         obs_in = self.obs_in(obs_stats, raw_obs)
         if not self.central_critic:
