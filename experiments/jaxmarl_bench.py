@@ -205,19 +205,27 @@ def run_jaxppo_smax(steps: float, seeds: int, anchors: Path, smax_map: str) -> d
 def run_jaxmarl_smax(steps: float, seeds: int, anchors: Path, smax_map: str) -> dict:
     """JaxMARL's script as it is, its per-iteration wandb.log (through its io_callback)
     recorded instead of sent: the mean return and win rate of the episodes that ended."""
-    import jax
     import yaml
 
     sys.path.insert(0, str(anchors / "IPPO"))
     import ippo_rnn_smax
 
-    logged = []
-    ippo_rnn_smax.wandb.log = lambda row, *a, **k: logged.append(
-        {key: float(row[key]) for key in ("returns", "win_rate", "env_step")})
     config = yaml.safe_load((anchors / "IPPO" / "config" / "ippo_rnn_smax.yaml").read_text())
     config.update(TOTAL_TIMESTEPS=float(steps), MAP_NAME=smax_map)
+    return run_smax_baseline(ippo_rnn_smax, config, seeds)
+
+
+def run_smax_baseline(script, config: dict, seeds: int) -> dict:
+    """A JaxMARL SMAX baseline script's `make_train(config)` run seed after seed, its
+    per-iteration wandb.log (through its io_callback) recorded instead of sent:
+    `smax_results` of the logged mean return and win rate of the episodes that ended."""
+    import jax
+
+    logged = []
+    script.wandb.log = lambda row, *a, **k: logged.append(
+        {key: float(row[key]) for key in ("returns", "win_rate", "env_step")})
     keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
-    _, t = timed(ippo_rnn_smax.make_train(config), keys)
+    _, t = timed(script.make_train(config), keys)
     per_seed = len(logged) // seeds  # seed after seed; each seed's rows in step order
     rows = [sorted(logged[i * per_seed:(i + 1) * per_seed], key=lambda r: r["env_step"])
             for i in range(seeds)]

@@ -27,9 +27,10 @@ from jaxppo.core.running_stats import RunningStats, normalize
 
 # ---------------------------------------------------------------------- state
 class PolicyCarry(NamedTuple):
-    """The network's carry for every env ([E, ...]; () for feed-forward) and whether each
-    env's last step ended its episode ([E] bool, None for feed-forward): the carry is zeroed
-    before the step that sees the new episode's first observation."""
+    """The network's carry for every env ([E, ...]; () for feed-forward; the pair (actor's,
+    critic's) for a GRU with a centralised critic) and whether each env's last step ended its
+    episode ([E] bool, None for feed-forward): the carry is zeroed before the step that sees
+    the new episode's first observation."""
 
     state: Any = ()
     reset: jax.Array | None = None
@@ -263,9 +264,16 @@ class Algorithm:
         return self.network.init(key, obs, critic_obs=jnp.zeros((1, critic), jnp.float32))
 
     def initial_carry(self, batch_shape: tuple[int, ...] = ()):
-        """The network's carry at the start of an episode ([*batch_shape, ...]; () for a
-        feed-forward network)."""
+        """The policy's carry at the start of an episode ([*batch_shape, ...]; () for a
+        feed-forward network): what acting takes (`policy_step`, evaluation, export), the
+        actor's alone where a centralised critic has a carry of its own (`train_carry`)."""
         return networks.initial_carry(self.network, batch_shape)
+
+    def train_carry(self, batch_shape: tuple[int, ...] = ()):
+        """The carry training keeps for each actor at an episode's start: `initial_carry`
+        (the policy's), paired with the critic's, (actor's, critic's), for a GRU with a
+        centralised critic (`networks.training_carry`)."""
+        return networks.training_carry(self.network, batch_shape)
 
     def envs_carry(self, num_envs: int):
         """The carry of `num_envs` envs at an episode's start: [num_envs, ...], or one per
@@ -296,8 +304,8 @@ class Algorithm:
         return self.policy_step(params, obs_stats, raw_obs, (), key, deterministic, action_mask)[0]
 
     def value(self, params, obs_stats, raw_obs, carry=(), world_state=None):
-        """V(obs) given the carry before it (default: the start of an episode). A centralised
-        critic reads `critic_in(obs_stats, raw_obs, world_state)` (every agent's
+        """V(obs) given the carry before it (default: the start of an episode; for a GRU with
+        a centralised critic the pair `train_carry` gives). A centralised critic reads `critic_in(obs_stats, raw_obs, world_state)` (every agent's
         observations [..., N, *obs_shape]; `world_state` [..., N, C] for "world_state")."""
         obs_in = self.obs_in(obs_stats, raw_obs)
         if not self.central_critic:

@@ -144,7 +144,7 @@ def gather_envs(traj, env_ids: jax.Array, axis_name: str):
 
 # ---------------------------------------------------------------------- minibatch keys
 def minibatch_indices(key: jax.Array, env_ids: jax.Array, num_steps: int, num_minibatches: int,
-                      recurrent: bool) -> jax.Array:
+                      recurrent: bool, agents_together: int = 1) -> jax.Array:
     """Each epoch's minibatches, cut so that the global minibatch is the same set of
     transitions however the envs are spread over devices or hosts.
 
@@ -152,8 +152,15 @@ def minibatch_indices(key: jax.Array, env_ids: jax.Array, num_steps: int, num_mi
     from its global index, and minibatch j takes T/M steps of every env.
     Recurrent: [M, E/M] env columns (whole sequences); minibatch j holds one env of each
     group of M consecutive global env ids, chosen by a permutation keyed by the group.
+    Recurrent with `agents_together` = N > 1 (a network per agent): the columns are actors
+    [E*N] (env-major, global ids e*N + i), and a minibatch holds whole envs, each env's N
+    actors side by side in agent order, [M, E*N/M], so that actor k of it is agent k % N.
     """
     T, M = num_steps, num_minibatches
+    if recurrent and agents_together > 1:
+        n = agents_together
+        envs = minibatch_indices(key, env_ids.reshape(-1, n)[:, 0] // n, T, M, True)
+        return (envs[..., None] * n + jnp.arange(n)).reshape(M, -1)
     if recurrent:
         groups = env_ids.reshape(-1, M)[:, 0] // M  # [E/M] global group ids
         perms = jax.vmap(lambda g: jax.random.permutation(jax.random.fold_in(key, g), M))(groups)

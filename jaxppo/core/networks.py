@@ -472,7 +472,15 @@ class RecurrentActorCritic(PolicyNetwork):
     `__call__(obs [..., obs_dim], carry [..., carry_size] = zeros, reset [...] = None)`
     (carry_size >= 1) returns (dist, value [...], new carry); `reset` marks observations that start an
     episode, whose carry is zeroed first.
+
+    `central_critic` (MAPPO with a GRU): the critic is a torso and GRU of its own over
+    `critic_obs` [..., C] (the world state, or every agent's observation), with its own carry
+    of the same size. A call with `critic_obs` takes and returns the carry pair (actor's,
+    critic's); a call without it acts only: it takes and returns the actor's carry alone, and
+    its value is None.
     """
+
+    central_critic: bool = False
 
     def setup(self):
         self.encoder = make_torso(self)
@@ -480,14 +488,33 @@ class RecurrentActorCritic(PolicyNetwork):
         self.core = nn.GRUCell(features=self.carry_size, recurrent_kernel_init=orthogonal(1.0))
         setup_policy_heads(self)
         self.value_head = _dense(1, 1.0)
+        if self.central_critic:
+            self.critic_encoder = make_torso(self)
+            self.critic_core = nn.GRUCell(features=self.carry_size,
+                                          recurrent_kernel_init=orthogonal(1.0))
 
-    def __call__(self, obs, carry=None, reset=None):
+    def __call__(self, obs, carry=None, reset=None, critic_obs=None):
+        central = self.central_critic and critic_obs is not None
         if carry is None or (isinstance(carry, tuple) and not carry):
             carry = initial_carry(self, obs.shape[:-1])
-        if reset is not None:
-            carry = carry * (1.0 - reset.astype(carry.dtype))[..., None]
-        carry, y = self.core(carry, self.encoder(obs))
-        return policy_dist(self, y), self.value_head(y)[..., 0], carry
+            carry = (carry, carry) if central else carry
+        actor_carry, critic_carry = carry if central else (carry, None)
+        actor_carry, y = self.core(_reset_carry(actor_carry, reset), self.encoder(obs))
+        dist = policy_dist(self, y)
+        if not self.central_critic:
+            return dist, self.value_head(y)[..., 0], actor_carry
+        if critic_obs is None:
+            return dist, None, actor_carry
+        critic_carry, z = self.critic_core(_reset_carry(critic_carry, reset),
+                                           self.critic_encoder(critic_obs))
+        return dist, self.value_head(z)[..., 0], (actor_carry, critic_carry)
+
+
+def _reset_carry(carry: jax.Array, reset: jax.Array | None) -> jax.Array:
+    """The carry [..., H] zeroed where `reset` [...] marks an episode's first observation."""
+    if reset is None:
+        return carry
+    return carry * (1.0 - reset.astype(carry.dtype))[..., None]
 
 
 def initial_carry(network, batch_shape: tuple[int, ...] = ()):
@@ -501,6 +528,16 @@ def initial_carry(network, batch_shape: tuple[int, ...] = ()):
     if not network.carry_size:
         return ()
     return jnp.zeros(tuple(batch_shape) + (network.carry_size,), jnp.float32)
+
+
+def training_carry(network, batch_shape: tuple[int, ...] = ()):
+    """The carry training keeps from step to step: `initial_carry`, or for the built-in GRU
+    with a centralised critic the pair (actor's, critic's), both zeros."""
+    inner = network.inner if isinstance(network, PerAgentNetwork) else network
+    carry = initial_carry(network, batch_shape)
+    if isinstance(inner, RecurrentActorCritic) and inner.central_critic:
+        return (carry, carry)
+    return carry
 
 
 def is_recurrent(network) -> bool:
@@ -607,42 +644,45 @@ class PerAgentNetwork:
 
     def apply(self, params, obs, carry=(), reset=None, critic_obs=None):
         """(dist, value [..., K], carry) of actors' inputs obs [..., K, D] (and a centralised
-        critic's critic_obs [..., K, C]), actor k through params[k % N]; a feed-forward
-        network's carry () passes through."""
+        critic's critic_obs [..., K, C]), actor k through params[k % N]; a recurrent
+        network's carry (leaves [..., K, ...]) and reset [..., K] are regrouped the same way,
+        a feed-forward network's carry () passes through."""
         n = self.num_agents
         if obs.ndim < 2 or obs.shape[-2] % n:
             raise ValueError(
                 f"observations {tuple(obs.shape)}: a policy with a network per agent "
                 f"(agent_params=per_agent) needs every agent's observation, [..., {n}, D] "
                 "(agents in the env's order), to give each one its own network")
-        batch_rank = obs.ndim - 1  # the output's actor axis is batch_rank - 1
+        ax = obs.ndim - 2  # the actors' axis, in the inputs and the outputs
 
-        def by_agent(x):  # [..., K, F] -> [N, ..., K/N, F]
-            return jnp.moveaxis(x.reshape(x.shape[:-2] + (x.shape[-2] // n, n, x.shape[-1])),
-                                -2, 0)
+        def by_agent(x):  # [..., K, *rest] -> [N, ..., K/N, *rest]
+            x = x.reshape(x.shape[:ax] + (x.shape[ax] // n, n) + x.shape[ax + 1:])
+            return jnp.moveaxis(x, ax + 1, 0)
 
-        def by_actor(y):  # [N, ..., K/N, ...] -> [..., K, ...]
-            y = jnp.moveaxis(y, 0, batch_rank)
-            return y.reshape(y.shape[:batch_rank - 1] + (-1,) + y.shape[batch_rank + 1:])
+        def by_actor(y):  # [N, ..., K/N, *rest] -> [..., K, *rest]
+            y = jnp.moveaxis(y, 0, ax + 1)
+            return y.reshape(y.shape[:ax] + (-1,) + y.shape[ax + 2:])
 
-        def one(p, x, c):
+        def one(p, x, c, h, r):
             if c is None:
-                return self.inner.apply(p, x)[:2]
-            return self.inner.apply(p, x, critic_obs=c)[:2]
+                return self.inner.apply(p, x, h, r)
+            return self.inner.apply(p, x, h, r, critic_obs=c)
 
-        critic = None if critic_obs is None else by_agent(critic_obs)
-        dist, value = jax.vmap(one)(params, by_agent(obs), critic)
+        regroup = lambda tree: jax.tree.map(by_agent, tree)  # noqa: E731
+        dist, value, carry_out = jax.vmap(one)(params, by_agent(obs), regroup(critic_obs),
+                                               regroup(carry), regroup(reset))
         loc = by_actor(dist.loc)
         if self.discrete:  # unused by a categorical: one row, as a shared network gives
             log_std = dist.log_std[0]
         elif dist.log_std.ndim == 2:  # [N, D]: each agent's vector, for each of its actors
-            lead = (1,) * batch_rank
+            lead = (1,) * (ax + 1)
             shape = (n,) + obs.shape[:-2] + (obs.shape[-2] // n, loc.shape[-1])
             log_std = by_actor(jnp.broadcast_to(
                 dist.log_std.reshape((n,) + lead + (loc.shape[-1],)), shape))
         else:
             log_std = by_actor(dist.log_std)
-        return DistParams(loc, log_std), None if value is None else by_actor(value), carry
+        value = None if value is None else by_actor(value)
+        return DistParams(loc, log_std), value, jax.tree.map(by_actor, carry_out)
 
     def agent_params(self, params, agent: int):
         """Agent `agent`'s params, as the inner network takes them."""
@@ -745,6 +785,7 @@ def make_network(config, spec, module: nn.Module | None = None) -> nn.Module:
         state_dependent_std=bool(net.state_dependent_std),
     )
     if net.recurrent_size:
-        return RecurrentActorCritic(carry_size=net.recurrent_size, **common)
+        return RecurrentActorCritic(carry_size=net.recurrent_size,
+                                    central_critic=config.critic_input != "local", **common)
     return ActorCritic(shared_trunk=net.shared_trunk,
                        central_critic=config.critic_input != "local", **common)

@@ -63,7 +63,7 @@ def init_state(algo: Algorithm, key: jax.Array, k_params: jax.Array, hp: HyperPa
     if cfg.normalize_observations:
         obs_stats = collectives.merge_stats(obs_stats, flatten_obs(obs, spec.obs_shape),
                                             algo.axis_name, algo.shards)
-    carry = PolicyCarry(algo.initial_carry((E,)), jnp.ones((E,), bool) if algo.recurrent else None)
+    carry = PolicyCarry(algo.train_carry((E,)), jnp.ones((E,), bool) if algo.recurrent else None)
     return TrainState(
         params=params,
         opt_state=opt_state,
@@ -150,13 +150,17 @@ def rollout(algo: Algorithm, state: TrainState, hp: HyperParams):
     def step(st, xs):
         noise, env_keys = xs
         obs_in = algo.obs_in(st.obs_stats, st.last_obs)
-        dist, _, carry = algo.network.apply(st.params, obs_in, st.carry.state, st.carry.reset)
+        world_state = (algo.spec.world_states(st.env_state)
+                       if algo.config.critic_input == "world_state" else None)
+        # A GRU critic of its own steps its carry along with the actor's.
+        critic_in = (algo.critic_in(st.obs_stats, st.last_obs, world_state)
+                     if algo.recurrent else None)
+        dist, _, carry = apply_network(algo, st.params, obs_in, st.carry.state, st.carry.reset,
+                                       critic_in)
         mask = algo.spec.masks(st.env_state)  # the legal actions of the observed states
         dist = networks.mask_logits(dist, mask)
         action, logp = algo.sample_actions(dist, noise)
         reset = st.carry.reset
-        world_state = (algo.spec.world_states(st.env_state)
-                       if algo.config.critic_input == "world_state" else None)
         st, tr, done = step_envs(algo, st, dist, action, logp, env_keys, hp)
         st = st.replace(carry=PolicyCarry(carry, done if algo.recurrent else None))
         return st, tr._replace(reset=reset, action_mask=mask, world_state=world_state)
@@ -168,17 +172,26 @@ def rollout(algo: Algorithm, state: TrainState, hp: HyperParams):
 
 
 # ---------------------------------------------------------------------- values and GAE
-def unroll(algo: Algorithm, params, carry0, obs_in, reset):
+def apply_network(algo: Algorithm, params, obs_in, carry, reset, critic_in=None):
+    """The network on one step: (dist, value, carry); a centralised critic's input
+    `critic_in` goes to the critic when given (None: the network's own contract)."""
+    if critic_in is None:
+        return algo.network.apply(params, obs_in, carry, reset)
+    return algo.network.apply(params, obs_in, carry, reset, critic_obs=critic_in)
+
+
+def unroll(algo: Algorithm, params, carry0, obs_in, reset, critic_in=None):
     """Replay the network over sequences: obs_in [T, B, obs_dim] (normalised), reset
-    [T, B], carry0 [B, ...]. Returns (dist [T, B, ...] with a shared log_std kept as one
-    vector, values [T, B], the carries after each step [T, B, ...])."""
+    [T, B], carry0 [B, ...], and a centralised critic's input critic_in [T, B, C] (None: a
+    local critic). Returns (dist [T, B, ...] with a shared log_std kept as one vector,
+    values [T, B], the carries after each step [T, B, ...])."""
 
     def step(carry, xs):
-        obs, r = xs
-        dist, value, carry = algo.network.apply(params, obs, carry, r)
+        obs, r, c = xs
+        dist, value, carry = apply_network(algo, params, obs, carry, r, c)
         return carry, (dist, value, carry)
 
-    _, (dist, values, carries) = jax.lax.scan(step, carry0, (obs_in, reset))
+    _, (dist, values, carries) = jax.lax.scan(step, carry0, (obs_in, reset, critic_in))
     return unstack_shared_log_std(dist), values, carries
 
 
@@ -189,8 +202,10 @@ def rollout_values(algo: Algorithm, params, obs_stats: RunningStats, traj: Trans
     obs_in = algo.obs_in(obs_stats, traj.obs)
     final_in = algo.obs_in(obs_stats, traj.final_obs)
     if algo.recurrent:
-        _, values, carries = unroll(algo, params, traj.carry0, obs_in, traj.reset)
-        return values, algo.network.apply(params, final_in, carries)[1]
+        critic_in = algo.critic_in(obs_stats, traj.obs, traj.world_state)
+        _, values, carries = unroll(algo, params, traj.carry0, obs_in, traj.reset, critic_in)
+        final_critic_in = algo.critic_in(obs_stats, traj.final_obs, traj.final_world_state)
+        return values, apply_network(algo, params, final_in, carries, None, final_critic_in)[1]
     T = traj.reward.shape[0]
     both_in = jnp.concatenate([obs_in, final_in], axis=0)
     rows = _value_rows(T, algo.config.num_minibatches)
@@ -348,7 +363,7 @@ def forward(algo: Algorithm, params, mb: Batch):
         else:
             dist, values, _ = algo.network.apply(params, mb.obs, critic_obs=mb.critic_obs)
         return networks.mask_logits(dist, mb.action_mask), values, mb
-    dist, values, _ = unroll(algo, params, mb.carry0, mb.obs, mb.reset)
+    dist, values, _ = unroll(algo, params, mb.carry0, mb.obs, mb.reset, mb.critic_obs)
     merge = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731  [T, B, ...] -> [T*B, ...]
     mb = map_samples(merge, mb)
     return networks.mask_logits(map_dist(merge, dist), mb.action_mask), values.reshape(-1), mb
@@ -407,8 +422,9 @@ def learn(algo: Algorithm, params, opt_state, batch: Batch, env_ids, key, hp, lr
     def epoch(carry, k):
         # Every minibatch of the epoch in one gather (the minibatches stacked [M, ...]),
         # rather than one gather per field in every minibatch step.
-        idx = collectives.minibatch_indices(k, env_ids, algo.config.num_steps,
-                                            algo.config.num_minibatches, algo.recurrent)
+        idx = collectives.minibatch_indices(
+            k, env_ids, algo.config.num_steps, algo.config.num_minibatches, algo.recurrent,
+            algo.spec.num_agents if algo.per_agent else 1)
         minibatches = jax.vmap(lambda i: gather_minibatch(algo, batch, i))(idx)
         return jax.lax.scan(minibatch_step, carry, minibatches)
 

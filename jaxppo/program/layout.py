@@ -202,8 +202,9 @@ def check_split(config: PPOConfig, layout: Layout) -> None:
 def check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout, agents: int = 1) -> None:
     """Minibatches are cut so that the global minibatch is the same set of transitions on
     any layout: feed-forward ones take num_steps/M steps of every env, recurrent ones whole
-    actor sequences (an env's, or one agent's of a multi-agent env: `agents` per env), one of
-    every M consecutive ones on each shard (or of all of them, with sync="batch", where each
+    actor sequences (an env's, or one agent's of a multi-agent env: `agents` per env; with
+    agent_params per_agent an env's agents together), one of every M consecutive ones on each
+    shard (or of all of them, with sync="batch", where each
     shard updates on the whole batch)."""
     M = config.num_minibatches
     if not recurrent:
@@ -219,15 +220,20 @@ def check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout, agents
     split = (layout.shards > 1 and config.sync != "batch" and config.pbt is None
              and not layout.by_seed)
     envs = config.num_envs // layout.shards if split else config.num_envs
-    if envs * agents % M == 0:
+    # A network per agent keeps each env's agents together: whole envs per minibatch.
+    per_env = agents > 1 and config.agent_params == "per_agent"
+    units = envs if per_env else envs * agents
+    if units % M == 0:
         return
     where = (f"the envs on each device (num_envs={config.num_envs} / {layout.shards} "
              f"devices = {envs})" if split else f"num_envs={config.num_envs}")
-    if agents > 1:
+    if agents > 1 and not per_env:
         where = f"the actors of {where} x {agents} agents = {envs * agents}"
     net = (f"network.module={module_name(config.network.module)} (recurrent)"
            if config.network.custom else f"network.recurrent_size={config.network.recurrent_size}")
     raise ConfigError(
         f"num_minibatches={M} does not divide {where}: with {net} each minibatch holds whole "
-        f"{'actor' if agents > 1 else 'env'} sequences; choose "
-        f"num_minibatches from {divisors(envs * agents)}" + (", or sync='batch'" if split else ""))
+        f"{'actor' if agents > 1 and not per_env else 'env'} sequences"
+        + (" (with agent_params=per_agent, each env's agents together)" if per_env else "")
+        + f"; choose num_minibatches from {divisors(units)}"
+        + (", or sync='batch'" if split else ""))

@@ -116,10 +116,9 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
         refuse_host_options(config)
     recurrent = networks.is_recurrent(network)
     if spec.agents:
-        _check_multi_agent(config, recurrent)
+        _check_multi_agent(config)
     _check_agent_options(config, spec)
     if config.agent_params == "per_agent":
-        _check_per_agent(config, recurrent)
         network = networks.PerAgentNetwork(network, spec.num_agents, spec.discrete)
     if layout is None:
         layout = Layout()
@@ -202,17 +201,9 @@ def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
     _check_conv_options(config, spec)
 
 
-def _check_multi_agent(config: PPOConfig, recurrent: bool) -> None:
-    """What a multi-agent env (IPPO or MAPPO, one network shared by every agent) does not take
-    yet: a ConfigError naming it, not a shape error from inside the compiled program."""
-    given = [f"{name}={getattr(config, name)!r}" for name, default in
-             (("critic_input", "local"), ("agent_id", False)) if getattr(config, name) != default]
-    if recurrent and given:
-        raise ConfigError(
-            f"{' and '.join(given)} with a recurrent network (network.recurrent_size="
-            f"{config.network.recurrent_size}) is not supported yet: a multi-agent env trains a "
-            "GRU with each agent's own observation (IPPO); set critic_input: local and agent_id: "
-            "false, or network.recurrent_size: 0")
+def _check_multi_agent(config: PPOConfig) -> None:
+    """What a multi-agent env does not take yet: a ConfigError naming it, not a shape error
+    from inside the compiled program."""
     if config.transforms:
         raise ConfigError(
             f"transforms={config.transforms!r}: {config.env_name} is a multi-agent env, and "
@@ -260,17 +251,6 @@ def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
                 "(only observations are); set normalize_observations: false, or use "
                 "critic_input: joint_obs (built from the normalised observations)")
     _check_agent_id_network(config)
-
-
-def _check_per_agent(config: PPOConfig, recurrent: bool) -> None:
-    """A network per agent regroups a feed-forward batch by agent (actor k is agent k % N);
-    a recurrent network's minibatches are whole sequences of any actors, which it does not
-    regroup yet."""
-    if recurrent:
-        raise ConfigError(
-            "agent_params='per_agent' gives each agent a feed-forward network of its own; a "
-            "recurrent network (network.recurrent_size, or a module with a carry) is not "
-            "supported with it yet: set network.recurrent_size: 0, or agent_params: shared")
 
 
 def _check_agent_id_network(config: PPOConfig) -> None:

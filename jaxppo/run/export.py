@@ -252,7 +252,7 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
     # A policy that tells agents apart (agent_id, per_agent) takes each env's agents together.
     agents = (spec.num_agents,) if policy.algorithm.takes_every_agent else ()
     obs_in = jax.ShapeDtypeStruct((b, *agents, *spec.obs_shape), obs.dtype)
-    carry = policy.initial_carry((1,))
+    carry = policy.initial_carry((1, *agents))
     # one array (the built-in GRU's) or a user's module's pytree of them, e.g. an LSTM's (c, h)
     carry_in = (jax.tree.map(lambda c: jax.ShapeDtypeStruct((b, *c.shape[1:]), c.dtype), carry)
                 if policy.recurrent else None)

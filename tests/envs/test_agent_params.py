@@ -164,8 +164,11 @@ def test_errors_name_the_field_and_the_fix():
         jaxppo.resolve(jaxppo.PPOConfig(agent_params="per_agent"))
     with pytest.raises(ConfigError, match="agent_params='per-agent'.*did you mean 'per_agent'"):
         jaxppo.PPOConfig(agent_params="per-agent").validate()
-    with pytest.raises(ConfigError, match="per_agent.*recurrent_size: 0, or agent_params: shared"):
-        jaxppo.resolve(TINY.replace(network=jaxppo.NetworkConfig((16,), recurrent_size=8)))
+    # With a GRU a minibatch holds whole envs (each env's agents together): M divides envs.
+    with pytest.raises(ConfigError, match=r"num_envs=2: .* each env's agents together\); "
+                                          r"choose num_minibatches from \[1, 2\]"):
+        jaxppo.resolve(TINY.replace(network=jaxppo.NetworkConfig((16,), recurrent_size=8),
+                                    num_minibatches=3))
 
 
 def test_a_users_module_gets_one_copy_per_agent():

@@ -125,11 +125,10 @@ def test_recurrent_run_resumes_exactly(gru_run, tmp_path):
 
 
 def test_recurrent_minibatches_must_divide_the_actors():
-    with pytest.raises(jaxppo.ConfigError, match="critic_input='world_state' with a recurrent"):
-        jaxppo.resolve(GRU.replace(critic_input="world_state"))
-    with pytest.raises(jaxppo.ConfigError, match=r"num_envs=2 x 3 agents = 6: .* choose "
-                                                 r"num_minibatches from \[1, 2, 3, 6\]"):
-        jaxppo.resolve(GRU.replace(num_minibatches=4))
+    for critic_input in ("local", "world_state"):  # MAPPO's GRU critic: the same sequences
+        with pytest.raises(jaxppo.ConfigError, match=r"num_envs=2 x 3 agents = 6: .* choose "
+                                                     r"num_minibatches from \[1, 2, 3, 6\]"):
+            jaxppo.resolve(GRU.replace(num_minibatches=4, critic_input=critic_input))
     jaxppo.resolve(GRU.replace(num_minibatches=6))  # one actor's sequence per minibatch
 
 
