@@ -265,6 +265,15 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     return p.parse_args()
 
 
+def run_one_side(args, jaxppo_side, jaxmarl_side) -> bool:
+    """With --side, run that side here (`jaxppo_side()` or `jaxmarl_side()`, each giving its
+    record) and print its record as one JSON line, as `one_run` reads it; False without."""
+    if args.side is None:
+        return False
+    print(json.dumps(jaxppo_side() if args.side == "jaxppo" else jaxmarl_side()))
+    return True
+
+
 def alternating_runs(args, script: str = __file__) -> list[dict]:
     """`args.rounds` rounds of a jaxppo run then a JaxMARL run, each a fresh process."""
     runs = []
@@ -280,12 +289,9 @@ def main() -> None:
     if args.smax:
         smax_main(args)
         return
-    if args.side == "jaxppo":
-        print(json.dumps(run_jaxppo(args.steps, args.seeds, REPO / "jaxppo" / "configs"
-                                    / f"{ENV}.yaml")))
-        return
-    if args.side == "jaxmarl":
-        print(json.dumps(run_jaxmarl(args.steps, args.seeds, args.anchors)))
+    if run_one_side(args, lambda: run_jaxppo(args.steps, args.seeds,
+                                             REPO / "jaxppo" / "configs" / f"{ENV}.yaml"),
+                    lambda: run_jaxmarl(args.steps, args.seeds, args.anchors)):
         return
     runs = alternating_runs(args)
     OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -299,11 +305,8 @@ def main() -> None:
 
 def smax_main(args) -> None:
     """--smax: one side in this process (--side), or both alternating in fresh processes."""
-    if args.side == "jaxppo":
-        print(json.dumps(run_jaxppo_smax(args.steps, args.seeds, args.anchors, args.smax)))
-        return
-    if args.side == "jaxmarl":
-        print(json.dumps(run_jaxmarl_smax(args.steps, args.seeds, args.anchors, args.smax)))
+    if run_one_side(args, lambda: run_jaxppo_smax(args.steps, args.seeds, args.anchors, args.smax),
+                    lambda: run_jaxmarl_smax(args.steps, args.seeds, args.anchors, args.smax)):
         return
     runs = alternating_runs(args)
     SMAX_OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from bench import cpu_model  # experiments/bench.py: the machine's CPU model
-from jaxmarl_bench import SEED, one_run, run_smax_baseline, smax_results, timed
+from jaxmarl_bench import SEED, one_run, run_one_side, run_smax_baseline, smax_results, timed
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "experiments" / "results" / "mappo-smax.json"
@@ -76,18 +76,16 @@ def main() -> None:
                    default=["jaxppo", "jaxmarl"])
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
     args = p.parse_args()
-    if args.side == "jaxppo":
-        print(json.dumps(run_jaxppo(args.steps, args.seeds)))
-        return
-    if args.side == "jaxmarl":
-        print(json.dumps(run_jaxmarl(args.steps, args.seeds, args.anchors)))
+    if run_one_side(args, lambda: run_jaxppo(args.steps, args.seeds),
+                    lambda: run_jaxmarl(args.steps, args.seeds, args.anchors)):
         return
     for side in args.sides:
         run = {**one_run(side, args, __file__), "load_after": os.getloadavg()[0],
                "steps_per_seed": args.steps, "seeds": args.seeds,
                "cpu": cpu_model(), "cores": os.cpu_count()}
         print(json.dumps(run), flush=True)
-        out = json.loads(OUT.read_text()) if OUT.exists() else {"runs": []}  # read late: the other side may have run meanwhile
+        # read late: the other side may have run meanwhile
+        out = json.loads(OUT.read_text()) if OUT.exists() else {"runs": []}
         out["runs"] = [r for r in out["runs"] if r["side"] != side] + [run]
         out.update(env="jaxmarl:smax:2s3z", key=SEED, settings=(
             "JaxMARL's mappo_homogenous_rnn_smax.yaml; jaxppo/configs/smax_2s3z.yaml; "

@@ -305,8 +305,9 @@ class Algorithm:
 
     def value(self, params, obs_stats, raw_obs, carry=(), world_state=None):
         """V(obs) given the carry before it (default: the start of an episode; for a GRU with
-        a centralised critic the pair `train_carry` gives). A centralised critic reads `critic_in(obs_stats, raw_obs, world_state)` (every agent's
-        observations [..., N, *obs_shape]; `world_state` [..., N, C] for "world_state")."""
+        a centralised critic the pair `train_carry` gives). A centralised critic reads
+        `critic_in(obs_stats, raw_obs, world_state)` (every agent's observations
+        [..., N, *obs_shape]; `world_state` [..., N, C] for "world_state")."""
         obs_in = self.obs_in(obs_stats, raw_obs)
         if not self.central_critic:
             return self.network.apply(params, obs_in, carry)[1]

@@ -197,8 +197,9 @@ def unroll(algo: Algorithm, params, carry0, obs_in, reset, critic_in=None):
 
 def rollout_values(algo: Algorithm, params, obs_stats: RunningStats, traj: Transition):
     """V(s_t) and V(s'_t) of the pre-reset successor, [T, E]. Feed-forward: a pass over
-    both, in blocks of at most a minibatch's states (`_value_rows`). Recurrent: V(s_t) by replaying the network over the rollout, and
-    V(s'_t) from the carry after step t (before any reset), in one batched pass."""
+    both, in blocks of at most a minibatch's states (`_value_rows`). Recurrent: V(s_t) by
+    replaying the network over the rollout, and V(s'_t) from the carry after step t (before
+    any reset), in one batched pass."""
     obs_in = algo.obs_in(obs_stats, traj.obs)
     final_in = algo.obs_in(obs_stats, traj.final_obs)
     if algo.recurrent:
