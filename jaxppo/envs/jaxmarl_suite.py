@@ -97,7 +97,7 @@ def make_jaxmarl_env(path: str, env_kwargs: dict) -> tuple[JaxMarlEnv, dict]:
     else:
         marl_env = adapter.construct(path, "jaxmarl.make", jaxmarl.make, name, kwargs, rest)
     env = JaxMarlEnv(marl_env, name=f"jaxmarl-{name}")
-    adapter.trace_step(env, path, "jaxmarl", "JaxMARL", jnp.zeros((env.num_agents,), jnp.int32))
+    adapter.trace_step(env, path, "jaxmarl", "JaxMARL", env.zero_actions())
     return env, params
 
 
@@ -121,8 +121,9 @@ class JaxMarlEnv:
     """A JaxMARL env (`MultiAgentEnv`, one env: jaxppo vmaps it) with the gymnax API and an
     agent axis of `num_agents` (`agents` names them, in JaxMARL's order).
 
-    reset(key, params) -> (obs [N, D], state); step(key, state, action [N], params) -> (obs
-    [N, D], state, reward [N], terminated [], truncated [], info), auto-resetting with `key`
+    reset(key, params) -> (obs [N, D], state); step(key, state, action [N] (Box: [N, A]),
+    params) -> (obs [N, D], state, reward [N], terminated [], truncated [], info),
+    auto-resetting with `key`
     when the episode ends and keeping the observations before the reset in
     info["final_observation"] (and JaxMARL's state before it in info["final_state"]).
 
@@ -135,7 +136,10 @@ class JaxMarlEnv:
     * Observations: each agent's Box observation, flattened; agents with smaller
       observations are zero-padded at the end to the largest (as JaxMARL's baselines pad).
     * Actions: one Discrete action per agent, `action_space().n` the largest agent's count;
-      an agent with fewer actions has the others masked out.
+      an agent with fewer actions has the others masked out. Or one Box action per agent
+      (MPE's `action_type="Continuous"`), a vector [A] within the bounds every agent shares
+      (`action_space()` is that Box). Agents whose Box actions differ in size or bounds, and
+      a mix of Discrete and Box agents, are refused (`_check_boxes`).
     * Action masks: `action_mask(state, params) -> bool [N, n]` when the env gives available
       actions (SMAX's `get_avail_actions`, Hanabi's `get_legal_moves`) or agents have
       different action counts; jaxppo masks the policy with it.
@@ -159,20 +163,18 @@ class JaxMarlEnv:
         self.marl_env = marl_env
         self.name = name or f"jaxmarl-{type(marl_env).__name__}"
         self.agents = tuple(marl_env.agents)
-        obs_dims, self._num_actions = [], []
-        for a in self.agents:
-            obs_space, act_space = marl_env.observation_space(a), marl_env.action_space(a)
-            if not hasattr(act_space, "n"):
-                raise ConfigError(
-                    f"{self.name}: agent {a!r} has action space {type(act_space).__name__}; "
-                    "jaxppo's JaxMARL adapter takes Discrete actions only (MPE envs take "
-                    "env_kwargs={'action_type': 'Discrete'})")
-            obs_dims.append(int(np.prod(obs_space.shape)))  # Hanabi's shape is an int
-            self._num_actions.append(int(act_space.n))
+        # Hanabi's observation shape is an int
+        obs_dims = [int(np.prod(marl_env.observation_space(a).shape)) for a in self.agents]
+        act_spaces = [marl_env.action_space(a) for a in self.agents]
+        self.discrete = _discrete_actions(self.name, self.agents, act_spaces)
+        self._box = None if self.discrete else _check_boxes(self.name, self.agents, act_spaces)
+        self._num_actions = ([int(s.n) for s in act_spaces] if self.discrete
+                             else [len(self._box[0])] * len(self.agents))
         self._obs_dims = tuple(obs_dims)
         self.obs_dim, self.n = max(obs_dims), max(self._num_actions)
         self._avail = _available_actions_fn(marl_env)
-        self._has_mask = self._avail is not None or len(set(self._num_actions)) > 1
+        self._has_mask = self.discrete and (self._avail is not None
+                                            or len(set(self._num_actions)) > 1)
         self._world_state_fn = _world_state_fn(marl_env)
         limit = getattr(marl_env, "max_steps", None)
         self._time_limit = (int(limit) if isinstance(limit, (int, np.integer))
@@ -190,6 +192,13 @@ class JaxMarlEnv:
         # max_steps (26 steps for max_steps=25), and jaxppo's limit must not cut them earlier.
         return JaxMarlParams(self._time_limit + 1 if self._time_limit
                              else DEFAULT_EPISODE_LENGTH)
+
+    def zero_actions(self) -> jax.Array:
+        """Every agent's action 0 (Discrete: [N] int32) or zeros (Box: [N, A] float32), an
+        example action to trace the env with."""
+        if self.discrete:
+            return jnp.zeros((self.num_agents,), jnp.int32)
+        return jnp.zeros((self.num_agents, self.n), jnp.float32)
 
     def agent_obs_size(self, agent: str) -> int:
         """How many numbers agent `agent`'s own observation holds (before padding)."""
@@ -276,11 +285,71 @@ class JaxMarlEnv:
         return adapter.gymnax_spaces().Box(-jnp.inf, jnp.inf, (self.obs_dim,), jnp.float32)
 
     def action_space(self, params: JaxMarlParams | None = None):
-        """One agent's action: Discrete(n)."""
-        return adapter.gymnax_spaces().Discrete(self.n)
+        """One agent's action: Discrete(n), or the Box [A] every agent shares."""
+        if self.discrete:
+            return adapter.gymnax_spaces().Discrete(self.n)
+        low, high = self._box
+        return adapter.gymnax_spaces().Box(low, high, (self.n,), jnp.float32)
 
     def __repr__(self) -> str:
         return f"JaxMarlEnv({type(self.marl_env).__name__}, {self.name!r})"
+
+
+def _discrete_actions(name: str, agents: tuple, spaces: list) -> bool:
+    """True when every agent's action space is Discrete, False when every one is a Box.
+
+    Raises:
+      ConfigError: a mix of the two, or another kind of space.
+    """
+    kinds = ["discrete" if hasattr(s, "n") else "box" if hasattr(s, "low") else None
+             for s in spaces]
+    for a, s, kind in zip(agents, spaces, kinds):
+        if kind is None:
+            raise ConfigError(
+                f"{name}: agent {a!r} has action space {type(s).__name__}; jaxppo's JaxMARL "
+                "adapter takes Discrete or Box actions")
+    if len(set(kinds)) > 1:
+        listed = ", ".join(f"{a}: {type(s).__name__}" for a, s in zip(agents, spaces))
+        raise ConfigError(
+            f"{name} mixes Discrete and Box actions across its agents ({listed}); jaxppo's "
+            "agents share one policy head and one action distribution (a categorical or a "
+            "Gaussian), so every agent's action space must be of one kind: choose the env's "
+            "all-Discrete or all-continuous variant (MPE envs: env_kwargs action_type: "
+            "Discrete or Continuous)")
+    return kinds[0] == "discrete"
+
+
+def _check_boxes(name: str, agents: tuple, spaces: list) -> tuple[np.ndarray, np.ndarray]:
+    """The Box bounds (low, high: float32 [A]) every agent's action shares.
+
+    Raises:
+      ConfigError: an agent's action is not a vector, or agents' actions differ in size or
+        bounds (docs/environments.md: why jaxppo does not pad Box actions).
+    """
+    bounds = []
+    for a, s in zip(agents, spaces):
+        shape = tuple(int(d) for d in np.shape(np.zeros(s.shape)))
+        if len(shape) != 1:
+            raise ConfigError(f"{name}: agent {a!r}'s Box action has shape {shape}; jaxppo "
+                              "takes Box actions that are vectors [A]")
+        bounds.append(tuple(np.broadcast_to(np.asarray(b, np.float32), shape).copy()
+                            for b in (s.low, s.high)))
+    sizes = [len(low) for low, _ in bounds]
+    if len(set(sizes)) > 1 or any(
+            not (np.array_equal(low, bounds[0][0]) and np.array_equal(high, bounds[0][1]))
+            for low, high in bounds):
+        listed = ", ".join(f"{a}: [{n}] in [{lo.min():g}, {hi.max():g}]"
+                           for a, n, (lo, hi) in zip(agents, sizes, bounds))
+        raise ConfigError(
+            f"{name}'s agents have Box actions of different sizes or bounds ({listed}); jaxppo "
+            "takes Box actions that every agent shares. Zero-padding a Gaussian's action to "
+            "the largest size (as JaxMARL's MABrax homogenisation does) would put the padded "
+            "dimensions, which the env ignores, into every log-probability, PPO ratio and "
+            "entropy bonus: noise in the update and an entropy term that grows their spread "
+            "without end. Use the env's Discrete actions (MPE envs: env_kwargs action_type: "
+            "Discrete; agents with different action counts are masked), or an env that "
+            "homogenises its agents' actions itself")
+    return bounds[0]
 
 
 def _available_actions_fn(marl_env):
@@ -329,7 +398,7 @@ def _make_overcooked(path: str, name: str, kwargs: dict, rest: str) -> Overcooke
     make = lambda _, **kw: import_jaxmarl().make("overcooked", layout=layout, **kw)  # noqa: E731
     marl_env = adapter.construct(path, "jaxmarl.make", make, "overcooked", kwargs, rest)
     env = OvercookedEnv(marl_env, name=f"jaxmarl-{name}", shaped_reward_steps=int(steps))
-    adapter.trace_step(env, path, "jaxmarl", "JaxMARL", jnp.zeros((env.num_agents,), jnp.int32))
+    adapter.trace_step(env, path, "jaxmarl", "JaxMARL", env.zero_actions())
     return env
 
 

@@ -281,7 +281,10 @@ def _env_spec(config, env, env_params) -> EnvSpec:
         raise ConfigError(f"{config.env_name}: Box actions must be a vector, got shape {shape}")
     dim = int(shape[0])
     low, high = box_bounds(act_space, dim)
-    return EnvSpec(env, env_params, obs_shape, False, dim, low, high)
+    agents = tuple(getattr(env, "agents", ()))
+    world_state = getattr(env, "world_state", None) if agents else None
+    return EnvSpec(env, env_params, obs_shape, False, dim, low, high, None, agents,
+                   world_state if callable(world_state) else None)
 
 
 def env_action_mask(config, env, env_params, num_actions: int, num_agents: int = 0):

@@ -29,9 +29,14 @@ class EnvWrapper:
     `make_env` wraps the env with the config's wrappers, the first entry innermost, so the
     rollout, evaluation and `load_policy` all see the transformed env. A wrapper keeps what
     it needs (e.g. the last k frames) in the env state.
+
+    `takes_agents`: True when the wrapper handles a multi-agent env's agent axis (its
+    observations [N, ...] and actions [N, ...], one done for every agent); a wrapper that
+    does not say so is refused on a multi-agent env.
     """
 
     name = "env_wrapper"
+    takes_agents = False
 
     def wrap(self, env):
         raise NotImplementedError
@@ -56,9 +61,14 @@ class RewardHook:
     Hooks run in order before GAE and before reward normalisation, each seeing the rewards of
     the one before in `traj.reward`; their states live in `TrainState.hook_state` (one entry
     per hook) from iteration to iteration. Episode-return metrics stay the env's own.
+
+    `takes_agents`: True when the hook handles a multi-agent env's batch, whose columns are
+    actors [T, E*N] (actor e * N + i is agent i of env e; `init` gets the spec, whose
+    `agents` names them); a hook that does not say so is refused on a multi-agent env.
     """
 
     name = "reward_hook"
+    takes_agents = False
 
     def init(self, spec) -> Any:
         return ()
@@ -102,11 +112,14 @@ class FrameStack(EnvWrapper):
 
     Frames go on a new last axis ([*obs_shape] -> [*obs_shape, k]), except image observations
     [H, W, C], whose channels are concatenated ([H, W, k*C]) so the CNN torso sees k*C
-    channels. At an episode's start every slot holds the first observation.
+    channels. At an episode's start every slot holds the first observation. A multi-agent
+    env's agents each stack their own observations ([N, *obs_shape] -> [N, *obs_shape, k]);
+    their episode starts together.
     """
 
     k: int = 4
     name = "frame_stack"
+    takes_agents = True
 
     def __post_init__(self):
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
@@ -137,16 +150,17 @@ class FrameStackEnv:
     def __init__(self, env, k: int):
         self._env = env
         self.k = k
+        self._by_agent = bool(getattr(env, "agents", ()))
 
     def __getattr__(self, name):
         return getattr(self._env, name)
 
     def _layout(self, frames: jax.Array) -> jax.Array:
-        """[k, *obs_shape] -> the stacked observation."""
-        if frames.ndim == 4:  # images [k, H, W, C] -> [H, W, k*C]
-            k, h, w, c = frames.shape
-            return jnp.transpose(frames, (1, 2, 0, 3)).reshape(h, w, k * c)
-        return jnp.moveaxis(frames, 0, -1)
+        """[k, *obs_shape] (a multi-agent env's [k, N, *obs_shape]) -> the stacked
+        observation (each agent's own)."""
+        if self._by_agent:
+            return jax.vmap(_stack_frames, in_axes=1)(frames)
+        return _stack_frames(frames)
 
     def reset(self, key, params=None):
         obs, env_state = self._env.reset(key, params)
@@ -173,19 +187,23 @@ class FrameStackEnv:
     def action_mask(self):
         """The wrapped env's action mask of the current frame's state (AttributeError when
         it has none)."""
-        inner = getattr(self._env, "action_mask", None)
-        if not callable(inner):
-            raise AttributeError("action_mask")
-        return lambda state, params=None: inner(state.env_state, params)
+        return _of_inner_state(self._env, "action_mask")
+
+    @property
+    def world_state(self):
+        """A multi-agent env's world state of the current frame's state (AttributeError when
+        it has none): the critic's input stays the env's, unstacked."""
+        return _of_inner_state(self._env, "world_state")
 
     def observation_space(self, params):
+        """One observation's (one agent's) stacked space."""
         from gymnax.environments import spaces
 
         inner = self._env.observation_space(params)
         shape = tuple(int(s) for s in inner.shape)
-        stacked = lambda b: b if np.ndim(b) == 0 else self._layout(  # noqa: E731
+        stacked = lambda b: b if np.ndim(b) == 0 else _stack_frames(  # noqa: E731
             jnp.repeat(jnp.broadcast_to(jnp.asarray(b), shape)[None], self.k, axis=0))
-        new_shape = jax.eval_shape(self._layout, jax.ShapeDtypeStruct((self.k,) + shape, inner.dtype)).shape
+        new_shape = jax.eval_shape(_stack_frames, jax.ShapeDtypeStruct((self.k,) + shape, inner.dtype)).shape
         return spaces.Box(stacked(inner.low), stacked(inner.high), tuple(new_shape), inner.dtype)
 
     def action_space(self, params=None):
@@ -195,6 +213,24 @@ class FrameStackEnv:
         return f"FrameStackEnv({self._env!r}, k={self.k})"
 
 
+def _stack_frames(frames: jax.Array) -> jax.Array:
+    """One observation's last k [k, *obs_shape] -> its stack: [*obs_shape, k], or for images
+    [k, H, W, C] -> [H, W, k*C]."""
+    if frames.ndim == 4:  # images [k, H, W, C] -> [H, W, k*C]
+        k, h, w, c = frames.shape
+        return jnp.transpose(frames, (1, 2, 0, 3)).reshape(h, w, k * c)
+    return jnp.moveaxis(frames, 0, -1)
+
+
+def _of_inner_state(env, name: str):
+    """`env.<name>(state, params)` of a wrapper's state (`state.env_state`), or
+    AttributeError(name) when the wrapped env has no such function."""
+    inner = getattr(env, name, None)
+    if not callable(inner):
+        raise AttributeError(name)
+    return lambda state, params=None: inner(state.env_state, params)
+
+
 # ---------------------------------------------------------------------- discretised actions
 @dataclass(frozen=True)
 class DiscretizeActions(EnvWrapper):
@@ -202,11 +238,13 @@ class DiscretizeActions(EnvWrapper):
     values per dimension, from low to high inclusive; the policy becomes a categorical over
     the bins**D joint actions. A categorical can put its mass on two separate torques where a
     Gaussian can only average them, which matters where the best action switches sharply
-    (e.g. which way to swing a pendulum hanging at rest).
+    (e.g. which way to swing a pendulum hanging at rest). On a multi-agent env with Box
+    actions every agent's action is discretised alike.
     """
 
     bins: int = 11
     name = "discretize_actions"
+    takes_agents = True
     MAX_JOINT_ACTIONS = 4096
 
     def __post_init__(self):
@@ -255,12 +293,13 @@ class DiscreteActionEnv:
         return shape, dim, low, high
 
     def continuous_action(self, index: jax.Array, params=None) -> jax.Array:
-        """The Box action (the env's action shape) for a discrete action index."""
+        """The Box actions [..., *action_shape] for discrete action indices [...] (a
+        multi-agent env's [N], one per agent)."""
         shape, dim, low, high = self._box(params)
         powers = self.bins ** np.arange(dim - 1, -1, -1)
-        digits = (index // jnp.asarray(powers)) % self.bins
+        digits = (jnp.asarray(index)[..., None] // jnp.asarray(powers)) % self.bins
         values = jnp.asarray(low) + digits * jnp.asarray((high - low) / (self.bins - 1))
-        return values.reshape(shape).astype(jnp.float32)
+        return values.reshape(jnp.shape(index) + shape).astype(jnp.float32)
 
     def reset(self, key, params=None):
         return self._env.reset(key, params)
@@ -295,7 +334,9 @@ class CountBonus(RewardHook):
     batch before the bonus is computed (so N >= 1). power=0.5 is the classic
     scale/sqrt(N) bonus (MBIE-EB, #Exploration), power=1 is scale/N. Observations are
     discretised as round(obs / resolution). Counts are global: under pmap the batch's counts
-    are summed over devices, so every device holds the same table.
+    are summed over devices, so every device holds the same table. On a multi-agent env each
+    agent counts its own observations in a table of its own ([N, buckets]): an agent's bonus
+    is for what is new to it, as each agent of independent PPO learns from its own view.
     """
 
     scale: float = 0.1
@@ -303,6 +344,7 @@ class CountBonus(RewardHook):
     buckets: int = 2 ** 16
     resolution: float = 1.0
     name = "count_bonus"
+    takes_agents = True
 
     def __post_init__(self):
         for f in ("scale", "power", "resolution"):
@@ -316,7 +358,8 @@ class CountBonus(RewardHook):
             raise ConfigError(f"count_bonus buckets={b!r} must be a power of two >= 2, e.g. 65536")
 
     def init(self, spec):
-        return jnp.zeros((self.buckets,), jnp.int32)
+        agents = len(getattr(spec, "agents", ()) or ())
+        return jnp.zeros((agents, self.buckets) if agents else (self.buckets,), jnp.int32)
 
     def bucket(self, obs: jax.Array, obs_ndim: int) -> jax.Array:
         """Table index [...] of observations [..., *obs_shape] (obs_ndim trailing axes)."""
@@ -327,13 +370,16 @@ class CountBonus(RewardHook):
     def __call__(self, counts, traj, axis_name=None):
         obs_ndim = traj.final_obs.ndim - traj.reward.ndim
         idx = self.bucket(traj.final_obs, obs_ndim).astype(jnp.int32)
-        visits = jnp.zeros_like(counts).at[idx.reshape(-1)].add(1)
+        if counts.ndim == 2:  # a table per agent: actor k (env-major) is agent k % N
+            idx = idx + (jnp.arange(idx.shape[-1]) % counts.shape[0]) * self.buckets
+        table = counts.reshape(-1)
+        visits = jnp.zeros_like(table).at[idx.reshape(-1)].add(1)
         if axis_name is not None:
             visits = jax.lax.psum(visits, axis_name)
-        counts = counts + visits
-        n = counts[idx].astype(jnp.float32)
+        table = table + visits
+        n = table[idx].astype(jnp.float32)
         bonus = self.scale * jnp.power(n, -self.power)
-        return counts, traj.reward + bonus
+        return table.reshape(counts.shape), traj.reward + bonus
 
 
 def hash_rows(x: jax.Array) -> jax.Array:
@@ -434,8 +480,16 @@ def reward_hooks(config) -> list[RewardHook]:
 # ---------------------------------------------------------------------- hook points
 def wrap_env(env, config):
     """The env wrapped by the config's observation transforms (first entry innermost); an env
-    that steps in Python by their host forms (`EnvWrapper.wrap_host`)."""
+    that steps in Python by their host forms (`EnvWrapper.wrap_host`).
+
+    Raises:
+      ConfigError: a transform without a form for this env (a host loop's, or a
+        multi-agent env's agent axis: `check_takes_agents`).
+    """
+    agents = getattr(env, "agents", ())
     for t in env_wrappers(config):
+        if agents:
+            check_takes_agents(t, config.env_name)
         if getattr(env, "host_loop", False):
             wrapped = t.wrap_host(env)
             if wrapped is None:
@@ -447,6 +501,32 @@ def wrap_env(env, config):
         else:
             env = t.wrap(env)
     return env
+
+
+def check_takes_agents(transform, env_name: str) -> None:
+    """Checks that `transform` handles a multi-agent env's agent axis (`takes_agents`).
+
+    Raises:
+      ConfigError: it does not say so; names it, why, and the fix.
+    """
+    if getattr(transform, "takes_agents", False):
+        return
+    name = getattr(transform, "name", type(transform).__name__)
+    if isinstance(transform, FunctionHook):
+        raise ConfigError(
+            f"transforms: the reward hook function {name!r} on {env_name}, a multi-agent env: "
+            "its batch's columns are actors [T, E*N] (actor e * N + i is agent i of env e), "
+            "and a plain function cannot say that it handles them. Make it a RewardHook "
+            "subclass with takes_agents = True (jaxppo.envs.transforms), or remove it")
+    sees = ("observations [N, ...] and actions [N, ...] with an agent axis"
+            if isinstance(transform, EnvWrapper) else
+            "a batch whose columns are actors [T, E*N] (actor e * N + i is agent i of env e)")
+    raise ConfigError(
+        f"transform {name!r} ({type(transform).__name__}) on {env_name}, a multi-agent env, "
+        f"would see {sees}, and it does not say that it handles them; remove it, or, if it "
+        "does, set takes_agents = True on its class (docs/environments.md, \"Many agents\"). "
+        f"Built-in transforms that take agents: "
+        f"{', '.join(n for n, c in TRANSFORMS.items() if getattr(c, 'takes_agents', False))}")
 
 
 def box_bounds(space, dim: int) -> tuple[np.ndarray, np.ndarray]:

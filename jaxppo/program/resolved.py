@@ -29,7 +29,7 @@ from jaxppo.core.evaluation import eval_max_steps
 from jaxppo.envs.gymnasium_env import check_config as check_host_loop_config
 from jaxppo.envs.gymnasium_env import check_hosts as check_host_loop_hosts
 from jaxppo.envs.gymnasium_env import refuse_host_options
-from jaxppo.envs.transforms import reward_hooks
+from jaxppo.envs.transforms import check_takes_agents, reward_hooks
 from jaxppo.program.layout import (Layout, check_minibatches, check_split, describe_layout,
                                    host_layout, learner_layout, local_layout, splits_population)
 from jaxppo.program.user_network import check_custom_network, user_module
@@ -115,8 +115,9 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     else:
         refuse_host_options(config)
     recurrent = networks.is_recurrent(network)
-    if spec.agents:
-        _check_multi_agent(config)
+    if spec.agents:  # the env wrappers were checked as make_env wrapped the env
+        for hook in hooks:
+            check_takes_agents(hook, config.env_name)
     _check_agent_options(config, spec)
     if config.agent_params == "per_agent":
         network = networks.PerAgentNetwork(network, spec.num_agents, spec.discrete)
@@ -199,15 +200,6 @@ def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
             f"1: it is the episode's time limit in steps (the {config.env_name} default is "
             f"{_default_limit(config)})")
     _check_conv_options(config, spec)
-
-
-def _check_multi_agent(config: PPOConfig) -> None:
-    """What a multi-agent env does not take yet: a ConfigError naming it, not a shape error
-    from inside the compiled program."""
-    if config.transforms:
-        raise ConfigError(
-            f"transforms={config.transforms!r}: {config.env_name} is a multi-agent env, and "
-            "transforms do not take its agent axis yet; remove them")
 
 
 def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:

@@ -205,7 +205,7 @@ class Policy:
 
     def joint(self, obs: dict, carry=(), key: jax.Array | None = None, action_mask=None):
         """The joint policy of a multi-agent run: every agent acts on its own observation with
-        the network they share.
+        the network they share. An agent's Box action is a vector [A] ([B, A] for a batch).
 
         Args:
           obs: {agent: observation} for every agent, as JaxMARL's reset / step give them
@@ -223,7 +223,8 @@ class Policy:
         """
         stacked = self._stack_agents(obs)
         actions, carry = self.step(stacked, carry, key, action_mask)
-        out = {a: actions[..., i] for i, a in enumerate(self.agents)}
+        axis = -1 if self.spec.discrete else -2  # a Box action's vector comes after the agents
+        out = {a: jnp.take(actions, i, axis=axis) for i, a in enumerate(self.agents)}
         return (out, carry) if self.recurrent else out
 
     def agent(self, name: str) -> "AgentPolicy":
@@ -247,7 +248,7 @@ class Policy:
         return AgentPolicy(self, name)
 
     def _stack_agents(self, obs: dict) -> jax.Array:
-        """{agent: obs} -> [*batch, agents, obs_dim], each flattened and zero-padded."""
+        """{agent: obs} -> [*batch, agents, *obs_shape], each zero-padded (`_pad`)."""
         if not self.agents:
             raise TypeError(f"{self.config.env_name} is a single-agent env: the joint policy "
                             "takes the observations of a multi-agent env's agents")
@@ -255,17 +256,25 @@ class Policy:
             got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
             raise ValueError(f"obs must map every agent to its observation, {list(self.agents)}; "
                              f"got {got}")
-        return jnp.stack([self._pad(a, obs[a]) for a in self.agents], axis=-2)
+        # the agents' axis comes before each one's observation (and its frames)
+        return jnp.stack([self._pad(a, obs[a]) for a in self.agents],
+                         axis=-1 - len(self.spec.obs_shape))
 
     def _pad(self, name: str, obs) -> jax.Array:
-        """One agent's observation(s) as the network takes them: [*batch, obs_dim]."""
+        """One agent's observation(s) as the network takes them: [*batch, *obs_shape], its
+        own [size] zero-padded to obs_shape[0] (frame-stacked: [size, k] to [obs_dim, k])."""
         size = self.env.agent_obs_size(name)
+        frames = tuple(self.spec.obs_shape[1:])  # frame_stack's axis after the observation
         arr = jnp.asarray(obs, jnp.float32)
-        if arr.ndim < 1 or arr.shape[-1] != size:
+        own = (size, *frames)
+        if arr.ndim < len(own) or tuple(arr.shape[arr.ndim - len(own):]) != own:
+            what = (f"{size} numbers" if not frames else
+                    f"shape {list(own)} (its last {frames[0]} observations, stacked)")
             raise ValueError(f"agent {name!r}'s observation has shape {tuple(arr.shape)}, but "
-                             f"its observations have {size} numbers; pass one [{size}] or a "
-                             f"batch [B, {size}]")
-        return jnp.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, self.spec.obs_dim - size)])
+                             f"its observations have {what}; pass one {list(own)} or a "
+                             f"batch {['B', *own]}".replace("'B'", "B"))
+        lead = [(0, 0)] * (arr.ndim - len(own))
+        return jnp.pad(arr, lead + [(0, self.spec.obs_shape[0] - size)] + [(0, 0)] * len(frames))
 
     def __repr__(self):
         return (f"Policy({self.config.env_name}, obs_shape={self.spec.obs_shape}, "

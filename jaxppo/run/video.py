@@ -117,7 +117,7 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
         obs, state = reset(k_reset, params)
         carry = policy.initial_carry((len(agents),) if agents else ())
         observations, rewards = [np.asarray(obs)], []
-        states = [jax.device_get(state.marl_state)] if agents else None
+        states = [jax.device_get(_marl_state(state))] if agents else None
         for _ in range(bound):
             key, k_act, k_step = jax.random.split(key, 3)
             mask = policy.action_mask(state) if policy.masked else None
@@ -132,6 +132,13 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
                 break
         out.append(Episode(np.stack(observations), np.asarray(rewards, np.float32), states))
     return out
+
+
+def _marl_state(state):
+    """JaxMARL's state inside a multi-agent env's state (under its transforms' states)."""
+    while not hasattr(state, "marl_state"):
+        state = state.env_state
+    return state.marl_state
 
 
 # ---------------------------------------------------------------- drawing

@@ -148,10 +148,7 @@ def test_errors_name_the_fix():
         make_env(TINY.replace(env="MPE_simple_spread_v3"))  # the bare name: the suite's
     with pytest.raises(ConfigError, match="did you mean 'jaxmarl:smax:3m'"):
         make_env(TINY.replace(env="jaxmarl:smax:3mm"))
-    with pytest.raises(ConfigError, match="Discrete actions only"):
-        make_env(TINY.replace(env_kwargs={"action_type": "Continuous"}))
-    with pytest.raises(ConfigError, match="transforms do not take its agent axis"):
-        jaxppo.resolve(TINY.replace(transforms=[{"frame_stack": {"k": 2}}]))
+    # Box actions and transforms: tests/envs/test_jaxmarl_box.py
 
 
 def test_missing_package_gives_the_install_line(monkeypatch):
