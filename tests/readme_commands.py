@@ -46,15 +46,18 @@ def readme_train_commands() -> list[list[str]]:
     return commands
 
 
-def readme_train_config(env: str):
+def readme_train_config(env: str, **fields):
     """The config the documentation's train command for `env` builds (defaults < tuned <
-    --set), exactly as `jaxppo train` would; the test fails when the docs have no such
-    command, or several different ones."""
+    --set), exactly as `jaxppo train` would. With `fields` (e.g. `env_kwargs={}`), the one
+    command whose config has those values, where the docs train `env` several ways. The test
+    fails when the docs have no such command, or several."""
     from jaxppo.cli import _build_parser
     from jaxppo.run.command import new_config
 
-    matches = [argv for argv in readme_train_commands()
+    matches = [new_config(_build_parser().parse_args(argv))[0]
+               for argv in readme_train_commands()
                if "--env" in argv and argv[argv.index("--env") + 1] == env]
-    assert len(matches) == 1, f"the docs have {len(matches)} `python -m jaxppo train --env {env}` commands"
-    config, _ = new_config(_build_parser().parse_args(matches[0]))
-    return config
+    chosen = [c for c in matches if all(getattr(c, k) == v for k, v in fields.items())]
+    assert len(chosen) == 1, (f"the docs have {len(chosen)} `python -m jaxppo train --env {env}` "
+                              f"commands with {fields or 'any config'} ({len(matches)} in all)")
+    return chosen[0]

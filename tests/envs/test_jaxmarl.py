@@ -186,7 +186,7 @@ def test_seeds_train_and_a_resumed_run_continues_exactly(tmp_path):
 def test_the_docs_command_trains_the_tuned_config(tmp_path):
     from readme_commands import readme_train_config
 
-    config = readme_train_config(ENV)
+    config = readme_train_config(ENV, env_kwargs={})  # the discrete MPE's (docs: Box too)
     assert (config.num_envs, config.num_steps, config.num_minibatches) == (16, 128, 4)
     result = jaxppo.train(config.replace(compilation_cache_dir=None, total_timesteps=2 * 2048),
                           run_dir=tmp_path / "run", progress=False)

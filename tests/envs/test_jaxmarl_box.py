@@ -238,13 +238,13 @@ def test_onnx_export_of_a_shared_gaussian(tmp_path):
 
 @pytest.mark.slow
 def test_ppo_learns_continuous_simple_spread():
-    """IPPO with a Gaussian shared by the three agents: the team return of the last ten
-    iterations' episodes beats the first iteration's (the initial policy's) clearly, over
-    41k env steps (about 15 s on 2 cores)."""
-    cfg = jaxppo.PPOConfig(env=ENV, env_kwargs=BOX, num_envs=16, num_steps=32,
-                           num_minibatches=2, num_epochs=4, total_timesteps=16 * 32 * 80,
-                           lr=3e-3, network=jaxppo.NetworkConfig((64, 64)),
-                           compilation_cache_dir=None)
+    """The docs' command for continuous MPE (IPPO with a Gaussian shared by the three agents,
+    the tuned config with its --set): the team return of the last ten iterations' episodes
+    beats the first iteration's (the initial policy's) clearly, over 41k env steps."""
+    from readme_commands import readme_train_config
+
+    cfg = readme_train_config(ENV, env_kwargs=BOX).replace(compilation_cache_dir=None)
+    assert (cfg.num_envs, cfg.num_steps, cfg.total_timesteps) == (16, 32, 16 * 32 * 80)
     result = jaxppo.train(cfg, progress=False, plot=False)
     returns = np.asarray(result.metrics["episode_return_mean"][0])
     initial, trained = returns[0], returns[-10:].mean()
