@@ -634,6 +634,10 @@ class PerAgentNetwork:
     inner: object  # the network each agent runs (ActorCritic or a user's CustomNetwork)
     num_agents: int
     discrete: bool
+    # Each agent's network applied in turn instead of vmapped over the agents (the same
+    # numbers up to float rounding): for an ONNX export, as jax2onnx does not batch flax
+    # modules under a vmap.
+    unrolled: bool = False
 
     def init(self, key, obs, critic_obs=None):
         """Params [N, ...]: the inner network's, initialised from N keys split off `key`."""
@@ -669,8 +673,12 @@ class PerAgentNetwork:
             return self.inner.apply(p, x, h, r, critic_obs=c)
 
         regroup = lambda tree: jax.tree.map(by_agent, tree)  # noqa: E731
-        dist, value, carry_out = jax.vmap(one)(params, by_agent(obs), regroup(critic_obs),
-                                               regroup(carry), regroup(reset))
+        inputs = (params, by_agent(obs), regroup(critic_obs), regroup(carry), regroup(reset))
+        if self.unrolled:
+            outs = [one(*jax.tree.map(lambda x: x[i], inputs)) for i in range(n)]
+            dist, value, carry_out = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+        else:
+            dist, value, carry_out = jax.vmap(one)(*inputs)
         loc = by_actor(dist.loc)
         if self.discrete:  # unused by a categorical: one row, as a shared network gives
             log_std = dist.log_std[0]

@@ -7,6 +7,8 @@ JSON description of its inputs and outputs next to it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -148,6 +150,11 @@ def _serialize(policy: Policy, format: str, io: _Signature,
         if stochastic:
             files["sample"] = _jax_bytes(_seeded_sample_fn(policy), io.seeded_in)
     else:
+        if policy.algorithm.per_agent:  # jax2onnx does not batch flax modules under a vmap
+            algo = policy.algorithm
+            policy = Policy(dataclasses.replace(
+                algo, network=dataclasses.replace(algo.network, unrolled=True)),
+                policy.params, policy.obs_stats, policy.iteration)
         files = {"deterministic": _onnx_bytes(_deterministic_fn(policy), io.deterministic_in,
                                               ["obs", *carry_in], ["action", *carry_out])}
         if stochastic:

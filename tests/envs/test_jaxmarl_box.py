@@ -4,7 +4,7 @@ dict actions; frame stacks against a plain-numpy stacking of the env's own obser
 each agent's count bonus against counts by hand; discretised actions against the bins by
 hand; the errors. One short run (a GRU per agent, a world-state critic, frame stacking and a
 count bonus, compiled once for the module) resumed exactly, then loaded as the joint policy,
-evaluated and exported; and a learning check on continuous simple_spread (marked slow)."""
+evaluated and exported (jax, and ONNX with each agent's network in turn); and a learning check on continuous simple_spread (marked slow)."""
 
 import json
 from types import SimpleNamespace
@@ -211,29 +211,27 @@ def test_the_joint_policy_acts_evaluates_and_exports(run, tmp_path):
     assert metrics["lengths"] == [26, 26] and np.isfinite(metrics["returns"]).all()
 
 
-def test_onnx_export_of_a_shared_gaussian(tmp_path):
-    """A network every agent shares, exported to ONNX: each row of agents' observations gets
-    the policy's Box action (a network per agent is a vmap over the agents, which jax2onnx
-    does not convert; format='jax' exports it)."""
+def test_onnx_export_of_a_gru_per_agent(run, tmp_path):
+    """The run's policy (a GRU per agent on stacked frames) exported to ONNX: an env's agents
+    together in, each agent's Box action and carry out, as the policy gives them step after
+    step (jax2onnx converts each agent's network applied in turn, not the vmap over agents
+    that training uses)."""
     pytest.importorskip("jax2onnx")
     ort = pytest.importorskip("onnxruntime")
-    from jaxppo.core.algorithm import Algorithm
-    from jaxppo.core.running_stats import RunningStats
-    from jaxppo.run.policy import Policy
-
-    cfg = RUN.replace(network=jaxppo.NetworkConfig((16,)), agent_params="shared",
-                      critic_input="local", transforms=[])
-    algo = Algorithm.create(jaxppo.resolve(cfg))
-    params = algo.init_params(jax.random.PRNGKey(0))
-    params = jax.tree.map(lambda p: p + 0.3, params)  # means away from the bounds' clip
-    policy = Policy(algo, params, RunningStats.create((D,)))
-    out = jaxppo.export_policy(policy, "onnx", tmp_path / "shared.onnx")
+    policy = jaxppo.load_policy(run)
+    out = jaxppo.export_policy(policy, "onnx", tmp_path / "agents.onnx")
     assert out.metadata["action"]["low"] == [0.0] * A
-    obs = np.random.default_rng(2).normal(size=(E * N, D)).astype(np.float32)
-    got = ort.InferenceSession(str(out.path)).run(None, {"obs": obs})[0]
-    want = np.asarray(policy(obs))
-    assert got.shape == (E * N, A) and 0 < want.mean() < 1
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    session = ort.InferenceSession(str(out.path))
+    assert [i.name for i in session.get_inputs()] == ["obs", "carry"]
+    rng = np.random.default_rng(2)
+    carry = ours = np.asarray(policy.initial_carry((E, N)))
+    for _ in range(3):
+        obs = rng.normal(size=(E, N, D, K)).astype(np.float32)
+        action, carry = session.run(None, {"obs": obs, "carry": carry})
+        want, ours = policy.step(obs, ours)
+        assert action.shape == (E, N, A)
+        np.testing.assert_allclose(action, np.asarray(want), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(carry, np.asarray(ours), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
