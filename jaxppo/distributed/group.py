@@ -18,6 +18,8 @@ iteration once.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from typing import Any
 
@@ -351,7 +353,7 @@ class HostGroup:
         once (the others may be blocked in a collective with it): HostLost. A learner's own
         error waits `grace_s` for a death that explains it (a peer's collective failing)."""
         refs = [getattr(a, method).remote(*args) for a in self.learners]
-        pending, failed, deadline = list(refs), None, None
+        pending, failed, failed_host, deadline = list(refs), None, None, None
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
             for ref in ready:
@@ -360,12 +362,13 @@ class HostGroup:
                 except RayActorError as e:
                     raise HostLost([(refs.index(ref), _short_reason(e))]) from None
                 except RayTaskError as e:
-                    failed = failed or e
+                    if failed is None:
+                        failed, failed_host = e, refs.index(ref)
                     deadline = deadline or time.monotonic() + grace_s
             if failed is not None and time.monotonic() > deadline:
                 break
         if failed is not None:
-            raise _task_error(failed, f"running {method}")
+            raise _task_error(failed, f"running {method}", failed_host)
         return ray.get(refs)
 
     def _recover(self, error: HostLost) -> None:
@@ -489,11 +492,20 @@ def _short_reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
-def _task_error(e: RayTaskError, what: str) -> Exception:
+def _task_error(e: RayTaskError, what: str, host: int | None = None) -> Exception:
     """A learner's exception as the driver raises it: config errors as they are, anything
-    else as a DistributedError naming what failed."""
+    else as a DistributedError naming the host, what failed and what jaxppo noted where it
+    was raised (e.g. the actor thread and the line of an env that raised)."""
     cause = getattr(e, "cause", None) or e
     if isinstance(cause, (ConfigError, DistributedError)):
         return cause
-    return DistributedError(f"a learner failed while {what}: {_short_reason(cause)}. See the "
+    who = "a learner" if host is None else f"the learner of host {host}"
+    notes = [n.removeprefix("jaxppo: ") for n in getattr(cause, "__notes__", ())
+             if n.startswith("jaxppo: ")]
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', str(e))  # Ray's traceback
+    if not notes and frames:  # the line that raised, from the learner's traceback
+        file, line, function = frames[-1]
+        notes = [f"raised at {os.path.basename(file)}:{line} in {function}"]
+    where = f" ({'; '.join(notes)})" if notes else ""
+    return DistributedError(f"{who} failed while {what}: {_short_reason(cause)}{where}. See the "
                             "learners' logs (`ray logs`, the dashboard) for the whole traceback")

@@ -473,6 +473,35 @@ def test_different_versions_on_the_nodes_is_a_clear_error(cluster, monkeypatch):
         train_distributed(tiny(), hosts=2, progress=False)
 
 
+def test_a_learners_own_error_names_its_host_and_where_it_was_raised():
+    """An exception a learner raises (an env's, in an actor thread or the host loop), as the
+    driver reports it: the host, the error, jaxppo's note of where (the actor thread), else
+    the line that raised from Ray's traceback; config errors pass through as they are."""
+    from jaxppo.distributed.group import _task_error
+
+    class Remote(Exception):  # what ray.get raises: Ray's traceback text and the cause
+        pass
+
+    e = Remote('ray::HostLearner.train_chunk() (pid=1, ip=127.0.0.1)\n'
+               '  File "/x/jaxppo/run/hostloop.py", line 240, in _step\n'
+               '  File "/x/my_env.py", line 12, in step\nRuntimeError: the simulator crashed')
+    e.cause = RuntimeError("the simulator crashed")
+    e.cause.add_note("jaxppo: actor thread 0 of 1 (envs 2-3) raised this while playing "
+                     "rollout 6 (iteration 7); the run stopped. Where: my_env.py:12 in step")
+    e.cause.add_note("a note of someone else's")
+    msg = str(_task_error(e, "running train_chunk", 1))
+    assert msg.startswith("the learner of host 1 failed while running train_chunk: RuntimeError: "
+                          "the simulator crashed (actor thread 0 of 1 (envs 2-3) raised this "
+                          "while playing rollout 6 (iteration 7); the run stopped. Where: "
+                          "my_env.py:12 in step). See the learners' logs"), msg
+    e.cause = RuntimeError("the simulator crashed")
+    msg = str(_task_error(e, "running train_chunk", 0))
+    assert ("the learner of host 0 failed while running train_chunk: RuntimeError: the "
+            "simulator crashed (raised at my_env.py:12 in step). See") in msg, msg
+    e.cause = ConfigError("lr must be > 0")
+    assert _task_error(e, "starting") is e.cause
+
+
 def test_envs_not_divisible_by_hosts_is_a_config_error():
     with pytest.raises(HostsConfigError) as e:
         train_distributed(tiny(num_envs=5), hosts=2, progress=False)
