@@ -305,13 +305,14 @@ class ActorLearnerRunner(HostLoopRunner):
         waited = time.perf_counter() - t0
         taken, self._taken = self._taken, []
         traj = join_rollouts([r.traj for r in taken], self.seeded)
+        t1 = time.perf_counter()
         self.state, metrics = self.learner.update(state, traj)
         acting = self.acting_state()
         self._shared.board.publish(k + 1, acting.params, acting.obs_stats)
         self._envs_after = tuple(np.concatenate(parts, axis=self._env_axis) for parts in
                                  zip(*(r.envs_after for r in taken)))
         metrics = dict(jax.device_get(metrics))
-        release_free_memory()  # what the update freed, before the next one
+        release_free_memory(time.perf_counter() - t1)  # what a long update freed
         metrics.update(policy_lag=np.float32(np.mean([k - r.version for r in taken])),
                        actor_wait_seconds=np.float32(np.mean([r.wait_seconds for r in taken])),
                        learner_wait_seconds=np.float32(waited))

@@ -485,9 +485,10 @@ class HostLoopRunner:
         rng, k_roll = self._split(acting)
         noise = np.asarray(self._noise(k_roll, self._env_ids))
         traj = self.rollout.collect(acting.params, acting.obs_stats, noise, self._gamma)
+        t0 = time.perf_counter()
         self.state, metrics = self.learner.update(self.state, traj, rng)
         metrics = jax.device_get(metrics)
-        release_free_memory()  # what the update freed, before the next one
+        release_free_memory(time.perf_counter() - t0)  # what a long update freed
         return metrics, traj
 
     def train_chunk(self, start: int, stop: int) -> dict[str, np.ndarray]:
