@@ -15,7 +15,10 @@ class Batch(NamedTuple):
     """Training samples: the iteration's batch (leading axes [T, E]) or a minibatch cut from
     it ([B], or [T, B] whole sequences for a recurrent network). Shapes below for [B]."""
 
-    obs: jax.Array  # [B, obs_dim], already normalised if observation normalisation is on
+    # [B, obs_dim], already normalised if observation normalisation is on; in a batch made
+    # with raw observations (`ppo.make_batch(raw_obs=True)`), those [B, *obs_shape] until
+    # `ppo.learn` cuts a minibatch
+    obs: jax.Array
     actions: jax.Array  # [B] int (discrete) or [B, D] float (unclipped policy sample)
     old_log_probs: jax.Array  # [B]
     old_dist: DistParams  # acting policy: loc [B, A|D], log_std [A|D] or [B, A|D]

@@ -292,6 +292,75 @@ def _conv_s1_bwd(pads, res, dy):
 _conv_s1.defvjp(_conv_s1_fwd, _conv_s1_bwd)
 
 
+def max_pool(x: jax.Array, window: int = 3, stride: int = 2) -> jax.Array:
+    """`nn.max_pool(x, (window, window), strides=(stride, stride), padding="SAME")` of x [N, H,
+    W, C], with a gradient rule of its own: bit for bit the gradient JAX derives, without the
+    scatter XLA's CPU backend makes of that gradient (four int32 index arrays and a scatter,
+    each the size of the padded input: about 200 MB of an IMPALA CNN update's working memory
+    at a 64-frame minibatch, docs/design.md)."""
+    return _max_pool(x, window, stride)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _max_pool(x, window, stride):
+    return nn.max_pool(x, (window, window), strides=(stride, stride), padding="SAME")
+
+
+def _max_pool_fwd(x, window, stride):
+    return _max_pool(x, window, stride), x
+
+
+def _max_pool_bwd(window, stride, x, dy):
+    """JAX's gradient of a max-pool (XLA's select-and-scatter): each window's first maximum in
+    row-major order (a padding element counts as -inf) receives the window's dy, and each
+    input sums what it receives in row-major order of the windows, from zero."""
+    k, s = window, stride
+    n, h, w, c = x.shape
+    oh, ow = dy.shape[1], dy.shape[2]
+    (ph, qh), (pw, qw) = jax.lax.padtype_to_pads((h, w), (k, k), (s, s), "SAME")
+    padded = jnp.pad(x, ((0, 0), (ph, qh), (pw, qw), (0, 0)), constant_values=-jnp.inf)
+    offsets = [(i, j) for i in range(k) for j in range(k)]
+    best, chosen = None, None  # the window's maximum so far and its offset's index
+    for o, (i, j) in enumerate(offsets):
+        v = padded[:, i:i + s * (oh - 1) + 1:s, j:j + s * (ow - 1) + 1:s, :]
+        if best is None:
+            best, chosen = v, jnp.zeros(v.shape, jnp.int32)
+            continue
+        take = ~(best >= v)  # the select keeps the current choice where current >= candidate
+        best, chosen = jnp.where(take, v, best), jnp.where(take, o, chosen)
+    # dx in the padded frame [N, A*s, B*s, C] is built one residue class (py % s, px % s) at a
+    # time: class (r, q) holds the inputs at offsets i = r + s*m, j = q + s*n of window
+    # (a - m, b - n), so it is a sum of shifted slices of the chosen-or-zero dy [N, A, B, C]
+    # (XLA fuses each class into one pass; pads of the full-size frame it would keep).
+    # Summing a class's offsets from the last adds each input's windows in row-major order;
+    # a zero dy adds +0.0, as the scatter's sum from +0.0 leaves it.
+    shift = (k - 1) // s  # the most windows an input sits in, less one, along an axis
+    a_n, b_n = -(-(h + ph + qh) // s), -(-(w + pw + qw) // s)
+    grow = ((0, 0), (shift, a_n - oh), (shift, b_n - ow), (0, 0))
+    dy_p, chosen_p = jnp.pad(dy, grow), jnp.pad(chosen, grow, constant_values=-1)
+    zero = jnp.zeros((), dy.dtype)
+    rows = []
+    for r in range(s):
+        row = []
+        for q in range(s):
+            cls = None
+            for o in reversed(range(len(offsets))):
+                i, j = offsets[o]
+                if i % s != r or j % s != q:
+                    continue
+                at = (slice(None), slice(shift - i // s, shift - i // s + a_n),
+                      slice(shift - j // s, shift - j // s + b_n), slice(None))
+                part = jnp.where((chosen_p[at] == o) & (dy_p[at] != 0), dy_p[at], zero)
+                cls = part if cls is None else cls + part
+            row.append(jnp.zeros((n, a_n, b_n, c), dy.dtype) if cls is None else cls)
+        rows.append(jnp.stack(row, axis=3))  # [N, A, B, s, C]
+    dx = jnp.stack(rows, axis=2).reshape(n, a_n * s, b_n * s, c)
+    return (dx[:, ph:ph + h, pw:pw + w, :],)
+
+
+_max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)
+
+
 def _windows(x: jax.Array, k: int, stride: int, padding: str) -> jax.Array:
     """[N, H, W, C] -> [N, H', W', k*k*C]: the k x k window of each output pixel of a conv of
     that stride, in the order of a conv kernel [k, k, C] flattened; "SAME" pads with zeros as
@@ -364,7 +433,7 @@ class ImpalaCNN(nn.Module):
         x = x.reshape((-1,) + tuple(self.obs_shape)) / 255.0
         for channels in IMPALA_CHANNELS:
             x = Conv(channels, 3, via=IMPALA_CONV_VIA)(x)
-            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = max_pool(x, 3, 2)
             for _ in range(2):
                 y = Conv(channels, 3, via=IMPALA_CONV_VIA)(nn.relu(x))
                 x = x + Conv(channels, 3, via=IMPALA_CONV_VIA)(nn.relu(y))

@@ -200,23 +200,26 @@ def rollout_values(algo: Algorithm, params, obs_stats: RunningStats, traj: Trans
     both, in blocks of at most a minibatch's states (`_value_rows`). Recurrent: V(s_t) by
     replaying the network over the rollout, and V(s'_t) from the carry after step t (before
     any reset), in one batched pass."""
-    obs_in = algo.obs_in(obs_stats, traj.obs)
-    final_in = algo.obs_in(obs_stats, traj.final_obs)
     if algo.recurrent:
+        obs_in = algo.obs_in(obs_stats, traj.obs)
+        final_in = algo.obs_in(obs_stats, traj.final_obs)
         critic_in = algo.critic_in(obs_stats, traj.obs, traj.world_state)
         _, values, carries = unroll(algo, params, traj.carry0, obs_in, traj.reset, critic_in)
         final_critic_in = algo.critic_in(obs_stats, traj.final_obs, traj.final_world_state)
         return values, apply_network(algo, params, final_in, carries, None, final_critic_in)[1]
     T = traj.reward.shape[0]
-    both_in = jnp.concatenate([obs_in, final_in], axis=0)
+    # The raw observations go in (uint8 frames stay uint8), each block made the network's
+    # input on its own: no float copy of all 2T x E states at once.
+    both_raw = jnp.concatenate([traj.obs, traj.final_obs], axis=0)
     rows = _value_rows(T, algo.config.num_minibatches)
     if not algo.central_critic:
-        both = _in_blocks(lambda x: algo.network.apply(params, x)[1], rows, both_in)
+        both = _in_blocks(lambda x: algo.network.apply(params, algo.obs_in(obs_stats, x))[1],
+                          rows, both_raw)
         return both[:T], both[T:]
     critic_in = jnp.concatenate([algo.critic_in(obs_stats, traj.obs, traj.world_state),
                                  algo.critic_in(obs_stats, traj.final_obs, traj.final_world_state)])
-    both = _in_blocks(lambda x, c: algo.network.apply(params, x, critic_obs=c)[1], rows,
-                      both_in, critic_in)
+    both = _in_blocks(lambda x, c: algo.network.apply(params, algo.obs_in(obs_stats, x),
+                                                      critic_obs=c)[1], rows, both_raw, critic_in)
     return both[:T], both[T:]
 
 
@@ -320,11 +323,14 @@ def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_value
     return state, advantages, targets, gae_stats
 
 
-def make_batch(algo: Algorithm, obs_stats, traj: Transition, values, advantages, targets) -> Batch:
+def make_batch(algo: Algorithm, obs_stats, traj: Transition, values, advantages, targets,
+               raw_obs: bool = False) -> Batch:
     """The iteration's batch, time-major [T, E, ...]; a state-independent old log_std
-    is kept as one vector [D]."""
+    is kept as one vector [D]. With `raw_obs`, `obs` holds the raw observations [T, E,
+    *obs_shape] in the env's dtype (uint8 frames a quarter of their float32 size), which
+    `learn` makes the network's input one minibatch at a time."""
     return Batch(
-        obs=algo.obs_in(obs_stats, traj.obs), actions=traj.action,
+        obs=traj.obs if raw_obs else algo.obs_in(obs_stats, traj.obs), actions=traj.action,
         old_log_probs=traj.log_prob, old_dist=unstack_shared_log_std(traj.dist),
         old_values=values, advantages=advantages, value_targets=targets,
         reset=traj.reset, carry0=traj.carry0, action_mask=traj.action_mask,
@@ -400,12 +406,16 @@ def apply_grads(algo: Algorithm, params, opt_state, flat_grads, hp: HyperParams,
 
 
 def learn(algo: Algorithm, params, opt_state, batch: Batch, env_ids, key, hp, lr, ent_coeff,
-          kl_coeff):
+          kl_coeff, obs_stats: RunningStats | None = None):
     """num_epochs x num_minibatches gradient steps on the batch [T, E, ...]; grads averaged
-    over shards. Returns ((params, opt_state), LearnStats [epochs, minibatches])."""
+    over shards. With `obs_stats`, the batch's obs are raw (`make_batch(raw_obs=True)`) and
+    each minibatch's are made the network's input with those statistics. Returns ((params,
+    opt_state), LearnStats [epochs, minibatches])."""
 
     def minibatch_step(carry, mb):
         params, opt_state = carry
+        if obs_stats is not None:
+            mb = mb._replace(obs=algo.obs_in(obs_stats, mb.obs))
         grads, terms = loss_and_grads(algo, params, mb, hp, ent_coeff, kl_coeff)
         # One all-reduce per minibatch: the flat gradient and the loss terms together.
         flat_grads = ravel_pytree(grads)[0]
@@ -464,12 +474,15 @@ def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Ar
     rollout_stats = gather_rollout_stats(algo, traj)
     state, advantages, targets, gae_stats = gae(algo, state, traj, values, next_values,
                                                 rollout_stats, hp)
-    batch = make_batch(algo, obs_stats_acting, traj, values, advantages, targets)
+    # Observations stay raw until a minibatch is cut, unless the input carries agent ids,
+    # which come from each actor's place in the rollout's actor axis.
+    raw = not algo.with_agent_id
+    batch = make_batch(algo, obs_stats_acting, traj, values, advantages, targets, raw_obs=raw)
 
     rng, k_epochs = jax.random.split(state.rng)
     (params, opt_state), learned = learn(
         algo, state.params, state.opt_state, batch, env_ids, k_epochs, hp, lr, ent_coeff,
-        state.kl_coeff,
+        state.kl_coeff, obs_stats_acting if raw else None,
     )
     mean_kl = jnp.mean(learned.kl)
     kl_coeff = state.kl_coeff

@@ -45,6 +45,7 @@ from jaxppo.core.algorithm import Transition, TrainState
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.core.losses import shares_log_std
 from jaxppo.errors import RolloutTimeoutError, warn
+from jaxppo.process import release_free_memory
 from jaxppo.program.resolved import Resolved
 from jaxppo.run.hostloop import (HostLoopRunner, HostRollout, SeedRollouts, iteration_of,
                                 open_rollout, over_seeds, zero_transition)
@@ -296,6 +297,7 @@ class ActorLearnerRunner(HostLoopRunner):
         scalars, the policy lag and the waits among them) and the joined rollout."""
         state = self.state
         k = iteration_of(state)
+        self.last_rollouts = []  # the last update's: not held through this one
         self._start_actors(k)
         t0 = time.perf_counter()
         while len(self._taken) < self.threads:
@@ -303,12 +305,14 @@ class ActorLearnerRunner(HostLoopRunner):
         waited = time.perf_counter() - t0
         taken, self._taken = self._taken, []
         traj = join_rollouts([r.traj for r in taken], self.seeded)
+        t1 = time.perf_counter()
         self.state, metrics = self.learner.update(state, traj)
         acting = self.acting_state()
         self._shared.board.publish(k + 1, acting.params, acting.obs_stats)
         self._envs_after = tuple(np.concatenate(parts, axis=self._env_axis) for parts in
                                  zip(*(r.envs_after for r in taken)))
         metrics = dict(jax.device_get(metrics))
+        release_free_memory(time.perf_counter() - t1)  # what a long update freed
         metrics.update(policy_lag=np.float32(np.mean([k - r.version for r in taken])),
                        actor_wait_seconds=np.float32(np.mean([r.wait_seconds for r in taken])),
                        learner_wait_seconds=np.float32(waited))
@@ -437,6 +441,8 @@ def join_rollouts(parts: list[Transition], seeded: bool = False) -> Transition:
             log_std=np.broadcast_to(np.expand_dims(log_std, env_axis), loc.shape)))
 
     parts = [per_env(p) for p in parts]
+    if len(parts) == 1:  # one actor: its rollout as it is, not a copy
+        return parts[0]
     carry0 = jax.tree.map(lambda *xs: np.concatenate(xs, axis=env_axis - 1),
                           *(p.carry0 for p in parts))
     parts = [p._replace(carry0=()) for p in parts]

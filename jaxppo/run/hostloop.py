@@ -57,6 +57,7 @@ from jaxppo.envs.spec import env_action
 from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS
 from jaxppo.program.build import is_batched
+from jaxppo.process import release_free_memory
 from jaxppo.program.resolved import Resolved
 from jaxppo.run.hostlearner import Learner, split_envs
 
@@ -465,7 +466,11 @@ class HostLoopRunner:
         self._compile_update(traj)
 
     def _compile_update(self, traj: Transition) -> None:
+        # Each compile leaves its freed memory resident (`release_free_memory`): the policy's
+        # goes back before the update compiles, the update's before the first update runs.
+        release_free_memory()
         self.learner.compile(self.state, traj)
+        release_free_memory()
 
     @property
     def _env_ids(self) -> np.ndarray:
@@ -480,8 +485,11 @@ class HostLoopRunner:
         rng, k_roll = self._split(acting)
         noise = np.asarray(self._noise(k_roll, self._env_ids))
         traj = self.rollout.collect(acting.params, acting.obs_stats, noise, self._gamma)
+        t0 = time.perf_counter()
         self.state, metrics = self.learner.update(self.state, traj, rng)
-        return jax.device_get(metrics), traj
+        metrics = jax.device_get(metrics)
+        release_free_memory(time.perf_counter() - t0)  # what a long update freed
+        return metrics, traj
 
     def train_chunk(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Iterations start+1..stop; their metrics [num_seeds?, stop - start] (eval_* NaN where

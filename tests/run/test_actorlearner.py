@@ -192,6 +192,26 @@ def test_rollouts_record_the_behaviour_policy_and_lags_stay_within_the_bound():
         runner.close()
 
 
+def test_one_actors_rollout_goes_to_the_update_uncopied_and_is_let_go_after():
+    """With one actor thread the update learns from the actor's own buffers (no joined copy);
+    the rollouts an update learned from are held (`last_rollouts`) until the next update
+    begins, not through it."""
+    runner = _runner(DRIFT.replace(actor_threads=1, total_timesteps=4 * 8 * 3))
+    try:
+        _, traj = runner.iterate()
+        (first,) = runner.last_rollouts
+        assert traj.obs is first.traj.obs and traj.action is first.traj.action
+        taken = []
+        original = runner._take
+        runner._take = lambda actor, k: taken.append(list(runner.last_rollouts)) or original(
+            actor, k)
+        runner.iterate()
+        assert taken == [[]]  # let go before the next rollout was waited for
+        assert runner.last_rollouts[0].index == 1
+    finally:
+        runner.close()
+
+
 def test_actor_threads_from_the_cores_divide_num_envs():
     cfg = DRIFT.replace(actor_threads=None, num_envs=6)
     assert actorlearner.actor_threads(cfg, cores=2)[0] == 1
