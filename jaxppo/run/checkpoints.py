@@ -201,11 +201,18 @@ class _BackgroundSaveErrors(logging.Filter):
     The same failure also leaves orbax's other write tasks (one per array) with exceptions
     nobody awaits; asyncio logs each as "Task exception was never retrieved" with a traceback
     when the task is garbage-collected, which can be at any later moment. Drop those too (only
-    those whose task is orbax's)."""
+    those whose task is orbax's).
+
+    And one WARNING: while a save is still being written in the background, orbax may read
+    that step's own unfinished folder (`<step>.orbax-checkpoint-tmp`) before it holds its
+    metadata file, and warns "Metadata file does not exist" (seen on a loaded machine). The
+    save goes on and completes; the same warning about any other folder is kept."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
-            return True
+            return not (record.levelno == logging.WARNING and "orbax" in record.pathname
+                        and str(record.msg).startswith("Metadata file does not exist")
+                        and ".orbax-checkpoint-tmp" in record.getMessage())
         if record.name == "asyncio":
             text = record.getMessage()
             return not ("exception was never retrieved" in text and "orbax" in text)

@@ -1066,3 +1066,22 @@ def test_untrusted_resume_refuses_a_config_that_imports(stopped_copy):
         jaxppo.train(None, resume=stopped_copy, progress=False, trust_config=False)
     assert "planted_env_module" not in sys.modules
     assert _folder_digest(stopped_copy) == before
+
+
+def test_orbax_reading_a_save_still_being_written_says_nothing(tmp_path, caplog):
+    """Orbax may read the metadata of a step whose save is still in progress (its
+    `<step>.orbax-checkpoint-tmp` folder, before the file is written) and warn that it does not
+    exist: a run's output stays free of that line. The same warning about a finished step's
+    folder still reaches the log."""
+    from orbax.checkpoint._src.metadata import checkpoint as orbax_metadata
+
+    store = CheckpointStore(tmp_path / "run")  # a store that writes: the filter is installed
+    store.close()
+    reader = orbax_metadata.metadata_store(enable_write=False)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    with caplog.at_level("WARNING", logger="absl"):
+        assert reader.read(checkpoints / "20.orbax-checkpoint-tmp/_CHECKPOINT_METADATA") is None
+        assert reader.read(checkpoints / "20/_CHECKPOINT_METADATA") is None
+    messages = [r.getMessage() for r in caplog.records
+                if "Metadata file does not exist" in r.getMessage()]
+    assert len(messages) == 1 and messages[0].endswith("checkpoints/20/_CHECKPOINT_METADATA"), messages
