@@ -34,6 +34,34 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_cpu_collective_call_terminate_timeout_seconds=600").strip()
 
 
+# Most tests train tiny programs for a few iterations: XLA's compile is ~70% of the suite's CPU
+# time, and the programs' run time little. Those tests compile with XLA's backend optimisation
+# off (JAX's `jax_disable_most_optimizations`: LLVM at -O0, no expensive passes), which halves
+# their compile; what they check (numbers against references, equality of two runs, errors)
+# does not depend on it, and both sides of every comparison are compiled alike. A file whose
+# programs run long enough for their speed to matter (the learning tests) carries
+# `pytestmark = pytest.mark.full_optimization` and compiles as users' runs do. Set
+# JAXPPO_TEST_FULL_OPTIMIZATION=1 to compile every test as users' runs do. Processes a test
+# starts (CLI runs, forced-device workers, the Ray cluster's nodes) take the setting of the
+# file they start in through JAX_DISABLE_MOST_OPTIMIZATIONS.
+FULL_OPTIMIZATION_EVERYWHERE = os.environ.get("JAXPPO_TEST_FULL_OPTIMIZATION", "") not in ("", "0")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def xla_optimization(request):
+    """XLA's backend optimisation for this file's programs (see FULL_OPTIMIZATION_EVERYWHERE)."""
+    full = (FULL_OPTIMIZATION_EVERYWHERE
+            or request.node.get_closest_marker("full_optimization") is not None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0" if full else "1")
+        before = jax.config.read("jax_disable_most_optimizations")
+        jax.config.update("jax_disable_most_optimizations", not full)
+        try:
+            yield full
+        finally:
+            jax.config.update("jax_disable_most_optimizations", before)
+
+
 def pytest_configure(config):
     cache = getattr(config, "cache", None)
     if cache is None or os.environ.get("JAXPPO_TEST_NO_COMPILE_CACHE"):

@@ -8,6 +8,8 @@ import pytest
 import jaxppo
 from jaxppo import PPOConfig
 
+pytestmark = pytest.mark.full_optimization  # 2 x 5e5 steps: their run time is what counts
+
 LEARN = PPOConfig(
     env="CartPole-v1", num_envs=16, num_steps=128, num_epochs=8, num_minibatches=8, lr=5e-4,
     total_timesteps=500_000, num_seeds=2, num_devices=1, compilation_cache_dir=None,
