@@ -19,6 +19,10 @@ import pytest
 import yaml
 from readme_commands import ROOT, code_blocks, doc_pages, readme_train_commands
 
+# The pages' snippets and commands train as a reader would, long enough that their run time
+# outweighs their compile.
+pytestmark = pytest.mark.full_optimization
+
 # What the checked blocks are written in; `text` blocks (usage listings) are not code.
 LANGUAGES = {"python", "bash", "yaml", "text"}
 
