@@ -34,13 +34,15 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_cpu_collective_call_terminate_timeout_seconds=600").strip()
 
 
-# Most tests train tiny programs for a few iterations: XLA's compile is ~70% of the suite's CPU
-# time, and the programs' run time little. Those tests compile with XLA's backend optimisation
-# off (JAX's `jax_disable_most_optimizations`: LLVM at -O0, no expensive passes), which halves
-# their compile; what they check (numbers against references, equality of two runs, errors)
-# does not depend on it, and both sides of every comparison are compiled alike. A file whose
-# programs run long enough for their speed to matter (the learning tests) carries
-# `pytestmark = pytest.mark.full_optimization` and compiles as users' runs do. Set
+# Most tests train tiny programs for a few iterations: XLA's compile was ~70% of the test
+# workers' own CPU time (a cold run), the programs' run time little. Those tests compile with
+# XLA's backend optimisation off (JAX's `jax_disable_most_optimizations`: LLVM at -O0, no
+# expensive passes), which halves their compile; what they check (numbers against references
+# within tolerances, equality of two runs of one program, errors) does not depend on it. A
+# file carries `pytestmark = pytest.mark.full_optimization` and compiles as users' runs do
+# when its programs run long enough for their speed to matter (the learning tests, the
+# pages' commands) or when it compares two different programs to the last bit (the suites'
+# adapters against the suites' own steps: -O0 code can differ between them by one ulp). Set
 # JAXPPO_TEST_FULL_OPTIMIZATION=1 to compile every test as users' runs do. Processes a test
 # starts (CLI runs, forced-device workers, the Ray cluster's nodes) take the setting of the
 # file they start in through JAX_DISABLE_MOST_OPTIMIZATIONS.
