@@ -12,6 +12,8 @@ leaves the setting alone) or this folder, and a run folder resumed has the defau
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 
 import jax
@@ -42,26 +44,84 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 # file carries `pytestmark = pytest.mark.full_optimization` and compiles as users' runs do
 # when its programs run long enough for their speed to matter (the learning tests, the
 # pages' commands) or when it compares two different programs to the last bit (the suites'
-# adapters against the suites' own steps: -O0 code can differ between them by one ulp). Set
-# JAXPPO_TEST_FULL_OPTIMIZATION=1 to compile every test as users' runs do. Processes a test
-# starts (CLI runs, forced-device workers, the Ray cluster's nodes) take the setting of the
-# file they start in through JAX_DISABLE_MOST_OPTIMIZATIONS.
+# adapters against the suites' own steps: -O0 code can differ between them by one ulp); a
+# test that compares two programs so, in a file that is not marked, carries the mark itself.
+# Set JAXPPO_TEST_FULL_OPTIMIZATION=1 to compile every test as users' runs do. Processes a
+# test starts (CLI runs, forced-device workers, the Ray cluster's nodes) take the setting of
+# the file they start in through JAX_DISABLE_MOST_OPTIMIZATIONS (and XLA_FLAGS, below).
 FULL_OPTIMIZATION_EVERYWHERE = os.environ.get("JAXPPO_TEST_FULL_OPTIMIZATION", "") not in ("", "0")
 
+# With optimisation off, half of what is left of a tiny program's compile is XLA's CPU fusion
+# emitters (MLIR, the default); XLA's older emitters compile the same programs in about half
+# the time (measured: 9.1 s against 4.6 s of XLA compile, 20 against 12 CPU seconds, for
+# three small training programs), and run them slower, which the long programs of the
+# full-optimisation files would feel. So the files that compile with optimisation off use
+# the older emitters too: in the worker, an override added to each compile's options while
+# jax_disable_most_optimizations is on; in the processes they start, the same XLA flag.
+# Known in jaxlib 0.10 (constraints.txt); another jaxlib compiles with its defaults (XLA
+# aborts a process whose XLA_FLAGS name a flag it does not know).
+def _older_emitters_known() -> bool:
+    import jaxlib
 
-@pytest.fixture(scope="module", autouse=True)
-def xla_optimization(request):
-    """XLA's backend optimisation for this file's programs (see FULL_OPTIMIZATION_EVERYWHERE)."""
-    full = (FULL_OPTIMIZATION_EVERYWHERE
-            or request.node.get_closest_marker("full_optimization") is not None)
+    return jaxlib.__version__.startswith("0.10.")
+
+
+OLDER_EMITTERS = ("xla_cpu_use_fusion_emitters", False) if _older_emitters_known() else None
+
+
+def _with_older_emitters_when_unoptimised(get_compile_options):
+    @functools.wraps(get_compile_options)
+    def wrapper(*args, **kwargs):
+        options = get_compile_options(*args, **kwargs)
+        if jax.config.read("jax_disable_most_optimizations"):
+            options.env_option_overrides = [*options.env_option_overrides, OLDER_EMITTERS]
+        return options
+    return wrapper
+
+
+if OLDER_EMITTERS is not None:
+    from jax._src import compiler as _compiler
+
+    _compiler.get_compile_options = _with_older_emitters_when_unoptimised(
+        _compiler.get_compile_options)
+
+
+@contextlib.contextmanager
+def _optimisation(full: bool):
+    """Programs compiled meanwhile, here and in the processes started meanwhile, with XLA's
+    full optimisation or with it off (and XLA's older fusion emitters)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0" if full else "1")
+        if OLDER_EMITTERS is not None:
+            jax.devices()  # this process's backend reads XLA_FLAGS once: before any change
+            flag = f"--{OLDER_EMITTERS[0]}={str(OLDER_EMITTERS[1]).lower()}"
+            flags = os.environ.get("XLA_FLAGS", "").replace(flag, "").split()
+            mp.setenv("XLA_FLAGS", " ".join(flags if full else [*flags, flag]))
         before = jax.config.read("jax_disable_most_optimizations")
         jax.config.update("jax_disable_most_optimizations", not full)
         try:
             yield full
         finally:
             jax.config.update("jax_disable_most_optimizations", before)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def xla_optimization(request):
+    """XLA's backend optimisation for this file's programs (see FULL_OPTIMIZATION_EVERYWHERE)."""
+    with _optimisation(FULL_OPTIMIZATION_EVERYWHERE
+                       or request.node.get_closest_marker("full_optimization") is not None) as full:
+        yield full
+
+
+@pytest.fixture(autouse=True)
+def xla_optimization_of_the_test(request, xla_optimization):
+    """A test marked `full_optimization` itself, in a file that is not, compiles as users'
+    runs do (its file's module-scoped fixtures keep the file's setting)."""
+    if xla_optimization or not any(m.name == "full_optimization" for m in request.node.own_markers):
+        yield xla_optimization
+        return
+    with _optimisation(True):
+        yield True
 
 
 def pytest_configure(config):

@@ -393,6 +393,7 @@ def test_state_dependent_std_batch_replays_the_rollout_and_trains(recurrent):
                            np.asarray(state.params["params"][head]["kernel"]))
 
 
+@pytest.mark.full_optimization  # two programs compared to the last bit (tests/conftest.py)
 @pytest.mark.parametrize("recurrent", [False, True], ids=["feed-forward", "gru"])
 def test_learning_from_raw_observations_is_learning_from_normalised_ones(recurrent):
     """The update keeps the batch's observations raw (in the env's dtype: uint8 frames stay
