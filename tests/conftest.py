@@ -98,11 +98,21 @@ def _optimisation(full: bool):
             flags = os.environ.get("XLA_FLAGS", "").replace(flag, "").split()
             mp.setenv("XLA_FLAGS", " ".join(flags if full else [*flags, flag]))
         before = jax.config.read("jax_disable_most_optimizations")
-        jax.config.update("jax_disable_most_optimizations", not full)
+        _set_unoptimised(not full)
         try:
             yield full
         finally:
-            jax.config.update("jax_disable_most_optimizations", before)
+            _set_unoptimised(before)
+
+
+def _set_unoptimised(off: bool) -> None:
+    """JAX's setting, and none of the programs this process compiled under the other one:
+    JAX keeps compiled programs in memory by function and arguments, not by this setting, so
+    a test would otherwise run some programs compiled the other way (which can differ in the
+    last bit). Compiled again, they come from the persistent cache."""
+    if jax.config.read("jax_disable_most_optimizations") != off:
+        jax.clear_caches()
+        jax.config.update("jax_disable_most_optimizations", off)
 
 
 @pytest.fixture(scope="module", autouse=True)

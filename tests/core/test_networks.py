@@ -192,6 +192,7 @@ def test_max_pool_and_its_gradient_are_flaxs_and_jaxs_bit_for_bit(shape):
         assert a.tobytes() == b.tobytes(), np.argwhere(a.view(np.int32) != b.view(np.int32))
 
 
+@pytest.mark.full_optimization  # what XLA's CPU backend makes of it, as in users' runs
 def test_max_pool_gradient_makes_no_scatter():
     """JAX's max-pool gradient is a select-and-scatter, which XLA's CPU backend expands into
     index arrays and a scatter the size of the padded input; max_pool's makes neither, and

@@ -97,6 +97,7 @@ def test_errors_name_the_agents_spaces_and_the_fix():
         make_env(RUN.replace(transforms=[], mask_actions=True).validate())
 
 
+@pytest.mark.full_optimization  # two programs compared to the last bit (tests/conftest.py)
 def test_frames_stack_each_agents_own_observations_as_numpy_stacks_them():
     """The frame-stacked env against the env itself, stepped with the same keys and actions
     through an episode's end (MPE's 26 steps): each agent's stack [D, K] is its last K

@@ -25,6 +25,9 @@ from jaxppo.config import NetworkConfig, PPOConfig
 from jaxppo.core.evaluation import EVAL_KEY_TAG, run_episodes
 from jaxppo.core.running_stats import RunningStats
 
+# Training with and without evaluation, two programs, compared to the last bit (tests/conftest.py).
+pytestmark = pytest.mark.full_optimization
+
 
 # ---------------------------------------------------------------------- a tiny env
 @struct.dataclass

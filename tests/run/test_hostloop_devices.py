@@ -24,6 +24,9 @@ import jaxppo
 from jaxppo.errors import ConfigError
 from jaxppo.program.layout import Layout
 
+# Two devices against one, two programs, compared to the last bit (tests/conftest.py).
+pytestmark = pytest.mark.full_optimization
+
 ENV_SIDE = ("episode_return_mean", "episode_length_mean", "episodes", "env_steps", "lr",
             "eval_return_mean")
 LEARNER_SIDE = ("policy_loss", "value_loss", "entropy", "kl", "approx_kl", "explained_variance",
