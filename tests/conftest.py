@@ -17,6 +17,7 @@ import functools
 import os
 
 import jax
+import jaxlib
 import pytest
 
 # The suite runs on one CPU device, JAX's default, whatever the machine's cores: its compile
@@ -60,13 +61,9 @@ FULL_OPTIMIZATION_EVERYWHERE = os.environ.get("JAXPPO_TEST_FULL_OPTIMIZATION", "
 # jax_disable_most_optimizations is on; in the processes they start, the same XLA flag.
 # Known in jaxlib 0.10 (constraints.txt); another jaxlib compiles with its defaults (XLA
 # aborts a process whose XLA_FLAGS name a flag it does not know).
-def _older_emitters_known() -> bool:
-    import jaxlib
-
-    return jaxlib.__version__.startswith("0.10.")
-
-
-OLDER_EMITTERS = ("xla_cpu_use_fusion_emitters", False) if _older_emitters_known() else None
+OLDER_EMITTERS = jaxlib.__version__.startswith("0.10.")
+_EMITTERS_OPTION = "xla_cpu_use_fusion_emitters"
+_EMITTERS_FLAG = f"--{_EMITTERS_OPTION}=false"
 
 
 def _with_older_emitters_when_unoptimised(get_compile_options):
@@ -74,12 +71,13 @@ def _with_older_emitters_when_unoptimised(get_compile_options):
     def wrapper(*args, **kwargs):
         options = get_compile_options(*args, **kwargs)
         if jax.config.read("jax_disable_most_optimizations"):
-            options.env_option_overrides = [*options.env_option_overrides, OLDER_EMITTERS]
+            options.env_option_overrides = [*options.env_option_overrides,
+                                            (_EMITTERS_OPTION, False)]
         return options
     return wrapper
 
 
-if OLDER_EMITTERS is not None:
+if OLDER_EMITTERS:
     from jax._src import compiler as _compiler
 
     _compiler.get_compile_options = _with_older_emitters_when_unoptimised(
@@ -92,11 +90,10 @@ def _optimisation(full: bool):
     full optimisation or with it off (and XLA's older fusion emitters)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0" if full else "1")
-        if OLDER_EMITTERS is not None:
+        if OLDER_EMITTERS:
             jax.devices()  # this process's backend reads XLA_FLAGS once: before any change
-            flag = f"--{OLDER_EMITTERS[0]}={str(OLDER_EMITTERS[1]).lower()}"
-            flags = os.environ.get("XLA_FLAGS", "").replace(flag, "").split()
-            mp.setenv("XLA_FLAGS", " ".join(flags if full else [*flags, flag]))
+            flags = os.environ.get("XLA_FLAGS", "").replace(_EMITTERS_FLAG, "").split()
+            mp.setenv("XLA_FLAGS", " ".join(flags if full else [*flags, _EMITTERS_FLAG]))
         before = jax.config.read("jax_disable_most_optimizations")
         _set_unoptimised(not full)
         try:
