@@ -42,17 +42,22 @@ help:
 
 # Each install is redone only when pyproject.toml or constraints.txt changes. `make train`
 # installs the package without extras; `make test` adds the dev extras (every optional suite,
-# Ray, W&B, ONNX, pytest, the docs tools) to the same venv, which then serves both.
+# Ray, W&B, ONNX, pytest, the docs tools) to the same venv, which then serves both. pip
+# byte-compiles what it installs but not the package's own sources (an editable install):
+# compileall does, once; where PYTHONDONTWRITEBYTECODE is set nothing else writes them, and
+# every process (a run, each test's subprocess, each Ray learner) would compile jaxppo anew.
 $(BASE_STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e .
+	$(BIN)/python -m compileall -q jaxppo
 	@touch $(BASE_STAMP)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[dev]"
+	$(BIN)/python -m compileall -q jaxppo
 	@touch $(STAMP) $(BASE_STAMP)
 
 install: $(STAMP)
