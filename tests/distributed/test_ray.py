@@ -72,6 +72,12 @@ def cluster():
             mp.setenv(k, v)
         # Ray 2.60 reads and writes a token in ~/.ray; the tests' cluster uses none.
         mp.setenv("RAY_AUTH_MODE", "disabled")
+        # Every learner writes the programs it compiles to the compilation cache, host 1's
+        # too (JAX writes from process 0 only): the module's runs start the same programs
+        # again and again (every_host_caches/sitecustomize.py).
+        mp.setenv("PYTHONPATH", os.pathsep.join(
+            [str(Path(__file__).parent / "every_host_caches"),
+             *filter(None, [os.environ.get("PYTHONPATH")])]))
         port = free_port()
         with _quiet_fork_warning():
             c = Cluster(initialize_head=True, head_node_args=dict(
