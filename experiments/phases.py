@@ -63,7 +63,8 @@ def loops(state, traj):
 
     def updates(s):  # the same rollout N times: values, GAE and learning only
         def body(s, _):
-            s2, _ = ppo.update(algo, s, traj, s.env_ids, hp, s.env_steps, s.obs_stats)
+            s2, _ = ppo.update(algo, s, traj, algo.spec.actor_ids(s.env_ids), hp, s.env_steps,
+                               s.obs_stats)
             return s2.replace(env_state=s.env_state), None
         return jax.lax.scan(body, s, None, length=N)[0]
 
