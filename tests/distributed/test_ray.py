@@ -75,9 +75,8 @@ def cluster():
         # Every learner writes the programs it compiles to the compilation cache, host 1's
         # too (JAX writes from process 0 only): the module's runs start the same programs
         # again and again (every_host_caches/sitecustomize.py).
-        mp.setenv("PYTHONPATH", os.pathsep.join(
-            [str(Path(__file__).parent / "every_host_caches"),
-             *filter(None, [os.environ.get("PYTHONPATH")])]))
+        mp.setenv("PYTHONPATH", str(Path(__file__).parent / "every_host_caches"),
+                  prepend=os.pathsep)
         port = free_port()
         with _quiet_fork_warning():
             c = Cluster(initialize_head=True, head_node_args=dict(
