@@ -378,13 +378,19 @@ def test_a_lost_node_is_waited_for_and_rare_snapshots_replay_from_the_start(
 
 
 # ---------------------------------------------------------------------- bad input
-def test_more_hosts_than_nodes_is_a_clear_error(cluster, tmp_path):
+def test_more_hosts_than_nodes_is_a_clear_error(cluster, tmp_path, monkeypatch):
     """The count is of the nodes that can hold a learner, of all alive ones, in the cluster
-    joined; the message names the ways to more nodes."""
-    t0 = time.perf_counter()
+    joined, before any placement is asked for (which would wait for nodes that are not
+    there); the message names the ways to more nodes."""
+    from jaxppo.distributed import group
+
+    def no_placement(*args, **kwargs):
+        raise AssertionError("a placement group was asked for")
+
+    monkeypatch.setattr(group, "placement_group", no_placement)
     with pytest.raises(NotEnoughNodesError, match=r"hosts=3 .* only 2 alive node") as e:
-        train_distributed(tiny(num_envs=6), hosts=3, run_dir=tmp_path / "run", progress=False)
-    assert time.perf_counter() - t0 < 30
+        train_distributed(tiny(num_envs=6, total_timesteps=6 * 16), hosts=3,
+                          run_dir=tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()  # nothing written
     msg = str(e.value)
     assert "hosts=3 needs 3 Ray nodes with 1 CPU each" in msg, msg
@@ -452,20 +458,21 @@ def test_coordinator_port_in_use_is_a_clear_error(cluster):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        t0 = time.perf_counter()
-        with pytest.raises(DistributedError, match=rf"coordinator port {port} .* not free"):
+        # host 0's own check, before any learner joins (not a join's timeout)
+        with pytest.raises(DistributedError, match=rf"coordinator port {port} .* not free") as e:
             train_distributed(tiny(), hosts=2, progress=False, coordinator_port=port)
-        assert time.perf_counter() - t0 < 60
+        assert "no answer from the learners" not in str(e.value)
 
 
 def test_learners_that_cannot_start_their_backend_are_a_clear_error(cluster, tmp_path):
     """Learners asked for a platform their node lacks fail while joining: one clear error
-    naming the stage and the cause, within seconds, and no run folder."""
-    t0 = time.perf_counter()
-    with pytest.raises(DistributedError, match=r"while joining the jax.distributed group .*cuda"):
+    naming the stage and the cause, the learner's own (not the join's timeout), and no run
+    folder."""
+    with pytest.raises(DistributedError,
+                       match=r"while joining the jax.distributed group .*cuda") as e:
         train_distributed(tiny(), hosts=2, run_dir=tmp_path / "run", progress=False,
                           learner_env={"JAX_PLATFORMS": "cuda"})
-    assert time.perf_counter() - t0 < 60
+    assert "no answer from the learners" not in str(e.value)
     assert not (tmp_path / "run").exists()
 
 
@@ -518,17 +525,26 @@ def test_envs_not_divisible_by_hosts_is_a_config_error():
         train_distributed(tiny(), hosts=2, min_hosts=3, progress=False)
 
 
+# `python -m MODULE ARGS` with ray.init made to fail loudly: the entry point must refuse
+# before it, as ray.init would wait about a minute for a GCS that is not there.
+WITHOUT_RAY_INIT = textwrap.dedent("""\
+    import runpy, sys, ray
+    def init(*args, **kwargs):
+        raise SystemExit("ray.init was called")
+    ray.init = init
+    runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
+    """)
+
+
 def test_no_cluster_at_ray_address(tmp_path):
     env = dict(os.environ, RAY_ADDRESS="127.0.0.1:1", RAY_USAGE_STATS_ENABLED="0")
-    t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxppo.distributed", "--hosts", "2", "--env", "CartPole-v1",
-         "--defaults", "--runs-dir", str(tmp_path), "--run-name", "unreachable"],
+        [sys.executable, "-c", WITHOUT_RAY_INIT, "jaxppo.distributed", "--hosts", "2", "--env",
+         "CartPole-v1", "--defaults", "--runs-dir", str(tmp_path), "--run-name", "unreachable"],
         capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "no Ray cluster reachable at RAY_ADDRESS=127.0.0.1:1" in proc.stderr
     assert "make ray-cluster" in proc.stderr
-    assert time.perf_counter() - t0 < 60
     assert not (tmp_path / "unreachable").exists()  # nothing left behind
 
 
@@ -563,17 +579,16 @@ def test_resume_with_env_is_refused_by_the_job_entry_point(tmp_path, capsys):
 
 
 def test_dashboard_port_as_address_is_a_clear_error(cluster, tmp_path):
-    """The dashboard's HTTP port given as the cluster address: an error within seconds (Ray
-    itself would wait a minute for a GCS there)."""
+    """The dashboard's HTTP port given as the cluster address: an error before ray.init (which
+    would wait a minute for a GCS there)."""
     port = cluster.dashboard.rsplit(":", 1)[1]
-    t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxppo.distributed", "--hosts", "2", "--env", "CartPole-v1",
-         "--defaults", "--address", f"127.0.0.1:{port}", "--runs-dir", str(tmp_path)],
+        [sys.executable, "-c", WITHOUT_RAY_INIT, "jaxppo.distributed", "--hosts", "2", "--env",
+         "CartPole-v1", "--defaults", "--address", f"127.0.0.1:{port}", "--runs-dir",
+         str(tmp_path)],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "dashboard (job submission) port" in proc.stderr and "ray job submit" in proc.stderr
-    assert time.perf_counter() - t0 < 30
     assert not any(tmp_path.iterdir())
 
 
