@@ -4,7 +4,7 @@
 `IPPO/ippo_rnn_smax.py` at `config/ippo_rnn_smax.yaml` (its map replaced by MAP).
 
     python experiments/jaxmarl_bench.py --anchors DIR --jaxmarl-python PY [--steps 2e6]
-        [--seeds 2] [--rounds 2] [--smax 3m]
+        [--seeds 2] [--rounds 2] [--smax 3m [--together]]
 
 DIR holds JaxMARL's baseline scripts (IPPO/ippo_ff_mpe.py, IPPO/config/ippo_ff_mpe.yaml); PY
 is a Python whose environment has what they import (jaxmarl, distrax, hydra-core, omegaconf,
@@ -17,6 +17,10 @@ final return (per seed the mean over the last 10 iterations of the mean team ret
 episodes that ended in the iteration), env steps/s (env transitions of every seed, each
 holding every agent's step) and the cores busy (the process's user+sys CPU time over the
 wall time of training).
+
+`--smax MAP --together` compares learning, not speed: one run a side, both sides at once
+(each a fresh process on the shared cores), written to
+experiments/results/jaxmarl-smax-MAP-learning.json.
 
 Both report the team return as JaxMARL's MPE baselines log it: the sum over the agents of
 each agent's episode return (MPELogWrapper scales each agent's return by the agent count,
@@ -236,17 +240,29 @@ def run_smax_baseline(script, config: dict, seeds: int) -> dict:
 
 def one_run(side: str, args, script: str = __file__) -> dict:
     """A fresh process of one side of `script`; its last stdout line is the result."""
+    return finish_run(side, start_run(side, args, script))
+
+
+def start_run(side: str, args, script: str = __file__):
+    """Start a fresh process of one side of `script` (finish_run waits for it)."""
     python = sys.executable if side == "jaxppo" else args.jaxmarl_python
     options = (["--vmap"] if getattr(args, "vmap", False) else []) + (
         ["--smax", args.smax] if getattr(args, "smax", None) else [])
     cmd = [python, script, "--side", side, "--steps", str(args.steps), "--seeds",
            str(args.seeds), "--anchors", str(args.anchors)] + options
     env = {**os.environ, "PYTHONPATH": str(REPO)} if side == "jaxppo" else dict(os.environ)
-    t, load = time.perf_counter(), os.getloadavg()[0]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
+    started = time.perf_counter(), os.getloadavg()[0]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=REPO), started
+
+
+def finish_run(side: str, run) -> dict:
+    """Wait for a process `start_run` started: its record."""
+    proc, (t, load) = run
+    out, err = proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"{side} failed:\n{proc.stderr[-3000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{side} failed:\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
     return {"side": side, "process_wall_s": time.perf_counter() - t, "load_before": load,
             **result}
 
@@ -262,6 +278,8 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
     p.add_argument("--vmap", action="store_true", help="the seeds as one vmapped program")
     p.add_argument("--smax", default=None, help="a SMAX map: IPPO with a GRU (ippo_rnn_smax)")
+    p.add_argument("--together", action="store_true",
+                   help="with --smax: both sides at once, a learning comparison (not speed)")
     return p.parse_args()
 
 
@@ -308,14 +326,21 @@ def smax_main(args) -> None:
     if run_one_side(args, lambda: run_jaxppo_smax(args.steps, args.seeds, args.anchors, args.smax),
                     lambda: run_jaxmarl_smax(args.steps, args.seeds, args.anchors, args.smax)):
         return
-    runs = alternating_runs(args)
-    SMAX_OUT.parent.mkdir(parents=True, exist_ok=True)
-    SMAX_OUT.write_text(json.dumps({
+    if args.together:  # a learning comparison: both sides at once
+        started = {side: start_run(side, args) for side in ("jaxppo", "jaxmarl")}
+        runs = [finish_run(side, run) for side, run in started.items()]
+        out = SMAX_OUT.with_name(f"jaxmarl-smax-{args.smax}-learning.json")
+        note = {"together": "both sides ran at once on the shared cores: a comparison of "
+                            "learning; the steps/s are not a speed comparison"}
+    else:
+        runs, out, note = alternating_runs(args), SMAX_OUT, {}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
         "cpu": cpu_model(), "cores": os.cpu_count(), "env": f"jaxmarl:smax:{args.smax}",
         "steps_per_seed": args.steps, "seeds": args.seeds, "seeds_vmapped": args.vmap,
         "settings": "JaxMARL's ippo_rnn_smax.yaml on this map (smax_config), total_timesteps "
-                    "as given", "runs": runs}, indent=1) + "\n")
-    print(f"wrote {SMAX_OUT}")
+                    "as given", **note, "runs": runs}, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
