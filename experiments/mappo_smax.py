@@ -4,12 +4,13 @@ on the world state, agent ids) on `jaxmarl:smax:2s3z` side by side with JaxMARL'
 a learning check, not a tuned comparison.
 
     python experiments/mappo_smax.py --anchors DIR --jaxmarl-python PY [--steps 1e6]
-        [--seeds 2] [--sides jaxmarl jaxppo]
+        [--seeds 2] [--sides jaxmarl jaxppo] [--together]
 
 DIR holds JaxMARL's baseline scripts (MAPPO/mappo_rnn_smax.py, MAPPO/config/...); PY is a
 Python whose environment has what they import. Each side is a fresh process, run seed after
 seed over the same keys, compiled ahead of time (jaxmarl_bench's `timed`); the sides run one
-after the other in the order given, and each run's result replaces that side's entry in
+after the other in the order given (`--together`: both at once, a comparison of learning
+only), and each run's result replaces that side's entry in
 experiments/results/mappo-smax.json (so the sides may run in separate sittings): the CPU
 model, the load, the settings, and per side and seed the mean over the last 10 iterations of
 the mean return and win rate of the episodes that ended in each iteration (JaxMARL's own
@@ -31,7 +32,8 @@ import sys
 from pathlib import Path
 
 from bench import cpu_model  # experiments/bench.py: the machine's CPU model
-from jaxmarl_bench import SEED, one_run, run_one_side, run_smax_baseline, smax_results, timed
+from jaxmarl_bench import (SEED, finish_run, run_one_side, run_smax_baseline, smax_results,
+                           start_run, timed)
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "experiments" / "results" / "mappo-smax.json"
@@ -75,14 +77,19 @@ def main() -> None:
     p.add_argument("--sides", nargs="+", choices=("jaxppo", "jaxmarl"),
                    default=["jaxppo", "jaxmarl"])
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
+    p.add_argument("--together", action="store_true",
+                   help="both sides at once: a learning comparison (the steps/s are not one)")
     args = p.parse_args()
     if run_one_side(args, lambda: run_jaxppo(args.steps, args.seeds),
                     lambda: run_jaxmarl(args.steps, args.seeds, args.anchors)):
         return
+    started = {side: start_run(side, args, __file__) for side in args.sides} if args.together \
+        else {}
     for side in args.sides:
-        run = {**one_run(side, args, __file__), "load_after": os.getloadavg()[0],
-               "steps_per_seed": args.steps, "seeds": args.seeds,
-               "cpu": cpu_model(), "cores": os.cpu_count()}
+        run = {**finish_run(side, started.get(side) or start_run(side, args, __file__)),
+               "load_after": os.getloadavg()[0], "steps_per_seed": args.steps,
+               "seeds": args.seeds, "cpu": cpu_model(), "cores": os.cpu_count(),
+               **({"together": True} if args.together else {})}
         print(json.dumps(run), flush=True)
         # read late: the other side may have run meanwhile
         out = json.loads(OUT.read_text()) if OUT.exists() else {"runs": []}
@@ -92,6 +99,10 @@ def main() -> None:
             "total_timesteps as given"), shared_machine=(
             "2 cores shared with other work: the load before and after each run is recorded; "
             "timings are noisy, the learning figures are not"))
+        if args.together:
+            out["note"] = ("Both sides ran at once, each a fresh process on the 2 shared "
+                           "cores: a comparison of learning; the env steps/s are not a speed "
+                           "comparison.")
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {OUT}")
