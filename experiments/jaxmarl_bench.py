@@ -4,7 +4,7 @@
 `IPPO/ippo_rnn_smax.py` at `config/ippo_rnn_smax.yaml` (its map replaced by MAP).
 
     python experiments/jaxmarl_bench.py --anchors DIR --jaxmarl-python PY [--steps 2e6]
-        [--seeds 2] [--rounds 2] [--smax 3m [--together]]
+        [--seeds 2] [--rounds 2] [--smax 3m [--together] [--jaxmarl-network]]
 
 DIR holds JaxMARL's baseline scripts (IPPO/ippo_ff_mpe.py, IPPO/config/ippo_ff_mpe.yaml); PY
 is a Python whose environment has what they import (jaxmarl, distrax, hydra-core, omegaconf,
@@ -20,7 +20,9 @@ wall time of training).
 
 `--smax MAP --together` compares learning, not speed: one run a side, both sides at once
 (each a fresh process on the shared cores), written to
-experiments/results/jaxmarl-smax-MAP-learning.json.
+experiments/results/jaxmarl-smax-MAP-learning.json. `--jaxmarl-network` gives jaxppo's side
+JaxMARL's own network (`jaxmarl_network()`, a module of one's own) instead of jaxppo's
+built-in one: jaxppo alone runs and its record is added to that file's runs.
 
 Both report the team return as JaxMARL's MPE baselines log it: the sum over the agents of
 each agent's episode return (MPELogWrapper scales each agent's return by the agent count,
@@ -158,6 +160,12 @@ def run_jaxmarl(steps: float, seeds: int, anchors: Path) -> dict:
                                       for s in np.asarray(m["returned_episode_returns"])]}
 
 
+def yaml_config(anchors: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((anchors / "IPPO" / "config" / "ippo_rnn_smax.yaml").read_text())
+
+
 def smax_config(anchors: Path, smax_map: str, steps: float):
     """jaxppo's config of JaxMARL's ippo_rnn_smax.yaml on `smax_map`: the same envs, steps,
     epochs, minibatches, learning rate (annealed linearly to 0), clip (policy and value, as
@@ -168,7 +176,7 @@ def smax_config(anchors: Path, smax_map: str, steps: float):
 
     import jaxppo
 
-    c = yaml.safe_load((anchors / "IPPO" / "config" / "ippo_rnn_smax.yaml").read_text())
+    c = yaml_config(anchors)
     return jaxppo.PPOConfig(
         env=f"jaxmarl:smax:{smax_map}", env_kwargs=dict(c["ENV_KWARGS"]),
         num_envs=c["NUM_ENVS"], num_steps=c["NUM_STEPS"], num_epochs=c["UPDATE_EPOCHS"],
@@ -178,6 +186,43 @@ def smax_config(anchors: Path, smax_map: str, steps: float):
         entropy_coeff=c["ENT_COEF"], vf_coeff=c["VF_COEF"], max_grad_norm=c["MAX_GRAD_NORM"],
         adam_eps=1e-5, network=jaxppo.NetworkConfig(
             (c["FC_DIM_SIZE"],), activation=c["ACTIVATION"], recurrent_size=c["GRU_HIDDEN_DIM"]))
+
+
+def jaxmarl_network():
+    """ippo_rnn_smax.py's ActorCriticRNN as a jaxppo module of one's own (docs/configuration.md,
+    "Your own network"): a Dense of FC_DIM_SIZE and a ReLU, one GRU shared by actor and critic
+    (reset where an episode starts), then per head a Dense of GRU_HIDDEN_DIM (actor) or
+    FC_DIM_SIZE (critic) and a ReLU before the output; its initialisers (orthogonal sqrt 2,
+    2, 0.01 and 1; flax's GRUCell, its recurrent kernel orthogonal through jaxppo's own)."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxppo.core.networks import orthogonal
+
+    def dense(features, scale):
+        return nn.Dense(features, kernel_init=orthogonal(scale), bias_init=nn.initializers.zeros)
+
+    class Module(nn.Module):
+        fc: int = 128
+        gru: int = 128
+        action_dim: int | None = None  # filled from the env
+        discrete: bool | None = None
+
+        def initial_carry(self, batch_shape):
+            return jnp.zeros(tuple(batch_shape) + (self.gru,), jnp.float32)
+
+        @nn.compact
+        def __call__(self, obs, carry, reset):
+            carry = jnp.where(reset[..., None], 0.0, carry)
+            x = nn.relu(dense(self.fc, float(np.sqrt(2.0)))(obs))
+            carry, y = nn.GRUCell(self.gru, recurrent_kernel_init=orthogonal(1.0))(carry, x)
+            logits = dense(self.action_dim, 0.01)(nn.relu(dense(self.gru, 2.0)(y)))
+            value = dense(1, 1.0)(nn.relu(dense(self.fc, 2.0)(y)))[..., 0]
+            return logits, value, carry
+
+    Module.__name__ = Module.__qualname__ = "JaxMARLActorCriticRNN"
+    return Module
 
 
 def smax_results(returns, wins, steps_per_iteration: int, seeds: int, t: dict) -> dict:
@@ -194,12 +239,18 @@ def smax_results(returns, wins, steps_per_iteration: int, seeds: int, t: dict) -
             "iterations": int(r.shape[1])}
 
 
-def run_jaxppo_smax(steps: float, seeds: int, anchors: Path, smax_map: str) -> dict:
+def run_jaxppo_smax(steps: float, seeds: int, anchors: Path, smax_map: str,
+                    own_network: bool = False) -> dict:
     import jax
 
+    import jaxppo
     from jaxppo.run.train import make_train
 
     config = smax_config(anchors, smax_map, steps)
+    if own_network:  # JaxMARL's network, at the yaml's sizes
+        c = yaml_config(anchors)
+        config = config.replace(network=jaxppo.NetworkConfig(
+            module=jaxmarl_network()(fc=c["FC_DIM_SIZE"], gru=c["GRU_HIDDEN_DIM"])))
     keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
     (_, m), t = timed(make_train(config), keys)
     return smax_results(m["episode_return_mean/ally_0"], m["win_rate"], config.batch_size,
@@ -247,7 +298,8 @@ def start_run(side: str, args, script: str = __file__):
     """Start a fresh process of one side of `script` (finish_run waits for it)."""
     python = sys.executable if side == "jaxppo" else args.jaxmarl_python
     options = (["--vmap"] if getattr(args, "vmap", False) else []) + (
-        ["--smax", args.smax] if getattr(args, "smax", None) else [])
+        ["--smax", args.smax] if getattr(args, "smax", None) else []) + (
+        ["--jaxmarl-network"] if getattr(args, "jaxmarl_network", False) else [])
     cmd = [python, script, "--side", side, "--steps", str(args.steps), "--seeds",
            str(args.seeds), "--anchors", str(args.anchors)] + options
     env = {**os.environ, "PYTHONPATH": str(REPO)} if side == "jaxppo" else dict(os.environ)
@@ -280,6 +332,8 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     p.add_argument("--smax", default=None, help="a SMAX map: IPPO with a GRU (ippo_rnn_smax)")
     p.add_argument("--together", action="store_true",
                    help="with --smax: both sides at once, a learning comparison (not speed)")
+    p.add_argument("--jaxmarl-network", action="store_true",
+                   help="with --smax --together: jaxppo alone, with JaxMARL's own network")
     return p.parse_args()
 
 
@@ -323,13 +377,21 @@ def main() -> None:
 
 def smax_main(args) -> None:
     """--smax: one side in this process (--side), or both alternating in fresh processes."""
-    if run_one_side(args, lambda: run_jaxppo_smax(args.steps, args.seeds, args.anchors, args.smax),
+    if run_one_side(args, lambda: run_jaxppo_smax(args.steps, args.seeds, args.anchors, args.smax,
+                                                  args.jaxmarl_network),
                     lambda: run_jaxmarl_smax(args.steps, args.seeds, args.anchors, args.smax)):
         return
     if args.together:  # a learning comparison: both sides at once
+        out = SMAX_OUT.with_name(f"jaxmarl-smax-{args.smax}-learning.json")
+        if args.jaxmarl_network:  # jaxppo alone, its record added to the others
+            record = json.loads(out.read_text())
+            run = finish_run("jaxppo", start_run("jaxppo", args))
+            record["runs"].append({**run, "side": "jaxppo, JaxMARL's network"})
+            out.write_text(json.dumps(record, indent=1) + "\n")
+            print(f"wrote {out}")
+            return
         started = {side: start_run(side, args) for side in ("jaxppo", "jaxmarl")}
         runs = [finish_run(side, run) for side, run in started.items()]
-        out = SMAX_OUT.with_name(f"jaxmarl-smax-{args.smax}-learning.json")
         note = {"together": "both sides ran at once on the shared cores: a comparison of "
                             "learning; the steps/s are not a speed comparison"}
     else:
