@@ -44,6 +44,10 @@ from jaxppo.distributed.learner import HostLearner, versions
 logger = logging.getLogger("jaxppo.distributed")
 
 STRATEGIES = ("STRICT_SPREAD", "SPREAD", "PACK", "STRICT_PACK")
+# How long the learners' processes may take to start, once placed: each imports Python, jax
+# and jaxppo, which a loaded node or a network filesystem makes slow (a minute and more on a
+# 2-core machine running other jobs). A process that dies while starting is reported at once.
+START_TIMEOUT_S = 300.0
 
 
 class HostLost(Exception):
@@ -300,7 +304,8 @@ class HostGroup:
                      own_node=self.strategy == "STRICT_SPREAD")
             for k in range(hosts)]
         self.hosts = hosts
-        self.host_info = self._get([a.info.remote() for a in self.learners], self.placement_timeout_s,
+        self.host_info = self._get([a.info.remote() for a in self.learners],
+                                   max(START_TIMEOUT_S, self.placement_timeout_s),
                                    "starting the learners")
         self._check_versions()
         coordinator = self._get([self.learners[0].coordinator_address.remote(self.coordinator_port)],
