@@ -203,7 +203,7 @@ def jaxmarl_network():
     def dense(features, scale):
         return nn.Dense(features, kernel_init=orthogonal(scale), bias_init=nn.initializers.zeros)
 
-    class Module(nn.Module):
+    class JaxMARLActorCriticRNN(nn.Module):
         fc: int = 128
         gru: int = 128
         action_dim: int | None = None  # filled from the env
@@ -221,8 +221,7 @@ def jaxmarl_network():
             value = dense(1, 1.0)(nn.relu(dense(self.fc, 2.0)(y)))[..., 0]
             return logits, value, carry
 
-    Module.__name__ = Module.__qualname__ = "JaxMARLActorCriticRNN"
-    return Module
+    return JaxMARLActorCriticRNN
 
 
 def smax_results(returns, wins, steps_per_iteration: int, seeds: int, t: dict) -> dict:
@@ -384,6 +383,9 @@ def smax_main(args) -> None:
     if args.together:  # a learning comparison: both sides at once
         out = SMAX_OUT.with_name(f"jaxmarl-smax-{args.smax}-learning.json")
         if args.jaxmarl_network:  # jaxppo alone, its record added to the others
+            if not out.exists():
+                raise SystemExit(f"{out} does not exist: run --smax {args.smax} --together "
+                                 "first, then add jaxppo with JaxMARL's network to it")
             record = json.loads(out.read_text())
             run = finish_run("jaxppo", start_run("jaxppo", args))
             record["runs"].append({**run, "side": "jaxppo, JaxMARL's network"})
