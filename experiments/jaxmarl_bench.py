@@ -4,7 +4,7 @@
 `IPPO/ippo_rnn_smax.py` at `config/ippo_rnn_smax.yaml` (its map replaced by MAP).
 
     python experiments/jaxmarl_bench.py --anchors DIR --jaxmarl-python PY [--steps 2e6]
-        [--seeds 2] [--rounds 2] [--smax 3m [--together] [--jaxmarl-network]]
+        [--seeds 2] [--rounds 2] [--smax 3m [--together] [--alone] [--jaxmarl-network]]
 
 DIR holds JaxMARL's baseline scripts (IPPO/ippo_ff_mpe.py, IPPO/config/ippo_ff_mpe.yaml); PY
 is a Python whose environment has what they import (jaxmarl, distrax, hydra-core, omegaconf,
@@ -20,9 +20,11 @@ wall time of training).
 
 `--smax MAP --together` compares learning, not speed: one run a side, both sides at once
 (each a fresh process on the shared cores), written to
-experiments/results/jaxmarl-smax-MAP-learning.json. `--jaxmarl-network` gives jaxppo's side
-JaxMARL's own network (`jaxmarl_network()`, a module of one's own) instead of jaxppo's
-built-in one: jaxppo alone runs and its record is added to that file's runs.
+experiments/results/jaxmarl-smax-MAP-learning.json. `--alone` runs jaxppo's side alone and
+adds its record to that file's runs (after a change to jaxppo; JaxMARL's side is the same
+program at the same seeds). `--jaxmarl-network` gives jaxppo's side JaxMARL's own network
+(`jaxmarl_network()`, a module of one's own) instead of jaxppo's built-in one, and runs it
+alone in the same way.
 
 Both report the team return as JaxMARL's MPE baselines log it: the sum over the agents of
 each agent's episode return (MPELogWrapper scales each agent's return by the agent count,
@@ -170,13 +172,18 @@ def smax_config(anchors: Path, smax_map: str, steps: float):
     """jaxppo's config of JaxMARL's ippo_rnn_smax.yaml on `smax_map`: the same envs, steps,
     epochs, minibatches, learning rate (annealed linearly to 0), clip (policy and value, as
     its loss clips both with CLIP_EPS), entropy and value coefficients, gradient clip and
-    env options; its FC_DIM_SIZE Dense layer before a GRU of GRU_HIDDEN_DIM. Its network has
-    one more relu layer of FC_DIM_SIZE in each head after the GRU, which jaxppo's has not."""
+    env options; its FC_DIM_SIZE Dense layer before a GRU of GRU_HIDDEN_DIM, and after the
+    GRU a relu layer of its own in each head (network.head_sizes: the actor's is
+    GRU_HIDDEN_DIM wide, the critic's FC_DIM_SIZE, which jaxppo's one field needs equal, as
+    they are in the yaml). What differs: those layers' init (jaxppo's sqrt 2, JaxMARL's 2)."""
     import yaml
 
     import jaxppo
 
     c = yaml_config(anchors)
+    if c["FC_DIM_SIZE"] != c["GRU_HIDDEN_DIM"]:
+        raise SystemExit("jaxppo's heads have layers of one width (network.head_sizes); "
+                         f"the yaml's are {c['GRU_HIDDEN_DIM']} and {c['FC_DIM_SIZE']}")
     return jaxppo.PPOConfig(
         env=f"jaxmarl:smax:{smax_map}", env_kwargs=dict(c["ENV_KWARGS"]),
         num_envs=c["NUM_ENVS"], num_steps=c["NUM_STEPS"], num_epochs=c["UPDATE_EPOCHS"],
@@ -185,7 +192,8 @@ def smax_config(anchors: Path, smax_map: str, steps: float):
         gae_lambda=c["GAE_LAMBDA"], clip_param=c["CLIP_EPS"], vf_clip_param=c["CLIP_EPS"],
         entropy_coeff=c["ENT_COEF"], vf_coeff=c["VF_COEF"], max_grad_norm=c["MAX_GRAD_NORM"],
         adam_eps=1e-5, network=jaxppo.NetworkConfig(
-            (c["FC_DIM_SIZE"],), activation=c["ACTIVATION"], recurrent_size=c["GRU_HIDDEN_DIM"]))
+            (c["FC_DIM_SIZE"],), activation=c["ACTIVATION"], recurrent_size=c["GRU_HIDDEN_DIM"],
+            head_sizes=(c["FC_DIM_SIZE"],)))
 
 
 def jaxmarl_network():
@@ -331,6 +339,8 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     p.add_argument("--smax", default=None, help="a SMAX map: IPPO with a GRU (ippo_rnn_smax)")
     p.add_argument("--together", action="store_true",
                    help="with --smax: both sides at once, a learning comparison (not speed)")
+    p.add_argument("--alone", action="store_true",
+                   help="with --smax --together: jaxppo alone, its record added to the file's")
     p.add_argument("--jaxmarl-network", action="store_true",
                    help="with --smax --together: jaxppo alone, with JaxMARL's own network")
     return p.parse_args()
@@ -374,6 +384,12 @@ def main() -> None:
     print(f"wrote {OUT}")
 
 
+def _network_label(config) -> str:
+    net = config.network
+    return (f"network.hidden_sizes={list(net.hidden_sizes)}, recurrent_size="
+            f"{net.recurrent_size}, head_sizes={list(net.head_sizes)}")
+
+
 def smax_main(args) -> None:
     """--smax: one side in this process (--side), or both alternating in fresh processes."""
     if run_one_side(args, lambda: run_jaxppo_smax(args.steps, args.seeds, args.anchors, args.smax,
@@ -382,13 +398,16 @@ def smax_main(args) -> None:
         return
     if args.together:  # a learning comparison: both sides at once
         out = SMAX_OUT.with_name(f"jaxmarl-smax-{args.smax}-learning.json")
-        if args.jaxmarl_network:  # jaxppo alone, its record added to the others
+        if args.jaxmarl_network or args.alone:  # jaxppo alone, its record added to the others
             if not out.exists():
                 raise SystemExit(f"{out} does not exist: run --smax {args.smax} --together "
-                                 "first, then add jaxppo with JaxMARL's network to it")
+                                 "first, then add jaxppo's side alone to it")
             record = json.loads(out.read_text())
             run = finish_run("jaxppo", start_run("jaxppo", args))
-            record["runs"].append({**run, "side": "jaxppo, JaxMARL's network"})
+            built_in = smax_config(args.anchors, args.smax, args.steps)
+            label = ("jaxppo, JaxMARL's network" if args.jaxmarl_network else
+                     f"jaxppo alone, {_network_label(built_in)}")
+            record["runs"].append({**run, "side": label, "date": time.strftime("%Y-%m-%d")})
             out.write_text(json.dumps(record, indent=1) + "\n")
             print(f"wrote {out}")
             return

@@ -142,6 +142,9 @@ class NetworkConfig:
                                 check=cf.finite("e.g. -0.5 (initial std exp(-0.5) = 0.61)"))
     state_dependent_std: bool = field(False, "continuous actions: std from the actor's features",
                                       check=cf.boolean)
+    head_sizes: tuple[int, ...] = field(
+        (), "widths of the layers the policy head and the value head each have of their own, "
+        "after the torso (and GRU); [] = none", check=cf.positive_ints("e.g. [128]", empty=True))
     # A user's own flax module replaces the built-in network, whose fields above must then
     # keep their defaults (contract: jaxppo.core.networks.CustomNetwork, docs/configuration.md).
     module: Any = field(None, 'your own flax module: "module:Class" (an object in Python); '

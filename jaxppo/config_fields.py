@@ -304,12 +304,13 @@ def schedule(positive: bool) -> Check:
     return check
 
 
-def positive_ints(example: str) -> Check:
-    """A non-empty tuple of ints >= 1 (layer widths)."""
+def positive_ints(example: str, empty: bool = False) -> Check:
+    """A tuple of ints >= 1 (layer widths), non-empty unless `empty`."""
     def check(name, v):
-        if not isinstance(v, tuple) or not v or any(not is_int(h) or h < 1 for h in v):
-            raise ConfigError(f"{name}={listed(v)} must be a non-empty list of positive layer "
-                              f"widths, {example}")
+        if (not isinstance(v, tuple) or not (v or empty)
+                or any(not is_int(h) or h < 1 for h in v)):
+            raise ConfigError(f"{name}={listed(v)} must be a {'' if empty else 'non-empty '}"
+                              f"list of positive layer widths, {example}")
     return check
 
 

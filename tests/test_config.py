@@ -336,7 +336,7 @@ NON_DEFAULT = PPOConfig(
     entropy_schedule="linear", use_kl_loss=True, kl_coeff=0.5, kl_target=0.02,
     normalize_advantages=False, normalize_observations=True, normalize_rewards=True,
     network=NetworkConfig(hidden_sizes=(32, 16), activation="relu", shared_trunk=True,
-                          log_std_init=-0.5, state_dependent_std=True),
+                          log_std_init=-0.5, state_dependent_std=True, head_sizes=(8,)),
     num_devices=2, seed=7, num_seeds=3, log_every=5, compilation_cache_dir=None,
     search={"population": 3, "clip_param": {"uniform": [0.1, 0.3]},
             "gamma": {"choice": [0.95, 0.99]}},

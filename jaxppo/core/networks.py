@@ -460,8 +460,13 @@ def setup_policy_heads(m) -> None:
 
     `m.policy_head` gives logits / the Gaussian mean. Continuous actions add either a free
     `log_std` vector (initialised to `m.log_std_init`) or, with `m.state_dependent_std`, a
-    `log_std_head` Dense layer on the same features.
+    `log_std_head` Dense layer on the same features. With `m.head_sizes`, the policy's heads
+    and the value head (`value_of`) each first have MLP layers of their own over the features
+    the torso (and GRU) give: `policy_layers` and `value_layers`.
     """
+    if getattr(m, "head_sizes", ()):
+        m.policy_layers = MLP(m.head_sizes, m.activation)
+        m.value_layers = MLP(m.head_sizes, m.activation)
     m.policy_head = _dense(m.action_dim, 0.01)
     if m.discrete:
         return
@@ -473,6 +478,8 @@ def setup_policy_heads(m) -> None:
 
 def policy_dist(m, h: jax.Array) -> DistParams:
     """DistParams from features h [..., F] through the heads made by setup_policy_heads."""
+    if getattr(m, "head_sizes", ()):
+        h = m.policy_layers(h)
     loc = m.policy_head(h)
     if m.discrete:
         return DistParams(loc, jnp.zeros((m.action_dim,), loc.dtype))
@@ -482,9 +489,18 @@ def policy_dist(m, h: jax.Array) -> DistParams:
     return DistParams(loc, m.log_std)
 
 
+def value_of(m, h: jax.Array) -> jax.Array:
+    """The value [...] from features h [..., F]: `m.value_layers` (with `head_sizes`), then
+    `m.value_head`."""
+    if getattr(m, "head_sizes", ()):
+        h = m.value_layers(h)
+    return m.value_head(h)[..., 0]
+
+
 class PolicyNetwork(nn.Module):
-    """The fields every actor-critic shares: action head, torso (see `make_torso`), Gaussian
-    std options, and `carry_size` (0: feed-forward, no carry)."""
+    """The fields every actor-critic shares: action head, torso (see `make_torso`), the layers
+    of each head (`head_sizes`), Gaussian std options, and `carry_size` (0: feed-forward, no
+    carry)."""
 
     action_dim: int
     discrete: bool
@@ -498,6 +514,7 @@ class PolicyNetwork(nn.Module):
     log_std_init: float = 0.0
     state_dependent_std: bool = False
     carry_size: int = 0
+    head_sizes: Sequence[int] = ()
 
 
 class ActorCritic(PolicyNetwork):
@@ -505,8 +522,9 @@ class ActorCritic(PolicyNetwork):
 
     Every network has one signature, `__call__(obs, carry=(), reset=None) -> (dist, value,
     carry)`; this one keeps no carry (it returns the empty one it was given) and ignores
-    `reset`. Orthogonal init (sqrt(2) torso, 0.01 policy head, 1.0 value head) as in the PPO
-    implementation-details literature; separate torsos unless `shared_trunk`. With
+    `reset`. Orthogonal init (sqrt(2) torso and head layers, 0.01 policy head, 1.0 value
+    head) as in the PPO implementation-details literature; separate torsos unless
+    `shared_trunk` (`head_sizes` then gives each head layers of its own). With
     `torso="cnn"` the flat observation is reshaped to `obs_shape` (H, W, C) for the convs.
 
     `central_critic` (MAPPO): the critic's torso reads `critic_obs` [..., C] (a multi-agent
@@ -528,15 +546,16 @@ class ActorCritic(PolicyNetwork):
         h = self.actor_torso(obs)
         if self.central_critic:
             value = (None if critic_obs is None
-                     else self.value_head(self.critic_torso(critic_obs))[..., 0])
+                     else value_of(self, self.critic_torso(critic_obs)))
             return policy_dist(self, h), value, carry
         critic = h if self.shared_trunk else self.critic_torso(obs)
-        return policy_dist(self, h), self.value_head(critic)[..., 0], carry
+        return policy_dist(self, h), value_of(self, critic), carry
 
 
 class RecurrentActorCritic(PolicyNetwork):
     """One step of a recurrent actor-critic: torso MLP (or CNN) -> GRUCell -> policy head and
-    value head, one core shared by actor and critic.
+    value head (each with layers of its own first, with `head_sizes`), one core shared by
+    actor and critic.
 
     `__call__(obs [..., obs_dim], carry [..., carry_size] = zeros, reset [...] = None)`
     (carry_size >= 1) returns (dist, value [...], new carry); `reset` marks observations that start an
@@ -571,12 +590,12 @@ class RecurrentActorCritic(PolicyNetwork):
         actor_carry, y = self.core(_reset_carry(actor_carry, reset), self.encoder(obs))
         dist = policy_dist(self, y)
         if not self.central_critic:
-            return dist, self.value_head(y)[..., 0], actor_carry
+            return dist, value_of(self, y), actor_carry
         if critic_obs is None:
             return dist, None, actor_carry
         critic_carry, z = self.critic_core(_reset_carry(critic_carry, reset),
                                            self.critic_encoder(critic_obs))
-        return dist, self.value_head(z)[..., 0], (actor_carry, critic_carry)
+        return dist, value_of(self, z), (actor_carry, critic_carry)
 
 
 def _reset_carry(carry: jax.Array, reset: jax.Array | None) -> jax.Array:
@@ -860,6 +879,7 @@ def make_network(config, spec, module: nn.Module | None = None) -> nn.Module:
         conv_pool=net.conv_pool,
         log_std_init=float(net.log_std_init),
         state_dependent_std=bool(net.state_dependent_std),
+        head_sizes=tuple(net.head_sizes),
     )
     if net.recurrent_size:
         return RecurrentActorCritic(carry_size=net.recurrent_size,

@@ -78,7 +78,7 @@ def memory_parts(program: Program, state) -> list[MemoryPart]:
     envs = int(np.prod(state.last_obs.shape[:state.last_obs.ndim - obs_dims]))  # all copies
     copies = max(1, envs // algo.local_envs)  # seeds x devices on this process
     per_env, obs = live / envs, _nbytes(state.last_obs) / envs
-    widths = int(sum(cfg.network.hidden_sizes))
+    widths = int(sum(cfg.network.hidden_sizes) + sum(cfg.network.head_sizes))
     torsos = 1 if cfg.network.shared_trunk else 2
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)) // copies
     # Per transition: the observation, action, log prob, value, reward, done, advantage and

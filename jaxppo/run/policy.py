@@ -779,7 +779,8 @@ def _check_params(params, obs_stats, algorithm: Algorithm, run_dir: Path, source
     where = ("the env given" if env_given else f"{run_dir}/config.yaml")
     net = algorithm.config.network
     shape = f"network.hidden_sizes={list(net.hidden_sizes)}" + (
-        f", network.recurrent_size={net.recurrent_size}" if net.recurrent_size else "")
+        f", network.recurrent_size={net.recurrent_size}" if net.recurrent_size else "") + (
+        f", network.head_sizes={list(net.head_sizes)}" if net.head_sizes else "")
     if net.custom:  # the module's own arguments shape it
         shape = f"network.module={net.module!r:.80}" + (
             f", network.kwargs={net.kwargs}" if net.kwargs else "")

@@ -12,7 +12,8 @@ from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.core.losses import Batch
-from jaxppo.core.networks import LOG_STD_MAX, ActorCritic, DistParams, _patches, log_prob
+from jaxppo.core.networks import (LOG_STD_MAX, LOG_STD_MIN, ActorCritic, DistParams, _patches,
+                                  log_prob)
 
 PENDULUM = jaxppo.PPOConfig(env="Pendulum-v1", num_envs=4, num_steps=16, num_minibatches=2,
                             num_epochs=2, total_timesteps=4 * 16 * 2, compilation_cache_dir=None)
@@ -63,6 +64,58 @@ def test_pooled_cnn_torso_equals_conv_then_average_pool_then_dense():
     value = hidden @ params["params"]["value_head"]["kernel"] + params["params"]["value_head"]["bias"]
     _, ours, _ = net.apply(params, obs)
     np.testing.assert_allclose(np.asarray(ours), np.asarray(value[:, 0]), rtol=1e-5, atol=1e-5)
+
+
+def _layer(x, p, act=jax.nn.relu):
+    return act(x @ p["kernel"] + p["bias"])
+
+
+@pytest.mark.parametrize("recurrent", [False, True], ids=["shared-trunk", "gru"])
+def test_head_sizes_give_each_head_layers_of_its_own(recurrent):
+    """network.head_sizes: the policy head (logits, and a state-dependent log std) and the
+    value head each read layers of their own over the shared features, against a plain
+    forward pass with the module's weights; without it no such layers exist."""
+    from flax import linen as nn
+
+    from jaxppo.core.networks import RecurrentActorCritic
+
+    kw = dict(action_dim=2, discrete=False, state_dependent_std=True, hidden_sizes=(7,),
+              activation="relu", head_sizes=(6, 5))
+    net = (RecurrentActorCritic(carry_size=4, **kw) if recurrent
+           else ActorCritic(shared_trunk=True, **kw))
+    obs = jax.random.normal(jax.random.PRNGKey(0), (3, 9))
+    params = net.init(jax.random.PRNGKey(1), obs)
+    p = params["params"]
+    h = _layer(obs, p["encoder" if recurrent else "actor_torso"]["Dense_0"])
+    carry = jax.random.normal(jax.random.PRNGKey(2), (3, 4))
+    if recurrent:
+        new_carry, h = nn.GRUCell(4).apply({"params": p["core"]}, carry, h)
+    pi = _layer(_layer(h, p["policy_layers"]["Dense_0"]), p["policy_layers"]["Dense_1"])
+    v = _layer(_layer(h, p["value_layers"]["Dense_0"]), p["value_layers"]["Dense_1"])
+    assert p["policy_layers"]["Dense_0"]["kernel"].shape == (4 if recurrent else 7, 6)
+    assert p["value_layers"]["Dense_1"]["kernel"].shape == (6, 5)
+    assert p["policy_head"]["kernel"].shape == (5, 2) and p["value_head"]["kernel"].shape == (5, 1)
+    dist, value, out_carry = net.apply(params, obs, carry if recurrent else ())
+    check = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
+    check(np.asarray(dist.loc), np.asarray(pi @ p["policy_head"]["kernel"] + p["policy_head"]["bias"]))
+    log_std = jnp.clip(pi @ p["log_std_head"]["kernel"] + p["log_std_head"]["bias"], LOG_STD_MIN,
+                       LOG_STD_MAX)
+    check(np.asarray(dist.log_std), np.asarray(log_std))
+    check(np.asarray(value), np.asarray((v @ p["value_head"]["kernel"] + p["value_head"]["bias"])[:, 0]))
+    if recurrent:
+        check(np.asarray(out_carry), np.asarray(new_carry))
+    plain = net.clone(head_sizes=()).init(jax.random.PRNGKey(1), obs)["params"]
+    assert set(p) - set(plain) == {"policy_layers", "value_layers"}
+
+
+def test_head_sizes_round_trip_and_are_checked():
+    cfg = jaxppo.PPOConfig(network=jaxppo.NetworkConfig(head_sizes=[16]))
+    assert cfg.network.head_sizes == (16,) and jaxppo.PPOConfig().network.head_sizes == ()
+    assert jaxppo.PPOConfig.from_dict(cfg.to_dict()) == cfg
+    assert jaxppo.resolve(cfg).network.head_sizes == (16,)  # the network built has them
+    with pytest.raises(jaxppo.ConfigError, match=r"network.head_sizes=\[0\] must be a list of "
+                       r"positive layer widths, e.g. \[128\]"):
+        jaxppo.PPOConfig(network=jaxppo.NetworkConfig(head_sizes=[0])).validate()
 
 
 def test_cnn_torso_on_flat_observations_is_a_config_error():
