@@ -228,8 +228,12 @@ class PPOConfig:
                             check=cf.nonnegative())
     kl_target: float = field(0.01, "the KL the coefficient adapts towards", role=TUNABLE,
                              check=cf.positive())
-    normalize_advantages: bool = field(True, "standardise advantages over the whole batch",
+    normalize_advantages: bool = field(True, "standardise advantages (over normalize_advantages_over)",
                                        check=cf.boolean)
+    normalize_advantages_over: str = field(
+        "batch", '"batch": one mean and std over the iteration\'s whole batch; "minibatch": each '
+        "minibatch's own, as CleanRL, PureJaxRL, SB3 and JaxMARL standardise them",
+        check=cf.one_of(("batch", "minibatch")))
     adam_eps: float = field(1e-5, "Adam epsilon", check=cf.positive(), section="optimiser")
     max_grad_norm: float = field(0.5, "global-norm gradient clipping", role=TUNABLE,
                                  check=cf.positive())

@@ -558,6 +558,13 @@ def test_booleans_take_only_booleans(field, value):
     bad(rf"^{field}={re.escape(repr(value))} must be true or false", **{field: value})
 
 
+def test_advantages_are_standardised_over_the_batch_or_each_minibatch():
+    assert PPOConfig().normalize_advantages_over == "batch"
+    PPOConfig(normalize_advantages_over="minibatch").validate()
+    bad(r"^normalize_advantages_over='minibatches' is not one of \('batch', 'minibatch'\).*"
+        r"did you mean 'minibatch'", normalize_advantages_over="minibatches")
+
+
 def test_network_booleans_and_sizes_are_strict():
     bad(r"^network\.shared_trunk='abc' must be true or false", network=NetworkConfig(shared_trunk="abc"))
     bad(r"^network\.state_dependent_std='yes' must be true or false",

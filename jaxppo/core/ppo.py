@@ -292,7 +292,8 @@ def agent_metrics(algo: Algorithm, rollout_stats: dict) -> dict:
 
 def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_values,
         rollout_stats: dict, hp: HyperParams):
-    """Reward hooks, reward scaling, GAE and advantage normalisation over the rollout [T, E].
+    """Reward hooks, reward scaling, GAE and advantage normalisation over the rollout [T, E]
+    (`normalize_advantages_over: minibatch` leaves that to `learn`).
 
     Returns (state with the hooks' and the return statistics' new values, advantages [T, E],
     value targets [T, E], the global moments of targets, residuals and advantages).
@@ -311,12 +312,13 @@ def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_value
     # The GAE statistics of every shard in one collective.
     local = {"targets": collectives.local_moments(targets),
              "residuals": collectives.local_moments(targets - values)}
-    if cfg.normalize_advantages:
+    over_batch = cfg.normalize_advantages and cfg.normalize_advantages_over == "batch"
+    if over_batch:
         local["advantages"] = collectives.local_moments(advantages)
     gae_stats = jax.tree.map(lambda x: collectives.combine_moments(*x),
                              collectives.all_gather(local, algo.axis_name),
                              is_leaf=lambda x: isinstance(x, tuple))
-    if cfg.normalize_advantages:
+    if over_batch:
         adv_mean, adv_var = gae_stats["advantages"]
         advantages = (advantages - adv_mean) / (jnp.sqrt(adv_var) + 1e-8)
     state = state.replace(hook_state=hook_state, return_stats=return_stats)
@@ -412,10 +414,17 @@ def learn(algo: Algorithm, params, opt_state, batch: Batch, env_ids, key, hp, lr
     each minibatch's are made the network's input with those statistics. Returns ((params,
     opt_state), LearnStats [epochs, minibatches])."""
 
+    per_minibatch = (algo.config.normalize_advantages
+                     and algo.config.normalize_advantages_over == "minibatch")
+
     def minibatch_step(carry, mb):
         params, opt_state = carry
         if obs_stats is not None:
             mb = mb._replace(obs=algo.obs_in(obs_stats, mb.obs))
+        if per_minibatch:  # the minibatch's moments over every shard's part of it
+            mean, var = collectives.combine_moments(*collectives.all_gather(
+                collectives.local_moments(mb.advantages), algo.axis_name))
+            mb = mb._replace(advantages=(mb.advantages - mean) / (jnp.sqrt(var) + 1e-8))
         grads, terms = loss_and_grads(algo, params, mb, hp, ent_coeff, kl_coeff)
         # One all-reduce per minibatch: the flat gradient and the loss terms together.
         flat_grads = ravel_pytree(grads)[0]

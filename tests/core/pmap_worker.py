@@ -25,9 +25,11 @@ EQUIVALENCE = jaxppo.PPOConfig(
     normalize_rewards=True, compilation_cache_dir=None,
 )
 # Continuous actions with a per-sample std: the old log std is batched with its samples.
+# Advantages standardised per minibatch: each minibatch's moments from every device's part.
 EQUIVALENCE_STATE_STD = EQUIVALENCE.replace(
     env="Pendulum-v1", env_kwargs={"max_steps_in_episode": 10},  # episodes end in the batch
-    network=jaxppo.NetworkConfig((16, 16), state_dependent_std=True, log_std_init=-0.5))
+    network=jaxppo.NetworkConfig((16, 16), state_dependent_std=True, log_std_init=-0.5),
+    normalize_advantages_over="minibatch")
 
 
 # sync="batch": the rollouts are all-gathered once and every device runs the whole update.

@@ -478,6 +478,42 @@ def test_learning_from_raw_observations_is_learning_from_normalised_ones(recurre
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
+@pytest.mark.parametrize("recurrent", [False, True], ids=["feed-forward", "gru"])
+def test_advantages_standardised_per_minibatch(recurrent):
+    """normalize_advantages_over='minibatch' (CleanRL's and PureJaxRL's way): one epoch
+    learns as learning without normalisation from advantages that numpy standardised over
+    each minibatch's own samples, the minibatches cut as the update cuts them."""
+    from jaxppo.core.collectives import minibatch_indices
+
+    net = jaxppo.NetworkConfig((16,), recurrent_size=8 if recurrent else 0)
+    cfg = PENDULUM.replace(num_epochs=1, network=net, normalize_advantages_over="minibatch")
+    algo = Algorithm.create(jaxppo.resolve(cfg))
+    plain = Algorithm.create(jaxppo.resolve(cfg.replace(normalize_advantages=False)))
+    hp = HyperParams.from_config(cfg)
+    state = jax.jit(ppo.init, static_argnums=0)(algo, jax.random.PRNGKey(0), hp)
+    rolled, traj = jax.jit(ppo.rollout, static_argnums=0)(algo, state, hp)
+    values, _ = ppo.rollout_values(algo, rolled.params, rolled.obs_stats, traj)
+    adv = np.asarray(jax.random.normal(jax.random.PRNGKey(2), values.shape)) * 3.0 + 1.0
+    key = jax.random.PRNGKey(1)
+    idx = np.asarray(minibatch_indices(jax.random.split(key, 1)[0], rolled.env_ids,
+                                       cfg.num_steps, cfg.num_minibatches, recurrent))
+    ref, cols = adv.astype(np.float64), np.arange(adv.shape[1])[None, :]
+    for i in idx:  # each minibatch's samples: time rows of every env, or whole env columns
+        part = (slice(None), i) if recurrent else (i, cols)
+        ref[part] = (adv[part] - adv[part].mean()) / (adv[part].std() + 1e-8)
+    assert not np.allclose(ref, (adv - adv.mean()) / adv.std(), atol=1e-3)  # not the batch's
+
+    def learn(a, advantages):
+        batch = ppo.make_batch(a, rolled.obs_stats, traj, values, jnp.asarray(advantages,
+                               jnp.float32), values)
+        return jax.jit(ppo.learn, static_argnums=0)(
+            a, rolled.params, rolled.opt_state, batch, rolled.env_ids, key, hp, 1e-3, 0.01, 0.2)
+
+    ours, theirs = learn(algo, adv), learn(plain, ref)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("shape,scale", [((4, 64), np.sqrt(2.0)), ((64, 64), 1.0), ((64, 2), 0.01),
                                          ((300, 20), 1.0), ((3, 3, 5), 1.0)])
 def test_orthogonal_init_is_orthogonal_with_its_scale_and_the_same_under_vmap(shape, scale):
