@@ -237,6 +237,12 @@ class PPOConfig:
     adam_eps: float = field(1e-5, "Adam epsilon", check=cf.positive(), section="optimiser")
     max_grad_norm: float = field(0.5, "global-norm gradient clipping", role=TUNABLE,
                                  check=cf.positive())
+    max_grad_norm_over: str = field(
+        "all", '"all": one global norm over every parameter; "each_network": the actor\'s and '
+        "the critic's parameters each clipped by a global norm of their own, as separate "
+        "optimisers for actor and critic do (JaxMARL's MAPPO, Stoix); for built-in networks "
+        "whose actor and critic share no layer",
+        check=cf.one_of(("all", "each_network")))
     gamma: float = field(0.99, "discount", role=TUNABLE, check=cf.unit_interval, section="returns")
     gae_lambda: float = field(0.95, "GAE lambda", role=TUNABLE, check=cf.unit_interval)
     normalize_observations: bool = field(False, "running mean/std of observations",

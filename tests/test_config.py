@@ -565,6 +565,22 @@ def test_advantages_are_standardised_over_the_batch_or_each_minibatch():
         r"did you mean 'minibatch'", normalize_advantages_over="minibatches")
 
 
+def test_gradients_are_clipped_over_all_parameters_or_each_network_apart():
+    assert PPOConfig().max_grad_norm_over == "all"
+    resolve(BASE.replace(max_grad_norm_over="each_network"), "local")  # two torsos: apart
+    bad(r"^max_grad_norm_over='each' is not one of \('all', 'each_network'\).*"
+        r"did you mean 'each_network'", max_grad_norm_over="each")
+    bad(r"^max_grad_norm_over='each_network' clips .* network\.shared_trunk=true gives them "
+        r"one torso; set network\.shared_trunk: false, or max_grad_norm_over: all",
+        max_grad_norm_over="each_network", network=NetworkConfig(shared_trunk=True))
+    bad(r"^max_grad_norm_over='each_network' clips .* network\.recurrent_size=8 they share "
+        r"one GRU unless the critic has an input of its own \(critic_input: world_state",
+        max_grad_norm_over="each_network", network=NetworkConfig(recurrent_size=8))
+    bad(r"^max_grad_norm_over='each_network' clips .* network\.module=.* replaces it; use "
+        r"max_grad_norm_over: all", max_grad_norm_over="each_network",
+        network=NetworkConfig(module="jaxppo.examples.networks:LayerNormActorCritic"))
+
+
 def test_network_booleans_and_sizes_are_strict():
     bad(r"^network\.shared_trunk='abc' must be true or false", network=NetworkConfig(shared_trunk="abc"))
     bad(r"^network\.state_dependent_std='yes' must be true or false",

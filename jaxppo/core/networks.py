@@ -497,6 +497,23 @@ def value_of(m, h: jax.Array) -> jax.Array:
     return m.value_head(h)[..., 0]
 
 
+# The built-in networks' modules that only the value reads; every other parameter is the
+# policy's, or shared by both (a shared trunk, or the GRU of a critic without an input of
+# its own).
+CRITIC_MODULES = frozenset(("critic_torso", "critic_encoder", "critic_core", "value_layers",
+                            "value_head"))
+
+
+def critic_param_mask(params) -> np.ndarray:
+    """bool [P] over `params` flattened as `ravel_pytree` flattens them: True for each entry
+    of a parameter under one of CRITIC_MODULES (shapes only: works on tracers)."""
+    parts = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        critic = any(getattr(k, "key", None) in CRITIC_MODULES for k in path)
+        parts.append(np.full(int(np.prod(leaf.shape)), critic))
+    return np.concatenate(parts) if parts else np.zeros((0,), bool)
+
+
 class PolicyNetwork(nn.Module):
     """The fields every actor-critic shares: action head, torso (see `make_torso`), the layers
     of each head (`head_sizes`), Gaussian std options, and `carry_size` (0: feed-forward, no

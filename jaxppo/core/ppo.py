@@ -29,13 +29,32 @@ from jaxppo.envs.spec import apply_reward_hooks, env_action, flatten_obs, init_r
 
 
 # ---------------------------------------------------------------------- init
-def optimizer(algo: Algorithm, hp: HyperParams) -> optax.GradientTransformation:
-    """Clip by global norm, then Adam; the learning rate is applied by hand so it can follow
-    env steps (not optimiser steps) and be vmapped."""
-    return optax.chain(
-        optax.clip_by_global_norm(hp.max_grad_norm),
-        optax.scale_by_adam(eps=algo.config.adam_eps),
-    )
+def optimizer(algo: Algorithm, hp: HyperParams, params) -> optax.GradientTransformation:
+    """Clip by global norm (over all of `params`, or with `max_grad_norm_over: each_network`
+    the actor's and the critic's apart), then Adam; the learning rate is applied by hand so
+    it can follow env steps (not optimiser steps) and be vmapped. It works on `params`
+    flattened to one vector."""
+    if algo.config.max_grad_norm_over == "each_network":
+        clip = clip_each_network(networks.critic_param_mask(params), hp.max_grad_norm)
+    else:
+        clip = optax.clip_by_global_norm(hp.max_grad_norm)
+    return optax.chain(clip, optax.scale_by_adam(eps=algo.config.adam_eps))
+
+
+def clip_each_network(critic, max_norm) -> optax.GradientTransformation:
+    """optax.clip_by_global_norm applied to the actor's part and the critic's part of a flat
+    gradient apart (`critic` bool [P] marks the critic's entries). Adam being elementwise,
+    this and one Adam step is what an optimiser each for actor and critic gives. Its state
+    is clip_by_global_norm's (empty), so a checkpoint loads under either setting."""
+
+    def update(grads, state, params=None):
+        del params
+        sq = grads * grads
+        norm = jnp.where(critic, jnp.sqrt(jnp.sum(jnp.where(critic, sq, 0.0))),
+                         jnp.sqrt(jnp.sum(jnp.where(critic, 0.0, sq))))
+        return jnp.where(norm < max_norm, grads, grads / norm * max_norm), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def init(algo: Algorithm, key: jax.Array, hp: HyperParams,
@@ -58,7 +77,7 @@ def init_state(algo: Algorithm, key: jax.Array, k_params: jax.Array, hp: HyperPa
     `key` the training stream. A multi-agent env's E is its actors (envs x agents)."""
     spec, cfg, E = algo.spec, algo.config, algo.local_actors
     params = algo.init_params(k_params)
-    opt_state = optimizer(algo, hp).init(ravel_pytree(params)[0])
+    opt_state = optimizer(algo, hp, params).init(ravel_pytree(params)[0])
     obs_stats = RunningStats.create((spec.obs_dim,))
     if cfg.normalize_observations:
         obs_stats = collectives.merge_stats(obs_stats, flatten_obs(obs, spec.obs_shape),
@@ -396,14 +415,15 @@ def loss_and_grads(algo: Algorithm, params, mb: Batch, hp: HyperParams, ent_coef
 
 
 def apply_grads(algo: Algorithm, params, opt_state, flat_grads, hp: HyperParams, lr):
-    """Clip by global norm, Adam, step by -lr. Returns (params, opt_state, grad_norm).
+    """Clip by global norm, Adam, step by -lr. Returns (params, opt_state, grad_norm), the
+    norm before clipping, over every parameter.
 
     The optimiser works on one flat vector (its state too): one fused update instead of
     one per parameter array.
     """
     flat_params, unravel = ravel_pytree(params)
     grad_norm = optax.tree.norm(flat_grads)
-    updates, opt_state = optimizer(algo, hp).update(flat_grads, opt_state, flat_params)
+    updates, opt_state = optimizer(algo, hp, params).update(flat_grads, opt_state, flat_params)
     return unravel(flat_params - lr * updates), opt_state, grad_norm
 
 

@@ -5,6 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import jaxppo
@@ -512,6 +513,84 @@ def test_advantages_standardised_per_minibatch(recurrent):
     ours, theirs = learn(algo, adv), learn(plain, ref)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+MPE = jaxppo.PPOConfig(env="jaxmarl:MPE_simple_spread_v3", num_envs=2, num_steps=8,
+                      num_minibatches=2, total_timesteps=48, compilation_cache_dir=None)
+EACH_NETWORK = {  # max_grad_norm_over: each_network on the built-in networks it applies to
+    "feed-forward": PENDULUM.replace(network=jaxppo.NetworkConfig((16,), head_sizes=(8,))),
+    "mappo-gru": MPE.replace(critic_input="world_state", agent_id=True,
+                             network=jaxppo.NetworkConfig((16,), recurrent_size=8,
+                                                          head_sizes=(8,))),
+    "per-agent": MPE.replace(critic_input="joint_obs", agent_params="per_agent",
+                             network=jaxppo.NetworkConfig((16,))),
+}
+
+
+@pytest.mark.parametrize("name", list(EACH_NETWORK))
+def test_each_network_clipping_is_an_optimiser_each_for_actor_and_critic(name):
+    """max_grad_norm_over='each_network' (JaxMARL's MAPPO, Stoix): the parameters the value
+    reads and those the policy reads, found from the network's own gradients, are two
+    disjoint groups that cover them all; and two update steps equal optax's clip-by-global-
+    norm and Adam run on each group as a tree of its own, which one clip over all of them
+    does not."""
+    from jax.flatten_util import ravel_pytree
+
+    from jaxppo.core.networks import critic_param_mask
+
+    cfg = EACH_NETWORK[name]
+    if cfg.env_name.startswith("jaxmarl:"):
+        pytest.importorskip("jaxmarl")
+    cfg = cfg.replace(max_grad_norm_over="each_network", max_grad_norm=0.05)
+    algo = Algorithm.create(jaxppo.resolve(cfg))
+    params = algo.init_params(jax.random.PRNGKey(0))
+    actor_dim, critic_dim = algo.input_dims()
+    k = 2 * algo.spec.num_agents  # two envs' actors
+    x = jax.random.normal(jax.random.PRNGKey(1), (k, actor_dim))
+    extra = ({} if critic_dim is None else
+             {"critic_obs": jax.random.normal(jax.random.PRNGKey(2), (k, critic_dim))})
+    carry = jax.tree.map(  # not zeros: a GRU's recurrent kernels are read through its carry
+        lambda c: jax.random.normal(jax.random.PRNGKey(4), c.shape), algo.train_carry((k,)))
+
+    def reads(out):  # per leaf: does `out` of the network's outputs depend on it?
+        g = jax.grad(lambda p: out(*algo.network.apply(p, x, carry, **extra)[:2]))(params)
+        return [bool(np.any(np.asarray(leaf) != 0)) for leaf in jax.tree.leaves(g)]
+
+    value = reads(lambda dist, v: jnp.sum(v))
+    policy = reads(lambda dist, v: jnp.sum(dist.loc) + jnp.sum(dist.log_std))
+    assert all(a != b for a, b in zip(value, policy))  # each leaf read by one of them alone
+    leaves, treedef = jax.tree.flatten(params)
+    sizes = [leaf.size for leaf in leaves]
+    np.testing.assert_array_equal(critic_param_mask(params), np.repeat(value, sizes))
+
+    grads = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(3), p.shape),
+                         params)
+    hp = HyperParams.from_config(cfg)
+    lr = 1e-2
+
+    def two_steps(a):
+        p, opt_state = params, ppo.optimizer(a, hp, params).init(ravel_pytree(params)[0])
+        for _ in range(2):
+            p, opt_state, _ = ppo.apply_grads(a, p, opt_state, ravel_pytree(grads)[0], hp, lr)
+        return jax.tree.leaves(p)
+
+    ref, g_leaves = list(leaves), jax.tree.leaves(grads)
+    for group in (value, policy):  # an optax chain each, over its own leaves
+        idx = [i for i, mine in enumerate(group) if mine]
+        tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                         optax.scale_by_adam(eps=cfg.adam_eps))
+        mine = [leaves[i] for i in idx]
+        state = tx.init(mine)
+        for _ in range(2):
+            updates, state = tx.update([g_leaves[i] for i in idx], state, mine)
+            mine = [m - lr * u for m, u in zip(mine, updates)]
+        for i, m in zip(idx, mine):
+            ref[i] = m
+    for ours, want in zip(two_steps(algo), ref):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=1e-5, atol=1e-7)
+    joint = Algorithm.create(jaxppo.resolve(cfg.replace(max_grad_norm_over="all")))
+    assert not all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+                   for a, b in zip(two_steps(joint), ref))
 
 
 @pytest.mark.parametrize("shape,scale", [((4, 64), np.sqrt(2.0)), ((64, 64), 1.0), ((64, 2), 0.01),
