@@ -543,7 +543,7 @@ def test_each_network_clipping_is_an_optimiser_each_for_actor_and_critic(name):
         pytest.importorskip("jaxmarl")
     cfg = cfg.replace(max_grad_norm_over="each_network", max_grad_norm=0.05)
     algo = Algorithm.create(jaxppo.resolve(cfg))
-    params = algo.init_params(jax.random.PRNGKey(0))
+    params = jax.jit(algo.init_params)(jax.random.PRNGKey(0))
     actor_dim, critic_dim = algo.input_dims()
     k = 2 * algo.spec.num_agents  # two envs' actors
     x = jax.random.normal(jax.random.PRNGKey(1), (k, actor_dim))
@@ -552,12 +552,14 @@ def test_each_network_clipping_is_an_optimiser_each_for_actor_and_critic(name):
     carry = jax.tree.map(  # not zeros: a GRU's recurrent kernels are read through its carry
         lambda c: jax.random.normal(jax.random.PRNGKey(4), c.shape), algo.train_carry((k,)))
 
-    def reads(out):  # per leaf: does `out` of the network's outputs depend on it?
-        g = jax.grad(lambda p: out(*algo.network.apply(p, x, carry, **extra)[:2]))(params)
-        return [bool(np.any(np.asarray(leaf) != 0)) for leaf in jax.tree.leaves(g)]
+    @jax.jit
+    def reads(p):  # per leaf: do the value and the policy depend on it?
+        def out(p):
+            dist, v = algo.network.apply(p, x, carry, **extra)[:2]
+            return jnp.sum(v), jnp.sum(dist.loc) + jnp.sum(dist.log_std)
+        return jax.tree.map(lambda g: jnp.any(g != 0), jax.jacrev(out)(p))
 
-    value = reads(lambda dist, v: jnp.sum(v))
-    policy = reads(lambda dist, v: jnp.sum(dist.loc) + jnp.sum(dist.log_std))
+    value, policy = ([bool(b) for b in jax.tree.leaves(r)] for r in reads(params))
     assert all(a != b for a, b in zip(value, policy))  # each leaf read by one of them alone
     leaves, treedef = jax.tree.flatten(params)
     sizes = [leaf.size for leaf in leaves]
@@ -568,24 +570,30 @@ def test_each_network_clipping_is_an_optimiser_each_for_actor_and_critic(name):
     hp = HyperParams.from_config(cfg)
     lr = 1e-2
 
+    @functools.partial(jax.jit, static_argnums=0)
     def two_steps(a):
         p, opt_state = params, ppo.optimizer(a, hp, params).init(ravel_pytree(params)[0])
         for _ in range(2):
             p, opt_state, _ = ppo.apply_grads(a, p, opt_state, ravel_pytree(grads)[0], hp, lr)
         return jax.tree.leaves(p)
 
-    ref, g_leaves = list(leaves), jax.tree.leaves(grads)
-    for group in (value, policy):  # an optax chain each, over its own leaves
-        idx = [i for i, mine in enumerate(group) if mine]
-        tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
-                         optax.scale_by_adam(eps=cfg.adam_eps))
-        mine = [leaves[i] for i in idx]
-        state = tx.init(mine)
-        for _ in range(2):
-            updates, state = tx.update([g_leaves[i] for i in idx], state, mine)
-            mine = [m - lr * u for m, u in zip(mine, updates)]
-        for i, m in zip(idx, mine):
-            ref[i] = m
+    @jax.jit
+    def reference():  # an optax chain each, over its own group's leaves
+        ref, g_leaves = list(leaves), jax.tree.leaves(grads)
+        for group in (value, policy):
+            idx = [i for i, mine in enumerate(group) if mine]
+            tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                             optax.scale_by_adam(eps=cfg.adam_eps))
+            mine = [leaves[i] for i in idx]
+            state = tx.init(mine)
+            for _ in range(2):
+                updates, state = tx.update([g_leaves[i] for i in idx], state, mine)
+                mine = [m - lr * u for m, u in zip(mine, updates)]
+            for i, m in zip(idx, mine):
+                ref[i] = m
+        return ref
+
+    ref = reference()
     for ours, want in zip(two_steps(algo), ref):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=1e-5, atol=1e-7)
     joint = Algorithm.create(jaxppo.resolve(cfg.replace(max_grad_norm_over="all")))
