@@ -511,7 +511,7 @@ def critic_param_mask(params) -> np.ndarray:
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         critic = any(getattr(k, "key", None) in CRITIC_MODULES for k in path)
         parts.append(np.full(int(np.prod(leaf.shape)), critic))
-    return np.concatenate(parts) if parts else np.zeros((0,), bool)
+    return np.concatenate(parts)
 
 
 class PolicyNetwork(nn.Module):

@@ -561,7 +561,7 @@ def test_each_network_clipping_is_an_optimiser_each_for_actor_and_critic(name):
 
     value, policy = ([bool(b) for b in jax.tree.leaves(r)] for r in reads(params))
     assert all(a != b for a, b in zip(value, policy))  # each leaf read by one of them alone
-    leaves, treedef = jax.tree.flatten(params)
+    leaves = jax.tree.leaves(params)
     sizes = [leaf.size for leaf in leaves]
     np.testing.assert_array_equal(critic_param_mask(params), np.repeat(value, sizes))
 
