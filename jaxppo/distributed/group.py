@@ -283,13 +283,7 @@ class HostGroup:
         if self.strategy == "STRICT_SPREAD" and hosts > len(fits):
             raise NotEnoughNodesError(self._too_few_nodes(hosts, nodes, fits))
         self.pg = placement_group([dict(self.bundle) for _ in range(hosts)], strategy=self.strategy)
-        try:
-            ray.get(self.pg.ready(), timeout=placement_timeout_s)
-        except GetTimeoutError:
-            raise NotEnoughNodesError(
-                f"could not reserve {hosts} x {self.bundle} ({self.strategy}) within "
-                f"{placement_timeout_s:g}s; other jobs may hold the resources. Nodes: "
-                f"{_node_summary(nodes)}") from None
+        self._wait_placed(hosts, placement_timeout_s, nodes)
         remote = ray.remote(HostLearner)
         use_gpu = bool(self.bundle.get("GPU"))
         self.learners = [
@@ -323,6 +317,31 @@ class HostGroup:
         self._get([a.start.remote(self.snapshot_state, self.chunk_len) for a in self.learners],
                   None, "compiling the program")
         self.learners_at = self.snapshot_iter
+
+    def _wait_placed(self, hosts: int, timeout_s: float, nodes: list[dict]) -> None:
+        """Wait up to `timeout_s` for the placement group. With one learner per node, stop
+        waiting as soon as fewer nodes than `hosts` can hold one: a node that died keeps
+        counting as alive until Ray's health checks time out, and a placement on it would
+        wait out the whole timeout."""
+        ready, deadline = self.pg.ready(), time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if ray.wait([ready], timeout=max(0.0, min(1.0, left)))[0]:
+                ray.get(ready)
+                return
+            if left <= 0:
+                need = " and ".join(f"{v:g} {k}" for k, v in self.bundle.items())
+                raise NotEnoughNodesError(
+                    f"could not reserve {need} for each of {hosts} learners (placement "
+                    f"{self.strategy}) within {timeout_s:g}s: other jobs hold some of the "
+                    f"nodes' resources (`ray status` shows what is in use), or the cluster's "
+                    f"nodes cannot take that placement. Nodes: {_node_summary(nodes)}. Stop "
+                    "those jobs, train on fewer hosts (--hosts), or wait longer "
+                    "(train_distributed(placement_timeout_s=...))")
+            if self.strategy == "STRICT_SPREAD":
+                now, fits = self._fitting_nodes()
+                if len(fits) < hosts:
+                    raise NotEnoughNodesError(self._too_few_nodes(hosts, now, fits))
 
     def _check_versions(self) -> None:
         mine = versions()
@@ -389,7 +408,7 @@ class HostGroup:
         logger.warning("lost %s; restarting the group from the state after iteration %d (%s)%s",
                        lost, self.snapshot_iter, redo, where)
         # A lost node stays "alive" in Ray's view until its health checks time out (~15-30 s):
-        # placing on it times out, and the next count no longer has it.
+        # a placement on it waits until then (`_wait_placed`), and the next count lacks it.
         wait_s = max(self.placement_timeout_s, 60.0)
         deadline, waiting_since = time.monotonic() + wait_s, None
         while True:

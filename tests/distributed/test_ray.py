@@ -402,6 +402,32 @@ def test_more_hosts_than_nodes_is_a_clear_error(cluster, tmp_path, monkeypatch):
         assert fix in msg, (fix, msg)
 
 
+def test_cpus_another_job_holds_are_a_clear_error_after_the_placement_timeout(cluster, tmp_path):
+    """Both nodes can hold a learner, but another job holds one node's CPU: the placement
+    waits placement_timeout_s (the count of nodes never drops), then says so; nothing is
+    written and the cluster is left as it was."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    held = placement_group([{"CPU": 1}])
+    ray.get(held.ready(), timeout=30)
+    try:
+        with pytest.raises(NotEnoughNodesError) as e:
+            train_distributed(tiny(num_envs=4, total_timesteps=4 * 16), hosts=2,
+                              run_dir=tmp_path / "run", progress=False, placement_timeout_s=2)
+    finally:
+        remove_placement_group(held)
+    assert not (tmp_path / "run").exists()  # nothing written
+    msg = str(e.value)
+    assert "could not reserve 1 CPU for each of 2 learners (placement STRICT_SPREAD) within " \
+           "2s: other jobs hold some of the nodes' resources (`ray status`" in msg, msg
+    assert "train on fewer hosts (--hosts)" in msg, msg
+    assert msg.count("(CPU 1, GPU 0)") == 2, msg
+    deadline = time.monotonic() + 20  # placement groups are removed asynchronously
+    while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == 2, ray.available_resources()
+
+
 def test_the_cluster_is_chosen_as_ray_users_expect(tmp_path):
     """--address, else RAY_ADDRESS, else the newest cluster `ray start` recorded that still
     runs, else a new local instance; 'local' and 'auto' as Ray reads them."""
