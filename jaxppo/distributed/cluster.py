@@ -411,6 +411,8 @@ def _connect_to(address: str, timeout_s: float, quiet: dict, how: str) -> None:
             f"{hp[0]}:6379 (`ray start --head --port=...`), or submit the run as a job: "
             f"`ray job submit --address http://{hp[0]}:{hp[1]} -- python -m "
             "jaxppo.distributed ...`")
+    if _refuses_credentials(address):
+        raise ClusterUnreachableError(_auth_refused(address, name))
     log = _Fd2Capture()
     try:
         with keep_loopback(hp[0]), _quiet_fork_warning(), log:
@@ -429,6 +431,23 @@ def _connect_to(address: str, timeout_s: float, quiet: dict, how: str) -> None:
 
 # What Ray says (in its exception, or its C++ client's log lines) when a GCS refuses us.
 AUTH_REFUSED = ("Authentication", "Unauthenticated", "InvalidAuthToken")
+
+
+def _refuses_credentials(address: str) -> bool:
+    """True when the GCS at `address` refuses this process's credentials (RAY_AUTH_MODE,
+    the token): one client handshake, under a second, where ray.init repeats it once a
+    second for about 20 s before it gives up. False for anything else, which ray.init then
+    meets and reports as before."""
+    try:
+        from ray._raylet import GcsClient
+    except ImportError:  # Ray's internals moved: ray.init finds it out, more slowly
+        return False
+    try:
+        with _Fd2Capture():  # the client logs the refusal on fd 2
+            GcsClient(address=address)
+    except Exception as e:  # noqa: BLE001 - Ray raises its own classes, by version
+        return any(w in f"{type(e).__name__} {e}" for w in AUTH_REFUSED)
+    return False
 
 
 def _auth_refused(address: str, name: str) -> str:

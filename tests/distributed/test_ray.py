@@ -1023,6 +1023,7 @@ def test_make_ray_cluster_with_a_ray_token_and_make_ray_stop_stops_only_its_clus
     import shutil
     import tempfile
 
+    from jaxppo.distributed.cluster import _refuses_credentials
     from jaxppo.distributed.loopback import _is_gcs, cluster_processes, stop_cluster
 
     home = tmp_path / "home"
@@ -1065,7 +1066,11 @@ def test_make_ray_cluster_with_a_ray_token_and_make_ray_stop_stops_only_its_clus
         assert "RAY_AUTH_MODE=token" in last and "make ray-cluster" not in last
         # Ray's own retry lines are kept out of the way of the one that says what to do.
         assert "InvalidAuthToken" not in out.stderr
+        # Told after one handshake, not after ray.init's 20 s of retries (this process runs
+        # without a token too).
+        assert _refuses_credentials(f"127.0.0.1:{p1}")
         start_head(p2, t2, env2)
+        assert not _refuses_credentials(f"127.0.0.1:{p2}")
         second = cluster_processes(f"127.0.0.1:{p2}", str(t2))
         assert len(first) >= 4 and len(second) >= 4 and not set(first) & set(second)
         # Not a Ray process, though it names the first cluster's logs: left alone.
