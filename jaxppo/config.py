@@ -243,6 +243,14 @@ class PPOConfig:
         "optimisers for actor and critic do (JaxMARL's MAPPO, Stoix); for built-in networks "
         "whose actor and critic share no layer",
         check=cf.one_of(("all", "each_network")))
+    # The critic's own step size, as separate optimisers for actor and critic have (Stoix,
+    # Mava, MAPPO; RLlib's old _lr_vf). Its HyperParams leaf holds null as lr's points with
+    # the value -1: a negative value means "lr" (jaxppo.core.ppo.critic_lr_at).
+    critic_lr: Schedule | None = field(
+        None, "the critic's learning rate: a number (its schedule lr_schedule's form) or "
+        "[[env_step, value], ...] points; null = lr. For built-in networks whose actor and "
+        "critic share no layer", role=TUNABLE, leaf="critic_lr_points", kind="lr_schedule",
+        check=cf.optional(cf.schedule(positive=True)))
     gamma: float = field(0.99, "discount", role=TUNABLE, check=cf.unit_interval, section="returns")
     gae_lambda: float = field(0.95, "GAE lambda", role=TUNABLE, check=cf.unit_interval)
     normalize_observations: bool = field(False, "running mean/std of observations",
@@ -558,6 +566,12 @@ SCHEDULES = {n: _SPECS[n].kind for n in TUNABLE_FIELDS if _SPECS[n].kind}
 # What a sweep's hyperparameters override: a sweep folder's config.yaml values of these are
 # not what its members trained with.
 SWEPT_FIELDS = frozenset(TUNABLE_FIELDS) | frozenset(SCHEDULES.values())
+
+
+def own_critic_lr(config) -> bool:
+    """Whether the critic steps with a learning rate of its own: `critic_lr` set, or searched
+    (each member's value then comes from the search)."""
+    return config.critic_lr is not None or "critic_lr" in (config.search or {})
 
 
 def is_auto_devices(value) -> bool:

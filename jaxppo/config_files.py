@@ -18,7 +18,8 @@ from pathlib import Path
 from jaxppo.config_fields import did_you_mean, nested_fields, nested_hint
 from jaxppo.errors import ConfigError
 
-# Names other PPO code uses for our fields (PureJaxRL, RLlib, CleanRL, SB3, Cleanba, gymnasium).
+# Names other PPO code uses for our fields (PureJaxRL, RLlib, CleanRL, SB3, Cleanba, gymnasium,
+# Stoix and Mava).
 ALIASES = {
     "learning_rate": "lr", "ent_coef": "entropy_coeff", "entropy_coef": "entropy_coeff",
     "vf_coef": "vf_coeff", "vf_loss_coeff": "vf_coeff", "clip_eps": "clip_param",
@@ -29,6 +30,7 @@ ALIASES = {
     "anneal_lr": "lr_schedule", "env_name": "env", "env_id": "env", "env_config": "env_kwargs",
     "total_steps": "total_timesteps", "fcnet_hiddens": "network", "activation": "network",
     "num_actor_threads": "actor_threads", "vectorization_mode": "gymnasium_vectorization",
+    "actor_lr": "lr", "_lr_vf": "critic_lr", "lr_vf": "critic_lr",
 }
 
 

@@ -332,6 +332,7 @@ NON_DEFAULT = PPOConfig(
     env="Pendulum-v1", env_kwargs={"max_steps_in_episode": 100}, num_envs=8, num_steps=32,
     total_timesteps=12_345, num_epochs=3, num_minibatches=8, gamma=0.95, gae_lambda=0.9,
     lr=[[0, 1e-3], [5000, 1e-4]], lr_schedule="constant", adam_eps=1e-7, max_grad_norm=1.5,
+    critic_lr=[[0, 2e-3], [5000, 2e-4]],
     clip_param=0.3, vf_clip_param=5.0, vf_coeff=0.25, entropy_coeff=0.0,
     entropy_schedule="linear", use_kl_loss=True, kl_coeff=0.5, kl_target=0.02,
     normalize_advantages=False, normalize_observations=True, normalize_rewards=True,
@@ -579,6 +580,57 @@ def test_gradients_are_clipped_over_all_parameters_or_each_network_apart():
     bad(r"^max_grad_norm_over='each_network' clips .* network\.module=.* replaces it; use "
         r"max_grad_norm_over: all", max_grad_norm_over="each_network",
         network=NetworkConfig(module="jaxppo.examples.networks:LayerNormActorCritic"))
+
+
+def test_critic_lr_is_lr_unless_given_and_needs_networks_apart():
+    """critic_lr null is lr (the leaf: lr's points with values below 0); a value, its schedule in lr's
+    form; searched, the critic's own; refused where actor and critic share a layer, and
+    where hparams give it a value the config's program would not use."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxppo.config import own_critic_lr
+    from jaxppo.core.hyperparams import FOLLOWS_LR, HyperParams
+    from jaxppo.core.ppo import critic_lr_at
+    from jaxppo.run.train import check_hparams
+    from jaxppo.search.sweep import hparams_from_record, make_record
+
+    assert PPOConfig().critic_lr is None and not own_critic_lr(BASE)
+    hp = HyperParams.from_config(BASE)
+    np.testing.assert_array_equal(hp.critic_lr_points, [[0.0, FOLLOWS_LR], [1024.0, FOLLOWS_LR]])
+    steps = jnp.asarray(512, jnp.int32)
+    assert float(critic_lr_at(hp, jnp.float32(1e-3), steps)) == pytest.approx(1e-3)  # lr
+    own = BASE.replace(critic_lr=1e-3)  # linear, as lr_schedule: 5e-4 half-way
+    assert own_critic_lr(own) and own_critic_lr(BASE.replace(
+        num_seeds=2, search={"critic_lr": {"loguniform": [1e-4, 1e-3]}}))
+    assert float(critic_lr_at(HyperParams.from_config(own), jnp.float32(1.0), steps)) == \
+        pytest.approx(5e-4)
+    resolve(own, "local")
+    bad(r"^critic_lr=0 must be > 0", critic_lr=0)
+    bad(r"^critic_lr gives the critic a learning rate of its own, but network\.shared_trunk="
+        r"true gives them one torso; set network\.shared_trunk: false, or critic_lr: null",
+        critic_lr=1e-3, network=NetworkConfig(shared_trunk=True))
+    bad(r"^critic_lr gives .* network\.recurrent_size=8 they share one GRU .* use critic_lr: "
+        r"null", critic_lr=1e-3, network=NetworkConfig(recurrent_size=8))
+    bad(r"^search\.critic_lr gives .* network\.module=.* replaces it; use critic_lr: null",
+        num_seeds=2, search={"critic_lr": {"loguniform": [1e-4, 1e-3]}},
+        network=NetworkConfig(module="jaxppo.examples.networks:LayerNormActorCritic"))
+    # A sweep records null as null, and reads a record from before critic_lr as null.
+    sweep = HyperParams.stack([HyperParams.from_config(BASE.replace(lr=lr)) for lr in (1e-4, 1e-3)])
+    record = make_record(sweep, 2)
+    assert record["differing"].keys() == {"lr"} and record["hparams"][0]["critic_lr"] is None
+    for m in record["hparams"]:
+        del m["critic_lr"]
+    jax.tree.map(np.testing.assert_array_equal, hparams_from_record(record), sweep)
+    mixed = HyperParams.stack([HyperParams.from_config(BASE.replace(critic_lr=c))
+                               for c in (None, 1e-3)])
+    record = make_record(mixed, 2)
+    assert record["differing"] == {"critic_lr": [None, [[0.0, 0.001], [1024.0, 0.0]]]}
+    jax.tree.map(np.testing.assert_array_equal, hparams_from_record(record), mixed)
+    with pytest.raises(ConfigError, match=r"hparams give critic_lr a value, but the config's "
+                       r"critic_lr is null, .* set critic_lr in the config too"):
+        check_hparams(mixed, 2, config=BASE.replace(num_seeds=2))
+    check_hparams(mixed, 2, config=BASE.replace(num_seeds=2, critic_lr=1e-3))
 
 
 def test_network_booleans_and_sizes_are_strict():

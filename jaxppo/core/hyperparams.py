@@ -16,6 +16,9 @@ from flax import struct
 from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES, PPOConfig, check_fields, require_config
 from jaxppo.errors import ConfigError
 
+# A critic_lr schedule's value that means "lr" (critic_lr null).
+FOLLOWS_LR = -1.0
+
 # What from_config reads: the tunable fields, the fields giving their schedules' form, and
 # the budget a linear schedule anneals over.
 _READS = (*HYPERPARAM_LEAVES.values(), *SCHEDULES.values(), "total_timesteps")
@@ -28,7 +31,8 @@ class HyperParams:
     The leaves are named after the config's tunable fields (`clip_param`, `gamma`, ...),
     except schedules: `lr_points`/`entropy_points` are piecewise-linear schedules over env
     steps, [K, 2] arrays of (env_step, value); a constant is one point, a linear anneal two.
-    `vf_clip_param` null (no value clipping) is 0. `kl_coeff` is the initial value; the live
+    `vf_clip_param` null (no value clipping) is 0, `critic_lr` null (lr) lr's points
+    with the value FOLLOWS_LR (`follows_lr`). `kl_coeff` is the initial value; the live
     one is in TrainState.
     """
 
@@ -41,6 +45,7 @@ class HyperParams:
     kl_coeff: jax.Array  # initial KL-penalty coefficient
     kl_target: jax.Array  # the KL the coefficient adapts towards
     max_grad_norm: jax.Array  # global-norm gradient clipping
+    critic_lr_points: jax.Array  # [K, 2] the critic's learning-rate schedule; [[0, -1]] = lr
     gamma: jax.Array  # discount
     gae_lambda: jax.Array  # GAE lambda
 
@@ -57,7 +62,9 @@ class HyperParams:
         leaves = {}
         for leaf, name in HYPERPARAM_LEAVES.items():
             value = getattr(config, name)
-            if name in SCHEDULES:
+            if name in SCHEDULES and value is None:  # critic_lr null: lr's points, below 0
+                leaves[leaf] = follows_lr(leaves["lr_points"])
+            elif name in SCHEDULES:
                 leaves[leaf] = _schedule_points(value, getattr(config, SCHEDULES[name]),
                                                 config.total_timesteps)
             else:
@@ -95,6 +102,14 @@ class HyperParams:
                 "number of [env_step, value] points) in every config"
             )
         return jax.tree.map(lambda *xs: jnp.stack(xs), *items)
+
+
+def follows_lr(lr_points) -> jax.Array:
+    """critic_lr null as schedule points: lr's env steps, each with the value FOLLOWS_LR (the
+    same number of points as a critic_lr of lr's form has, so the two stack in a sweep)."""
+    pts = np.array(lr_points, np.float32)
+    pts[..., 1] = FOLLOWS_LR
+    return jnp.asarray(pts)
 
 
 def _schedule_points(value, kind: str, total_timesteps: int) -> jax.Array:

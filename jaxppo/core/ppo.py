@@ -20,6 +20,7 @@ from jax.flatten_util import ravel_pytree
 from jaxppo.core import collectives, networks
 from jaxppo.core.algorithm import Algorithm, PolicyCarry, PopulationRecord, TrainState, Transition
 from jaxppo.core.gae import compute_gae
+from jaxppo.config import own_critic_lr
 from jaxppo.core.hyperparams import HyperParams, schedule_value
 from jaxppo.core.losses import (Batch, map_dist, map_samples, ppo_loss_terms,
                                 unstack_shared_log_std, update_kl_coeff)
@@ -414,7 +415,8 @@ def loss_and_grads(algo: Algorithm, params, mb: Batch, hp: HyperParams, ent_coef
 
 
 def apply_grads(algo: Algorithm, params, opt_state, flat_grads, hp: HyperParams, lr):
-    """Clip by global norm, Adam, step by -lr. Returns (params, opt_state, grad_norm), the
+    """Clip by global norm, Adam, step by -lr (a scalar, or one per entry of the flat
+    parameters: `step_sizes`). Returns (params, opt_state, grad_norm), the
     norm before clipping, over every parameter.
 
     The optimiser works on one flat vector (its state too): one fused update instead of
@@ -490,6 +492,22 @@ def iteration(algo: Algorithm, state: TrainState, hp: HyperParams):
     return update(algo, state, traj, env_ids, hp, start_steps, obs_stats_acting)
 
 
+def critic_lr_at(hp: HyperParams, lr: jax.Array, env_steps: jax.Array) -> jax.Array:
+    """The critic's learning rate at `env_steps`: its schedule's value, or `lr` where that is
+    below 0 (critic_lr null, hyperparams.FOLLOWS_LR)."""
+    own = schedule_value(hp.critic_lr_points, env_steps)
+    return jnp.where(own < 0, lr, own)
+
+
+def step_sizes(params, lr: jax.Array, critic_lr: jax.Array | None) -> jax.Array:
+    """What the optimiser's update is scaled by: `lr`, or with a critic learning rate of its
+    own, `critic_lr` on the critic's entries of the flat parameter vector and `lr` on the
+    actor's (Adam being elementwise, this is an optimiser each for actor and critic)."""
+    if critic_lr is None:
+        return lr
+    return jnp.where(networks.critic_param_mask(params), critic_lr, lr)
+
+
 def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Array,
            hp: HyperParams, start_steps: jax.Array, obs_stats_acting: RunningStats):
     """GAE, learn and adapt on a rollout [T, E] (this shard's envs, or actors of a
@@ -508,9 +526,11 @@ def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Ar
     batch = make_batch(algo, obs_stats_acting, traj, values, advantages, targets, raw_obs=raw)
 
     rng, k_epochs = jax.random.split(state.rng)
+    critic_lr = critic_lr_at(hp, lr, start_steps) if own_critic_lr(cfg) else None
     (params, opt_state), learned = learn(
-        algo, state.params, state.opt_state, batch, env_ids, k_epochs, hp, lr, ent_coeff,
-        state.kl_coeff, obs_stats_acting if raw else None,
+        algo, state.params, state.opt_state, batch, env_ids, k_epochs, hp,
+        step_sizes(state.params, lr, critic_lr), ent_coeff, state.kl_coeff,
+        obs_stats_acting if raw else None,
     )
     mean_kl = jnp.mean(learned.kl)
     kl_coeff = state.kl_coeff
@@ -539,6 +559,8 @@ def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Ar
         "grad_norm": jnp.mean(learned.grad_norm),
         "env_steps": env_steps,
     }
+    if critic_lr is not None:
+        metrics["critic_lr"] = critic_lr
     if traj.action_mask is not None:  # states where the env left no legal action (an env bug)
         count = jnp.sum(~jnp.any(traj.action_mask, axis=-1)).astype(jnp.float32)
         metrics["masked_out_states"] = collectives.pmean(count, algo.axis_name) * algo.shards

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from jaxppo.core import networks
-from jaxppo.config import NetworkConfig, PPOConfig, require_config
+from jaxppo.config import NetworkConfig, PPOConfig, own_critic_lr, require_config
 from jaxppo.envs.make import make_env
 from jaxppo.envs.spec import EnvSpec
 from jaxppo.envs.record import listed
@@ -119,7 +119,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
         for hook in hooks:
             check_takes_agents(hook, config.env_name)
     _check_agent_options(config, spec)
-    _check_max_grad_norm_over(config)
+    _check_networks_apart(config)
     if config.agent_params == "per_agent":
         network = networks.PerAgentNetwork(network, spec.num_agents, spec.discrete)
     if layout is None:
@@ -246,28 +246,34 @@ def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
     _check_agent_id_network(config)
 
 
-def _check_max_grad_norm_over(config: PPOConfig) -> None:
-    """Clipping the actor's and the critic's gradients apart needs the built-in network with
-    no layer the two share."""
-    if config.max_grad_norm_over == "all":
+def _check_networks_apart(config: PPOConfig) -> None:
+    """Clipping the actor's and the critic's gradients apart, or stepping the critic with a
+    learning rate of its own, needs the built-in network with no layer the two share."""
+    if config.max_grad_norm_over != "all":
+        what = ("max_grad_norm_over='each_network' clips the actor's and the critic's "
+                "gradients apart")
+        undo = "max_grad_norm_over: all"
+    elif own_critic_lr(config):
+        what = ("critic_lr gives the critic a learning rate of its own" if config.critic_lr
+                is not None else "search.critic_lr gives the critic a learning rate of its own")
+        undo = "critic_lr: null (lr for both)"
+    else:
         return
-    what = ("max_grad_norm_over='each_network' clips the actor's and the critic's gradients "
-            "apart")
     net = config.network
     if net.custom:
         raise ConfigError(
             f"{what}, which needs the built-in network (whose parameters say which they "
             f"are), but network.module={networks.module_name(net.module)} replaces it; use "
-            "max_grad_norm_over: all")
+            f"{undo}")
     if net.shared_trunk:
         raise ConfigError(
             f"{what}, but network.shared_trunk=true gives them one torso; set "
-            "network.shared_trunk: false, or max_grad_norm_over: all")
+            f"network.shared_trunk: false, or {undo}")
     if net.recurrent_size and config.critic_input == "local":
         raise ConfigError(
             f"{what}, but with network.recurrent_size={net.recurrent_size} they share one "
             "GRU unless the critic has an input of its own (critic_input: world_state or "
-            "joint_obs, on a multi-agent env); use max_grad_norm_over: all")
+            f"joint_obs, on a multi-agent env); use {undo}")
 
 
 def _check_agent_id_network(config: PPOConfig) -> None:

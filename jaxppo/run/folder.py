@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxppo.run.checkpoints import (CHECKPOINT_DIR, CheckpointStore, checkpoint_dir,
                                     find_latest, load_run_config, save_params, write_params,
                                     write_text_atomic)
 from jaxppo.config import LOCKED_FIELDS, PPOConfig
+from jaxppo.core.hyperparams import follows_lr
 from jaxppo.envs.make import refuse_imports
 from jaxppo.envs.record import listed
 from jaxppo.errors import CheckpointError, ConfigError, RunFolderError, warn
@@ -431,7 +433,7 @@ class ResumePoint:
             CheckpointError: the checkpoint is unreadable or its arrays do not fit `abstract`.
             ConfigError: the checkpoint is past the config's last iteration.
         """
-        restored, meta = self.store.restore(self.step, target=abstract)
+        restored, meta = self._restore_state(abstract)
         start_iter = int(meta["iteration"])
         if start_iter > config.num_iterations:
             raise ConfigError(
@@ -440,6 +442,36 @@ class ResumePoint:
                 f"{config.total_timesteps}; raise total_timesteps to at least "
                 f"{start_iter * config.batch_size}. Nothing was changed.")
         return restored, start_iter, float(meta.get("wall_time", 0.0))
+
+    def _restore_state(self, abstract: Any) -> tuple[Any, dict]:
+        """The checkpoint's (state, meta) in the structure of `abstract`. A population's
+        checkpoint (PBT) written before `critic_lr` existed has no `critic_lr_points` among
+        its hyperparameters: it is read as saved and given the null value (lr for the
+        critic, what that run trained with)."""
+        try:
+            return self.store.restore(self.step, target=abstract)
+        except CheckpointError as error:
+            if getattr(abstract, "hparams", None) is None:
+                raise
+            saved, meta = self.store.restore(self.step)  # as saved, digest checked
+            leaves = []
+            for path, want in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+                keys = [getattr(k, "name", getattr(k, "key", getattr(k, "idx", None)))
+                        for k in path]
+                if keys == ["hparams", "critic_lr_points"] and \
+                        "critic_lr_points" not in saved["hparams"]:
+                    got = follows_lr(saved["hparams"]["lr_points"])
+                else:
+                    got = saved
+                    for k in keys:
+                        try:
+                            got = got[k]
+                        except (KeyError, IndexError, TypeError):
+                            raise error from None
+                if np.shape(got) != want.shape or np.asarray(got).dtype != want.dtype:
+                    raise error from None
+                leaves.append(np.array(got))
+            return jax.tree.unflatten(jax.tree.structure(abstract), leaves), meta
 
     def close(self) -> None:
         """Close the read-only store."""

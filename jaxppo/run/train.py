@@ -20,7 +20,7 @@ import numpy as np
 from jaxppo.search import sweep
 from jaxppo.core.algorithm import Algorithm, TrainState
 from jaxppo.core.hyperparams import HyperParams
-from jaxppo.config import PPOConfig, function_hooks
+from jaxppo.config import PPOConfig, function_hooks, own_critic_lr
 from jaxppo.config_fields import is_flax_module
 from jaxppo.envs.record import network_record
 from jaxppo.errors import ConfigError, warn
@@ -128,14 +128,14 @@ def make_train(config: PPOConfig, hparams: HyperParams | None = None):
             "program: use jaxppo.train(config) (or drop it and jax.vmap train_fn over a "
             "HyperParams.stack yourself)")
     if hparams is not None:
-        check_hparams(hparams, 1, "make_train(config, hparams)")
+        check_hparams(hparams, 1, "make_train(config, hparams)", algo.config)
     hp = hparams if hparams is not None else HyperParams.from_config(algo.config)
     train_hp = train_function(algo)
 
     def train_fn(key, hparams: HyperParams | None = None):
         _check_train_key(key)
         if hparams is not None:
-            check_hparams(hparams, 1, "train_fn(key, hparams)")
+            check_hparams(hparams, 1, "train_fn(key, hparams)", algo.config)
         return train_hp(key, hp if hparams is None else hparams)
 
     return train_fn
@@ -266,7 +266,7 @@ def _checked_start(entry: EntryPoint, config: PPOConfig, run_dir, point: ResumeP
     if entry.check is not None:
         entry.check(resolved)
     if hparams is not None:
-        check_hparams(hparams, resolved.config.num_seeds)
+        check_hparams(hparams, resolved.config.num_seeds, config=resolved.config)
     hp, record = sweep.run_hparams(resolved.config, hparams, run_dir, point is not None)
     start = Start(resolved, hp, sweep_record=record)
     if point is not None:  # read and check the checkpoint before compiling
@@ -345,13 +345,22 @@ def prepare(config: PPOConfig, run_dir, point: ResumePoint | None, stop_after_it
     return resolved
 
 
-def check_hparams(hp, num_seeds: int, where: str = "train(config, hparams)") -> None:
+def check_hparams(hp, num_seeds: int, where: str = "train(config, hparams)",
+                  config: PPOConfig | None = None) -> None:
     """ConfigError unless `hp` is a HyperParams of one setting, or (num_seeds > 1) a
-    HyperParams.stack of exactly num_seeds settings."""
+    HyperParams.stack of exactly num_seeds settings; with `config`, also where `hp` gives
+    the critic a learning rate that the config's program would not use."""
     if not isinstance(hp, HyperParams):
         raise ConfigError(
             f"{where}: hparams is {type(hp).__name__} {repr(hp)[:60]}, not a jaxppo.HyperParams; "
             "pass HyperParams.from_config(config) (or HyperParams.stack([...]) for a sweep)")
+    if config is not None and not own_critic_lr(config) and not isinstance(
+            hp.critic_lr_points, jax.core.Tracer) and np.any(
+                np.asarray(hp.critic_lr_points)[..., 1] >= 0):
+        raise ConfigError(
+            f"{where}: hparams give critic_lr a value, but the config's critic_lr is null, so "
+            "its program steps the critic with lr; set critic_lr in the config too (any value: "
+            "each setting's own comes from hparams)")
     scalar_dims = {np.ndim(getattr(hp, f)) for f in HyperParams.scalar_leaves}
     point_dims = {np.ndim(getattr(hp, f)) for f in HyperParams.point_leaves}
     if scalar_dims == {0} and point_dims == {2}:

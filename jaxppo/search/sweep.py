@@ -11,7 +11,9 @@ summary.json, `jaxppo eval` and resume name members by what differs between them
      "hparams": [{"lr": 0.0001, "entropy_coeff": 0.01, "clip_param": 0.2, ...}, ...]}
 
 Values use the config's field names: `lr`/`entropy_coeff` are a number for a constant
-schedule, else its [[env_step, value], ...] points; `vf_clip_param` is null when off.
+schedule, else its [[env_step, value], ...] points; `vf_clip_param` is null when off,
+`critic_lr` null when the critic steps with lr (a record written before critic_lr existed
+has none: null).
 Members with equal hyperparameters share a label: they are seeds of one setting.
 No file is written when every member has the same hyperparameters (a multi-seed run).
 """
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES, SWEPT_FIELDS
-from jaxppo.core.hyperparams import HyperParams
+from jaxppo.core.hyperparams import FOLLOWS_LR, HyperParams, follows_lr
 from jaxppo.errors import CheckpointError
 from jaxppo.search.space import draw_settings
 
@@ -45,6 +47,8 @@ def short_float(x) -> float:
 
 
 def _value(name: str, arr: np.ndarray):
+    if name == "critic_lr" and np.all(arr[:, 1] == FOLLOWS_LR):
+        return None  # null: the critic steps with lr
     if name in _POINTS:
         if arr.shape[0] == 1:  # a one-point schedule is a constant
             return short_float(arr[0, 1])
@@ -82,7 +86,8 @@ def fmt_value(v) -> str:
 def _label_value(name: str, v, members: list[dict]) -> str:
     """A schedule whose env steps are the same in every member shows only its values
     ("0.001→0" for a linear anneal); anything else as `fmt_value`."""
-    if isinstance(v, list) and len({json.dumps([x for x, _ in m[name]]) for m in members}) == 1:
+    if isinstance(v, list) and all(isinstance(m[name], list) for m in members) and len(
+            {json.dumps([x for x, _ in m[name]]) for m in members}) == 1:
         return "→".join(fmt_value(y) for _, y in v)
     return fmt_value(v)
 
@@ -123,7 +128,9 @@ def read_record(run_dir: str | Path) -> dict | None:
 
 def hparams_from_record(record: dict):
     """The batched HyperParams a sweep.json describes (what a resumed sweep trains with)."""
-    def leaf(config_name, value):
+    def leaf(config_name, value, member):
+        if config_name == "critic_lr" and value is None:  # null, or a record from before it
+            return np.asarray(follows_lr(leaf("lr", member["lr"], member)))
         if config_name in _POINTS:
             pts = [[0.0, value]] if not isinstance(value, list) else value
             return np.asarray(pts, np.float32)
@@ -133,7 +140,7 @@ def hparams_from_record(record: dict):
     fields = {}
     for f in HyperParams.__dataclass_fields__:
         name = _CONFIG_NAME.get(f, f)
-        fields[f] = jnp.asarray(np.stack([leaf(name, m[name]) for m in members]))
+        fields[f] = jnp.asarray(np.stack([leaf(name, m.get(name), m) for m in members]))
     return HyperParams(**fields)
 
 

@@ -528,12 +528,13 @@ EACH_NETWORK = {  # max_grad_norm_over: each_network on the built-in networks it
 
 
 @pytest.mark.parametrize("name", list(EACH_NETWORK))
-def test_each_network_clipping_is_an_optimiser_each_for_actor_and_critic(name):
-    """max_grad_norm_over='each_network' (JaxMARL's MAPPO, Stoix): the parameters the value
-    reads and those the policy reads, found from the network's own gradients, are two
-    disjoint groups that cover them all; and two update steps equal optax's clip-by-global-
-    norm and Adam run on each group as a tree of its own, which one clip over all of them
-    does not."""
+def test_each_network_clipping_and_critic_lr_are_an_optimiser_each_for_actor_and_critic(name):
+    """max_grad_norm_over='each_network' with a critic_lr of its own (JaxMARL's MAPPO, Stoix,
+    Mava): the parameters the value reads and those the policy reads, found from the
+    network's own gradients, are two disjoint groups that cover them all; and two update
+    steps equal optax's clip-by-global-norm and Adam run on each group as a tree of its own,
+    the critic's stepping by critic_lr, which one clip over all of them with one learning
+    rate does not."""
     from jax.flatten_util import ravel_pytree
 
     from jaxppo.core.networks import critic_param_mask
@@ -568,19 +569,20 @@ def test_each_network_clipping_is_an_optimiser_each_for_actor_and_critic(name):
     grads = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(3), p.shape),
                          params)
     hp = HyperParams.from_config(cfg)
-    lr = 1e-2
+    lr, critic_lr = 1e-2, 3e-2
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def two_steps(a):
+    @functools.partial(jax.jit, static_argnums=(0, 1))
+    def two_steps(a, apart=True):
         p, opt_state = params, ppo.optimizer(a, hp, params).init(ravel_pytree(params)[0])
+        step = ppo.step_sizes(params, lr, critic_lr if apart else None)
         for _ in range(2):
-            p, opt_state, _ = ppo.apply_grads(a, p, opt_state, ravel_pytree(grads)[0], hp, lr)
+            p, opt_state, _ = ppo.apply_grads(a, p, opt_state, ravel_pytree(grads)[0], hp, step)
         return jax.tree.leaves(p)
 
     @jax.jit
     def reference():  # an optax chain each, over its own group's leaves
         ref, g_leaves = list(leaves), jax.tree.leaves(grads)
-        for group in (value, policy):
+        for group, group_lr in ((value, critic_lr), (policy, lr)):
             idx = [i for i, mine in enumerate(group) if mine]
             tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
                              optax.scale_by_adam(eps=cfg.adam_eps))
@@ -588,7 +590,7 @@ def test_each_network_clipping_is_an_optimiser_each_for_actor_and_critic(name):
             state = tx.init(mine)
             for _ in range(2):
                 updates, state = tx.update([g_leaves[i] for i in idx], state, mine)
-                mine = [m - lr * u for m, u in zip(mine, updates)]
+                mine = [m - group_lr * u for m, u in zip(mine, updates)]
             for i, m in zip(idx, mine):
                 ref[i] = m
         return ref
@@ -597,8 +599,9 @@ def test_each_network_clipping_is_an_optimiser_each_for_actor_and_critic(name):
     for ours, want in zip(two_steps(algo), ref):
         np.testing.assert_allclose(np.asarray(ours), np.asarray(want), rtol=1e-5, atol=1e-7)
     joint = Algorithm.create(jaxppo.resolve(cfg.replace(max_grad_norm_over="all")))
-    assert not all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
-                   for a, b in zip(two_steps(joint), ref))
+    for a, apart in ((joint, True), (algo, False)):  # one clip, or one learning rate
+        assert not all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-7)
+                       for x, y in zip(two_steps(a, apart), ref))
 
 
 @pytest.mark.parametrize("shape,scale", [((4, 64), np.sqrt(2.0)), ((64, 64), 1.0), ((64, 2), 0.01),

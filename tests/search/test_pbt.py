@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -43,8 +44,26 @@ def pbt_runs(tmp_path_factory):
     split = tmp_path_factory.mktemp("pbt") / "split"
     a = jaxppo.train(PBT, run_dir=whole, progress=False)
     first = jaxppo.train(PBT, run_dir=split, progress=False, stop_after_iterations=10)
+    older = tmp_path_factory.mktemp("pbt") / "older"
+    shutil.copytree(split, older)
     b = jaxppo.train(None, resume=split, progress=False)
-    return a, first, b
+    _drop_critic_lr(older)
+    c = jaxppo.train(None, resume=older, progress=False)
+    return a, first, b, c
+
+
+def _drop_critic_lr(run_dir):
+    """Rewrite the newest checkpoint of `run_dir` as one written before critic_lr existed:
+    its population's hyperparameters without critic_lr_points."""
+    from jaxppo.run.checkpoints import CheckpointStore, find_latest
+
+    store, step = find_latest(run_dir)
+    with store:
+        state, meta = store.restore(step)
+    assert state["hparams"].pop("critic_lr_points") is not None
+    shutil.rmtree(run_dir / "checkpoints" / str(step))
+    with CheckpointStore(run_dir) as store:
+        store.save(step, state, {k: v for k, v in meta.items() if k != "state_digest"})
 
 
 # ---------------------------------------------------------------------- exploit / explore
@@ -138,7 +157,7 @@ def test_explore_without_resampling_only_multiplies():
 
 # ---------------------------------------------------------------------- whole runs
 def test_a_pbt_run_logs_its_exploit_steps_and_is_deterministic(pbt_runs):
-    a, _, b = pbt_runs
+    a, _, b, _ = pbt_runs
     m = a.metrics
     parent = m["pbt_parent"]
     steps = np.flatnonzero(np.isfinite(parent[0]))
@@ -160,16 +179,19 @@ def test_a_pbt_run_logs_its_exploit_steps_and_is_deterministic(pbt_runs):
 
 
 def test_resume_mid_pbt_equals_the_uninterrupted_run(pbt_runs):
-    a, first, b = pbt_runs
-    assert not first.completed and first.iterations_done == 10 and b.completed
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(a.state.params),
-                 jax.device_get(b.state.params))
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(a.state.hparams),
-                 jax.device_get(b.state.hparams))
+    """Also from a checkpoint written before critic_lr existed (no critic_lr_points among
+    the population's hyperparameters): it resumes with the critic on lr, as it trained."""
+    a, first, b, c = pbt_runs
+    assert not first.completed and first.iterations_done == 10 and b.completed and c.completed
+    for resumed in (b, c):
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(a.state.params),
+                     jax.device_get(resumed.state.params))
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(a.state.hparams),
+                     jax.device_get(resumed.state.hparams))
 
 
 def test_search_files_agree_with_the_run(pbt_runs):
-    a, _, _ = pbt_runs
+    a, _, _, _ = pbt_runs
     run_dir = a.run_dir
     rec = json.loads((run_dir / "search.json").read_text())
     assert rec["metric"] == "final_return"
@@ -285,7 +307,7 @@ def test_make_train_refuses_a_population_config():
 
 
 def test_hyperparams_of_a_pbt_member_are_recorded_per_iteration(pbt_runs):
-    a, _, _ = pbt_runs
+    a, _, _, _ = pbt_runs
     m = a.metrics
     # hp_lr is the schedule's first value; the lr metric its value at the iteration's start.
     lr0, lr = m["hp_lr"], m["lr"]
