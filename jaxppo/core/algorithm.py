@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxppo.core import networks
-from jaxppo.config import PPOConfig
+from jaxppo.config import PPOConfig, own_critic_lr
 from jaxppo.envs.spec import env_action, flatten_obs
 from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import eval_max_steps, eval_metric_keys, run_episodes
@@ -119,6 +119,12 @@ METRIC_KEYS = (
     "kl", "approx_kl", "clip_fraction", "explained_variance", "kl_coeff", "lr",
     "entropy_coeff", "grad_norm", "env_steps",
 )
+
+
+def update_metric_keys(config) -> tuple[str, ...]:
+    """The metrics `jaxppo.core.ppo.update` gives each iteration: METRIC_KEYS, and
+    critic_lr when the critic has a learning rate of its own."""
+    return METRIC_KEYS + (("critic_lr",) if own_critic_lr(config) else ())
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -51,7 +51,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxppo.core import ppo
-from jaxppo.core.algorithm import METRIC_KEYS, Algorithm, Transition, TrainState
+from jaxppo.core.algorithm import Algorithm, Transition, TrainState, update_metric_keys
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.envs.spec import env_action
 from jaxppo.errors import ConfigError
@@ -511,7 +511,8 @@ class HostLoopRunner:
 
     def columns(self, rows: list[dict]) -> dict[str, np.ndarray]:
         """Metric rows (one per iteration) as the arrays `train_chunk` returns."""
-        keys = METRIC_KEYS + (EVAL_METRIC_KEYS if self.config.eval_every else ())
+        keys = update_metric_keys(self.config) + (EVAL_METRIC_KEYS if self.config.eval_every
+                                                    else ())
         keys += self.extra_metric_keys
         if not self.seeded:
             return {k: np.asarray([r[k] for r in rows]) for k in keys}

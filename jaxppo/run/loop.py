@@ -17,8 +17,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxppo.core.algorithm import METRIC_KEYS
-from jaxppo.config import PPOConfig, own_critic_lr, steps_in_python
+from jaxppo.core.algorithm import update_metric_keys
+from jaxppo.config import PPOConfig, steps_in_python
 from jaxppo.errors import ActionMaskError, StopTraining, TrainingDivergedError, TrainingInterrupted
 from jaxppo.core.evaluation import EVAL_METRIC_KEYS
 from jaxppo.search.pbt import metric_keys as pbt_metric_keys
@@ -309,11 +309,11 @@ def layout_text(runner: Runner, config: PPOConfig) -> str:
 
 def metric_keys(config: PPOConfig, algorithm=None) -> tuple[str, ...]:
     """The metrics each iteration gives: the training ones (with a multi-agent env's own, of
-    its `algorithm`), and critic_lr, eval_*, PBT's and the actor-learner's when configured."""
+    its `algorithm`, and critic_lr when set), and eval_*, PBT's and the actor-learner's when
+    configured."""
     agents = algorithm.agent_metric_keys if algorithm is not None else ()
     evals = algorithm.eval_metric_keys if algorithm is not None else EVAL_METRIC_KEYS
-    critic = ("critic_lr",) if own_critic_lr(config) else ()
-    return (METRIC_KEYS + critic + agents + (evals if config.eval_every else ())
+    return (update_metric_keys(config) + agents + (evals if config.eval_every else ())
             + pbt_metric_keys(config) + actor_learner_metric_keys(config))
 
 

@@ -203,6 +203,15 @@ def test_errors_name_the_fix(monkeypatch):
         jaxppo.resolve(WALK)
 
 
+def test_a_critic_lr_of_its_own_is_reported_as_in_the_compiled_path():
+    """critic_lr on an env stepped in Python: its own annealed value each iteration beside
+    lr's, in the metrics (the update is the compiled path's, where its step is tested)."""
+    r = jaxppo.train(WALK.replace(critic_lr=2e-3), progress=False)
+    done = np.arange(4) * 3 * 24 / WALK.total_timesteps  # the share of the run before each
+    np.testing.assert_allclose(r.metrics["critic_lr"][0], 2e-3 * (1 - done), rtol=1e-6)
+    np.testing.assert_allclose(r.metrics["lr"][0], WALK.lr * (1 - done), rtol=1e-6)
+
+
 def test_run_folder_resume_and_cli(tmp_path, capsys):
     """`jaxppo train --env gymnasium:...`: the run folder as for gymnax envs; a resume
     continues from the learner checkpoint with fresh envs; `jaxppo eval` plays the policy."""
