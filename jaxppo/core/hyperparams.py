@@ -45,7 +45,7 @@ class HyperParams:
     kl_coeff: jax.Array  # initial KL-penalty coefficient
     kl_target: jax.Array  # the KL the coefficient adapts towards
     max_grad_norm: jax.Array  # global-norm gradient clipping
-    critic_lr_points: jax.Array  # [K, 2] the critic's learning-rate schedule; [[0, -1]] = lr
+    critic_lr_points: jax.Array  # [K, 2] the critic's learning-rate schedule; below 0 = lr
     gamma: jax.Array  # discount
     gae_lambda: jax.Array  # GAE lambda
 

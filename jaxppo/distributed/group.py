@@ -264,14 +264,18 @@ class HostGroup:
         fits = [n for n in nodes if all(n["Resources"].get(k, 0) >= v for k, v in self.bundle.items())]
         return nodes, fits
 
+    def _bundle_words(self) -> str:
+        """What one learner reserves, in words: "1 CPU", "1 CPU and 1 GPU"."""
+        return " and ".join(f"{v:g} {k}" for k, v in self.bundle.items())
+
     def _too_few_nodes(self, hosts: int, nodes: list[dict], fits: list[dict]) -> str:
         """Why `hosts` learners do not fit (one per node): the nodes that can hold one, of
         all alive, in which cluster, and the ways to more nodes."""
-        need = " and ".join(f"{v:g} {k}" for k, v in self.bundle.items())
         return (
-            f"hosts={hosts} needs {hosts} Ray nodes with {need} each for its learners (one per "
-            f"node, placement STRICT_SPREAD), but {joined_cluster()} has only {len(fits)} alive "
-            f"node(s) with that, of {len(nodes)} alive: {_node_summary(nodes)}. Start a "
+            f"hosts={hosts} needs {hosts} Ray nodes with {self._bundle_words()} each for its "
+            f"learners (one per node, placement STRICT_SPREAD), but {joined_cluster()} has only "
+            f"{len(fits)} alive node(s) with that, of {len(nodes)} alive: "
+            f"{_node_summary(nodes)}. Start a "
             f"cluster with {hosts} worker nodes (on this machine `make ray-cluster "
             f"RAY_WORKERS={hosts}`, which jaxppo then finds and joins; elsewhere `ray start "
             "--address=<head>:6379` on each node) or name one with --address <head>:6379 or "
@@ -330,12 +334,12 @@ class HostGroup:
                 ray.get(ready)
                 return
             if left <= 0:
-                need = " and ".join(f"{v:g} {k}" for k, v in self.bundle.items())
                 raise NotEnoughNodesError(
-                    f"could not reserve {need} for each of {hosts} learners (placement "
-                    f"{self.strategy}) within {timeout_s:g}s: other jobs hold some of the "
-                    f"nodes' resources (`ray status` shows what is in use), or the cluster's "
-                    f"nodes cannot take that placement. Nodes: {_node_summary(nodes)}. Stop "
+                    f"could not reserve {self._bundle_words()} for each of {hosts} learners "
+                    f"(placement {self.strategy}) within {timeout_s:g}s: other jobs hold some "
+                    f"of the nodes' resources (`ray status` shows what is in use), or the "
+                    f"cluster's nodes cannot take that placement. Nodes: {_node_summary(nodes)}. "
+                    "Stop "
                     "those jobs, train on fewer hosts (--hosts), or wait longer "
                     "(train_distributed(placement_timeout_s=...))")
             if self.strategy == "STRICT_SPREAD":

@@ -254,8 +254,8 @@ def _check_networks_apart(config: PPOConfig) -> None:
                 "gradients apart")
         undo = "max_grad_norm_over: all"
     elif own_critic_lr(config):
-        what = ("critic_lr gives the critic a learning rate of its own" if config.critic_lr
-                is not None else "search.critic_lr gives the critic a learning rate of its own")
+        field = "critic_lr" if config.critic_lr is not None else "search.critic_lr"
+        what = f"{field} gives the critic a learning rate of its own"
         undo = "critic_lr: null (lr for both)"
     else:
         return
