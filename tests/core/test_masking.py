@@ -218,6 +218,10 @@ def test_masked_training_is_the_same_split_over_devices():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     one = out["1-gradients"]
     for name in ("2-gradients", "2-batch"):
-        for k in ("policy_loss", "entropy", "kl"):
-            np.testing.assert_allclose(out[name][k], one[k], rtol=1e-4, atol=1e-6, err_msg=f"{name} {k}")
+        np.testing.assert_allclose(out[name]["entropy"], one["entropy"], rtol=1e-4, atol=1e-6,
+                                   err_msg=f"{name} entropy")
+        # Near zero, as means of terms of order one that cancel (normalised advantages): float32
+        # sums in another order differ by ~1e-6 (1.3e-6 in the first iteration on one AMD EPYC).
+        for k in ("policy_loss", "kl"):
+            np.testing.assert_allclose(out[name][k], one[k], rtol=0, atol=1e-5, err_msg=f"{name} {k}")
         assert out[name]["episode_length_mean"] == [16.0] * 3
