@@ -4,7 +4,7 @@
 x 128 steps, 4 epochs x 4 minibatches, Nature CNN, lr 2.5e-4 annealed, clip 0.1).
 
     .venv/bin/python experiments/atari_bench.py [--steps 20480] [--rounds 3]
-        [--cleanrl-python PATH | --skip-cleanrl] [--env Breakout-v5]
+        [--cleanrl-python PATH | --skip-cleanrl] [--env Breakout-v5] [--baseline-tree DIR]
 
 Each measurement is a fresh process; the contenders alternate round by round. The figure is
 each one's own steady-state env steps per second: CleanRL's last printed `SPS:` (steps over
@@ -38,11 +38,12 @@ RESULTS = ROOT / "experiments" / "results"
 CLEANRL = ROOT.parent / "shared" / "anchors" / "cleanrl" / "ppo_atari_envpool.py"
 
 
-def _timed(cmd: list[str], cwd: str, timeout: float) -> tuple[subprocess.CompletedProcess, float, float]:
+def _timed(cmd: list[str], cwd: str, timeout: float,
+           env: dict | None = None) -> tuple[subprocess.CompletedProcess, float, float]:
     """(the finished process, its wall seconds, its cores busy)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -60,12 +61,15 @@ def cleanrl_run(python: str, env: str, steps: int, seed: int) -> dict:
     return {"sps": sps[-1], "wall_s": round(wall, 1), "cores_busy": round(busy, 2)}
 
 
-def jaxppo_run(env: str, steps: int, seed: int, lag: int) -> dict:
+def jaxppo_run(env: str, steps: int, seed: int, lag: int, tree: str | None = None) -> dict:
+    """A run of this checkout's jaxppo, or of the one in `tree` (another checkout, e.g. a git
+    worktree of an earlier commit, imported first through PYTHONPATH)."""
     with tempfile.TemporaryDirectory() as runs:
         cmd = [sys.executable, "-m", "jaxppo", "train", "--env", f"envpool:{env}", "--runs-dir",
                runs, "--run-name", "run", "--no-plot", "--no-progress", "--set",
                f"total_timesteps={steps}", f"seed={seed}", f"max_policy_lag={lag}"]
-        out, wall, busy = _timed(cmd, str(ROOT), timeout=3600)
+        out, wall, busy = _timed(cmd, tree or str(ROOT), timeout=3600,
+                                 env={**os.environ, "PYTHONPATH": tree} if tree else None)
         if out.returncode != 0:
             return {"error": out.stderr[-2000:], "wall_s": wall}
         summary = json.loads((Path(runs) / "run" / "summary.json").read_text())
@@ -92,12 +96,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cleanrl-python", help="the python of CleanRL's own virtualenv")
     p.add_argument("--skip-cleanrl", action="store_true")
+    p.add_argument("--baseline-tree", help="another checkout of jaxppo (e.g. a git worktree of an "
+                   "earlier commit): its synchronous loop joins the contenders")
     p.add_argument("--out", default=str(RESULTS / "atari-bench.json"))
     args = p.parse_args(argv)
     if not args.skip_cleanrl and not args.cleanrl_python:
         p.error("give --cleanrl-python (CleanRL's own virtualenv) or --skip-cleanrl")
     contenders = {"jaxppo lag 0 (synchronous)": lambda s: jaxppo_run(args.env, args.steps, s, 0),
                   "jaxppo lag 1 (actor-learner)": lambda s: jaxppo_run(args.env, args.steps, s, 1)}
+    if args.baseline_tree:
+        tree = str(Path(args.baseline_tree).resolve())
+        commit = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip() or tree
+        contenders[f"jaxppo lag 0 at {commit}"] = lambda s: jaxppo_run(args.env, args.steps, s,
+                                                                        0, tree)
     if not args.skip_cleanrl:
         contenders["CleanRL ppo_atari_envpool.py"] = lambda s: cleanrl_run(
             args.cleanrl_python, args.env, args.steps, s + 1)

@@ -138,10 +138,12 @@ def _lax_conv(x, p, stride, padding):
 @pytest.mark.parametrize("via", ["windows", "xla"])
 @pytest.mark.parametrize("features,k,stride,padding,shape", [
     (32, 8, 4, "VALID", (2, 84, 84, 4)), (64, 4, 2, "VALID", (2, 20, 20, 32)),
-    (16, 3, 1, "SAME", (2, 21, 21, 4)), (8, 4, 3, "SAME", (2, 11, 10, 3))])
+    (16, 3, 1, "SAME", (2, 21, 21, 4)), (8, 4, 3, "SAME", (2, 11, 10, 3)),
+    (8, 3, 2, "SAME", (1, 9, 9, 3))])  # 25 windows: an odd count, not split in halves
 def test_conv_is_flaxs_conv_either_way_it_is_computed(features, k, stride, padding, shape, via):
     """jaxppo's Conv, as a matmul over windows or with XLA's convolution, has nn.Conv's
-    parameters (names, shapes and initial values) and outputs."""
+    parameters (names, shapes and initial values), outputs and gradients (the windows' matmul
+    and XLA's stride-1 convolution have gradient rules of their own)."""
     import flax.linen as nn
 
     from jaxppo.core.networks import Conv
@@ -152,8 +154,13 @@ def test_conv_is_flaxs_conv_either_way_it_is_computed(features, k, stride, paddi
     params = ours.init(jax.random.PRNGKey(1), x)
     jax.tree.map(np.testing.assert_array_equal, params, ref.init(jax.random.PRNGKey(1), x))
     params = jax.tree.map(lambda a: a + jax.random.normal(jax.random.PRNGKey(2), a.shape), params)
-    np.testing.assert_allclose(np.asarray(ours.apply(params, x)), np.asarray(ref.apply(params, x)),
-                               rtol=1e-4, atol=1e-4)
+    y, vjp = jax.vjp(ours.apply, params, x)
+    y_ref, vjp_ref = jax.vjp(ref.apply, params, x)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-4, atol=1e-4)
+    ct = jax.random.normal(jax.random.PRNGKey(3), y.shape)
+    for a, b in zip(jax.tree.leaves(vjp(ct)), jax.tree.leaves(vjp_ref(ct))):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("k,stride,padding", [(3, 1, "SAME"), (4, 1, "SAME"), (1, 1, "SAME"),
