@@ -104,6 +104,11 @@ class HyperParams:
         return jax.tree.map(lambda *xs: jnp.stack(xs), *items)
 
 
+def is_follows_lr(points) -> bool:
+    """Whether schedule points are critic_lr null's (`follows_lr`): every value FOLLOWS_LR."""
+    return bool(np.all(np.asarray(points)[..., 1] == FOLLOWS_LR))
+
+
 def follows_lr(lr_points) -> jax.Array:
     """critic_lr null as schedule points: lr's env steps, each with the value FOLLOWS_LR (the
     same number of points as a critic_lr of lr's form has, so the two stack in a sweep)."""

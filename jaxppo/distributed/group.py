@@ -339,8 +339,7 @@ class HostGroup:
                     f"(placement {self.strategy}) within {timeout_s:g}s: other jobs hold some "
                     f"of the nodes' resources (`ray status` shows what is in use), or the "
                     f"cluster's nodes cannot take that placement. Nodes: {_node_summary(nodes)}. "
-                    "Stop "
-                    "those jobs, train on fewer hosts (--hosts), or wait longer "
+                    "Stop those jobs, train on fewer hosts (--hosts), or wait longer "
                     "(train_distributed(placement_timeout_s=...))")
             if self.strategy == "STRICT_SPREAD":
                 now, fits = self._fitting_nodes()

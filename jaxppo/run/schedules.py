@@ -9,8 +9,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.core.hyperparams import (FOLLOWS_LR, HyperParams, describe_schedule, reanchor_points,
-                                     schedule_value)
+from jaxppo.core.hyperparams import (HyperParams, describe_schedule, is_follows_lr,
+                                     reanchor_points, schedule_value)
 from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES, PPOConfig
 
 
@@ -89,7 +89,7 @@ def continue_schedules(hp: HyperParams, meta: dict, config: PPOConfig, *, given:
     why = dict(notes)
     for leaf in HyperParams.point_leaves:
         name = HYPERPARAM_LEAVES[leaf]
-        if np.all(np.asarray(getattr(hp, leaf))[..., 1] == FOLLOWS_LR):
+        if is_follows_lr(getattr(hp, leaf)):
             continue  # critic_lr null: the critic follows lr
         for text in _describe(np.asarray(getattr(hp, leaf)), step, total, labels):
             lines.append(f"  {name}: {text}" + (f" ({why[name]})" if name in why else ""))

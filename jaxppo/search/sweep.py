@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import HYPERPARAM_LEAVES, SCHEDULES, SWEPT_FIELDS
-from jaxppo.core.hyperparams import FOLLOWS_LR, HyperParams, follows_lr
+from jaxppo.core.hyperparams import HyperParams, follows_lr, is_follows_lr
 from jaxppo.errors import CheckpointError
 from jaxppo.search.space import draw_settings
 
@@ -47,7 +47,7 @@ def short_float(x) -> float:
 
 
 def _value(name: str, arr: np.ndarray):
-    if name == "critic_lr" and np.all(arr[:, 1] == FOLLOWS_LR):
+    if name == "critic_lr" and is_follows_lr(arr):
         return None  # null: the critic steps with lr
     if name in _POINTS:
         if arr.shape[0] == 1:  # a one-point schedule is a constant
