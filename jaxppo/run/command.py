@@ -230,15 +230,16 @@ def report(result, resume_command: str) -> int:
 
 def _final_return(summary: dict) -> str:
     """'final return 12.3 ± 1.0 (last 10 iterations, 4 seeds)', saying which seeds ended no
-    episode in those iterations."""
+    episode in those iterations; one seed's return has no ± (a spread over seeds)."""
     per_seed = summary["final_return_per_seed"]
     ended = sum(math.isfinite(v) for v in per_seed)
     if not ended:
         return "final return n/a (no episode ended in the last 10 iterations)"
-    seeds = (f"{len(per_seed)} seed(s)" if ended == len(per_seed)
-             else f"{ended} of {len(per_seed)} seeds; no episode ended on the others")
-    return (f"final return {summary['final_return_mean']:.1f} ± {summary['final_return_std']:.1f}"
-            f" (last 10 iterations, {seeds})")
+    spread = f" ± {summary['final_return_std']:.1f}" if ended > 1 else ""
+    seeds = ("" if len(per_seed) == 1 else f", {ended} seeds" if ended == len(per_seed)
+             else f", {ended} of {len(per_seed)} seeds; no episode ended on the others")
+    return (f"final return {summary['final_return_mean']:.1f}{spread}"
+            f" (last 10 iterations{seeds})")
 
 
 def _steps(summary: dict, result) -> str:

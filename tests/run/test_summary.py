@@ -50,10 +50,12 @@ def test_a_population_states_steps_per_seed_and_in_all(capsys):
     line = _done_line(res, capsys)
     assert (f"16 seeds × {per_seed:,} env steps = {16 * per_seed:,} in 41.5s "
             f"({16 * per_seed / 41.5:,.0f} steps/s in all) + 3.0s compile") in line, line
-    assert "final return 20.0 ± 0.0 (last 10 iterations, 16 seed(s))" in line
+    assert "final return 20.0 ± 0.0 (last 10 iterations, 16 seeds)" in line
 
     one = _done_line(_result(1, np.full(12, 20.0), iterations=12), capsys)
     assert f"{per_seed:,} env steps in 41.5s ({per_seed / 41.5:,.0f} steps/s) + 3.0s" in one
+    # One seed: its return, no spread over seeds
+    assert "final return 20.0 (last 10 iterations);" in one and "±" not in one, one
 
 
 def test_a_resumed_run_gives_this_calls_steps_and_speed_and_the_runs_totals(capsys):
@@ -90,6 +92,9 @@ def test_seeds_without_an_ended_episode_are_left_out_of_the_mean(capsys):
     assert _strict(strict_json(s))["final_return_per_seed"] == [10.0, None, 30.0]
     line = _done_line(_result(3, returns, iterations=12), capsys)
     assert "final return 20.0 ± 10.0 (last 10 iterations, 2 of 3 seeds; no episode ended" in line
+    alone = np.stack([np.full(12, 10.0), np.full(12, np.nan)])
+    line = _done_line(_result(2, alone, iterations=12), capsys)
+    assert "final return 10.0 (last 10 iterations, 1 of 2 seeds; no episode ended" in line, line
 
 
 def test_strict_json_writes_numpy_numbers_and_infinities():
