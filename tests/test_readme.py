@@ -22,9 +22,9 @@ from readme_commands import ROOT, code_blocks, doc_pages, readme_train_commands
 # The pages whose snippets train long enough that their run time outweighs their compile run
 # as a reader's would, with XLA's full optimisation (README's quickstart is getting-started's:
 # both, whichever runs first); the other pages' snippets train for seconds, and compile with it
-# off (tests/conftest.py), in half the CPU time or less (measured in a cold suite: 2.5 against
-# 9 CPU seconds for configuration.md, 7.6 against 28 for environments.md, 18 against 31 for
-# runs.md; README's 37 against 62 the other way).
+# off (tests/conftest.py), in less CPU time (measured in a cold suite: 2.5 against 9 CPU
+# seconds for configuration.md, 7.6 against 28 for environments.md, 18 against 31 for runs.md,
+# which alone timed about even; README's 37 against 62 the other way).
 LONG_TRAINING_PAGES = {"README.md", "getting-started.md", "search.md"}
 
 # What the checked blocks are written in; `text` blocks (usage listings) are not code.
