@@ -91,18 +91,19 @@ def test_every_pin_of_constraints_is_in_pyprojects_ranges():
 
 
 # ---------------------------------------------------------------------- the Makefile
-def _make_dry_run(target: str, venv: Path, changed: str | None = None) -> list[str]:
+def _make_dry_run(target: str, venv: Path, changed: str | None = None, *variables: str) -> list[str]:
     """The commands `make TARGET` would run for a venv at `venv` (nothing is run), as if
-    file `changed` had just been edited (make's --what-if)."""
+    file `changed` had just been edited (make's --what-if), with make's `variables` set."""
     what_if = ["-W", changed] if changed else []
-    proc = subprocess.run(["make", "-n", "-C", str(ROOT), *what_if, target, f"VENV={venv}"],
+    proc = subprocess.run(["make", "-n", "-C", str(ROOT), *what_if, target, f"VENV={venv}", *variables],
                           check=False, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 
 
 def _installs(lines: list[str]) -> list[str]:
-    return [ln for ln in lines if "pip install" in ln and "--upgrade pip" not in ln]
+    """The commands that install the package (`-e .`, `-e ".[dev]"`), uv's or pip's."""
+    return [ln for ln in lines if "pip install" in ln and " -e " in ln]
 
 
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
@@ -111,15 +112,57 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 @needs_make
 def test_train_installs_the_package_without_extras_and_test_adds_dev(tmp_path):
     train = _installs(_make_dry_run("train", tmp_path / "venv"))
-    assert len(train) == 1 and train[0].split()[-2:] == ["-e", "."], train
-    assert "-c constraints.txt" in train[0]
+    assert len(train) == 1, train
     test_run = _make_dry_run("test", tmp_path / "venv")
     test = _installs(test_run)
-    assert len(test) == 1 and test[0].split()[-2:] == ["-e", '".[dev]"'], test
-    assert "-c constraints.txt" in test[0]
+    assert len(test) == 1, test
+    # Each install names what it installs and the tested set, in uv's command and in pip's.
+    for (line,), what in ((train, "-e ."), (test, '-e ".[dev]"')):
+        uv, pip = line.split("||")
+        assert "uv pip install" in uv and uv.count(f"-c constraints.txt {what};") == 1, line
+        assert "pip installs instead" in pip and pip.count(f"-c constraints.txt {what};") == 1
     # a dev install serves `make train` too: it marks the base install done as well
     touched = [ln for ln in test_run if ln.startswith("touch ")]
     assert touched and ".installed-base" in touched[-1], test_run
+
+
+def _fake_venv(venv: Path, uv_fails: bool) -> Path:
+    """A venv whose python and uv only log their arguments (to venv/log): pip's install of
+    uv writes the uv, which fails when `uv_fails`."""
+    bin_ = venv / "bin"
+    bin_.mkdir(parents=True)
+    log = venv / "log"
+    uv = f'#!/bin/sh\necho "uv $*" >> {log}\n' + ("exit 1\n" if uv_fails else "")
+    python = (f'#!/bin/sh\necho "python $*" >> {log}\n'
+              f'case "$*" in *"install --quiet -c constraints.txt uv") '
+              f"printf '%s' '{uv}' > {bin_}/uv; chmod +x {bin_}/uv;; esac\n")
+    (bin_ / "python").write_text(python)
+    (bin_ / "python").chmod(0o755)
+    return log
+
+
+@needs_make
+@pytest.mark.parametrize("uv_fails", [False, True], ids=["uv", "uv-fails"])
+def test_uv_installs_and_pip_does_where_uv_cannot(tmp_path, uv_fails):
+    venv = tmp_path / "venv"
+    log = _fake_venv(venv, uv_fails)
+    proc = subprocess.run(["make", "-s", "-C", str(ROOT), f"VENV={venv}", f"{venv}/.installed-base"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0] == "python -m pip install --quiet -c constraints.txt uv", calls
+    assert calls[1] == (f"uv pip install --quiet --python {venv}/bin/python --compile-bytecode "
+                        "-c constraints.txt -e ."), calls
+    pip_install = "python -m pip install --quiet -c constraints.txt -e ."
+    assert (pip_install in calls) == uv_fails, calls
+    assert ("uv could not install; pip installs instead" in proc.stderr) == uv_fails
+    assert calls[-1] == "python -m compileall -q jaxppo" and (venv / ".installed-base").exists()
+
+
+@needs_make
+def test_installer_pip_installs_with_pip_alone(tmp_path):
+    (line,) = _installs(_make_dry_run("train", tmp_path / "venv", None, "INSTALLER=pip"))
+    assert "uv" not in line and line.endswith("pip install --quiet -c constraints.txt -e ."), line
 
 
 @needs_make
