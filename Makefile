@@ -38,7 +38,7 @@ help:
 	@echo "make docs                                                  build the documentation site into site/ (mkdocs build --strict)"
 	@echo "make docs-serve                                            serve the site on 127.0.0.1:8000, rebuilt on every edit"
 	@echo "make wheel-check                                           build the wheel, install it alone in a fresh venv, train CartPole from it"
-	@echo "make install (the dev extras, as make test) | clean"
+	@echo "make install (the dev extras, as make test) | clean      INSTALLER=pip installs with pip instead of uv"
 
 # Each install is redone only when pyproject.toml or constraints.txt changes. `make train`
 # installs the package without extras; `make test` adds the dev extras (every optional suite,
