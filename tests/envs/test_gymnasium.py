@@ -239,7 +239,6 @@ def test_run_folder_resume_and_cli(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.full_optimization  # its run time is what counts: 4.5 CPU seconds against 8 without
 def test_learns_gymnasium_cartpole():
     """60k env steps of gymnasium's CartPole-v1 (about 15 s on 2 cores): from ~20 to near 500."""
     cfg = jaxppo.PPOConfig(env="gymnasium:CartPole-v1", num_envs=8, num_steps=128, num_epochs=8,
