@@ -148,6 +148,8 @@ def test_bad_input_exits_2_with_message(args, expected, tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr
     for word in expected:
         assert word in proc.stderr, (word, proc.stderr)
+    if args[1] != "CartPole-v1":  # an unknown env: told before any run folder is named
+        assert proc.stderr.startswith("error: env=") and "run folder" not in proc.stderr
     assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
 
 

@@ -15,7 +15,7 @@ from jaxppo.run.checkpoints import load_run_config, newest_record
 from jaxppo.config import PPOConfig, tuned_config_for
 from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
-from jaxppo.envs.make import check_recorded_env, refuse_imports
+from jaxppo.envs.make import check_env_name, check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.search.space import SEARCH_EXAMPLE
 from jaxppo.run.files import name_too_long
@@ -156,7 +156,8 @@ def resumed_config(args) -> tuple[PPOConfig, Path]:
 def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
     """(config, its source, run folder) from the flags: --resume's folder, or a new
     runs_dir/<run-name or env[-tag]-time>. ConfigError / CheckpointError otherwise. The
-    config is validated where the run resolves it (`jaxppo.resolve`), once."""
+    config is validated where the run resolves it (`jaxppo.resolve`), once; only a gymnax
+    name that is not registered (a typo) is refused here, before the run folder is named."""
     if args.stop_after is not None and args.stop_after < 1:
         raise ConfigError(f"--stop-after {args.stop_after} must be >= 1")
     name = args.run_name
@@ -169,6 +170,8 @@ def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
         config, run_dir = resumed_config(args)
         return config, f"{run_dir / 'config.yaml'} (resumed)", run_dir
     config, source = new_config(args)
+    if isinstance(config.env, str) and ":" not in config.env:
+        check_env_name(config.env)  # a typo is told before a run folder is named
     name = args.run_name or f"{config.env_name}{name_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
     too_long = name_too_long(Path(args.runs_dir) / name)
     if too_long:  # before the config's checks, which make no folder but take seconds
