@@ -44,7 +44,7 @@ help:
 # installs the package without extras; `make test` adds the dev extras (every optional suite,
 # Ray, W&B, ONNX, pytest, the docs tools) to the same venv, which then serves both. pip puts uv
 # (pinned in constraints.txt) into the venv and uv installs the rest, byte-compiled as pip
-# would: the dev extras in about 35 s where pip took about 90 (2 cores, empty caches; uv
+# would: the dev extras in about 36 s where pip took about 116 (2 cores, empty caches; uv
 # fetches and unpacks in parallel). uv reads its own settings, not pip's: where it cannot
 # install (say, a package mirror set in pip.conf only), pip does instead; INSTALLER=pip
 # always uses pip. The package's own sources (an editable install) are byte-compiled by
