@@ -102,7 +102,7 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     """
     config = require_config(config).validate()
     given_size, config = config.minibatch_size, _sized_minibatches(config)
-    _check_backend()
+    check_backend()
     hooks = tuple(reward_hooks(config))  # every transform entry checked
     spec = make_env(config)
     _check_for_env(config, spec)
@@ -166,7 +166,7 @@ def note_partial_batch(config: PPOConfig) -> None:
              f"iteration(s) = {config.num_iterations * config.batch_size} env steps per seed")
 
 
-def _check_backend() -> None:
+def check_backend() -> None:
     """JAX's backend starts, or a ConfigError that says why (JAX's own error for a platform
     this machine lacks, e.g. JAX_PLATFORMS=cuda without a GPU, can be a bare AssertionError)."""
     try:

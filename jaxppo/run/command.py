@@ -17,6 +17,7 @@ from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
 from jaxppo.envs.make import check_env_name, check_recorded_env, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
+from jaxppo.program.resolved import check_backend
 from jaxppo.search.space import SEARCH_EXAMPLE
 from jaxppo.run.files import name_too_long
 from jaxppo.run.folder import fresh_run_dir
@@ -171,6 +172,7 @@ def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
         return config, f"{run_dir / 'config.yaml'} (resumed)", run_dir
     config, source = new_config(args)
     if isinstance(config.env, str) and ":" not in config.env:
+        check_backend()  # gymnax's import needs it, and would fail with a bare AssertionError
         check_env_name(config.env)  # a typo is told before a run folder is named
     name = args.run_name or f"{config.env_name}{name_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
     too_long = name_too_long(Path(args.runs_dir) / name)
