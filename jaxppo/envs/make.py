@@ -38,6 +38,11 @@ def registered_env_names() -> list[str]:
     return list(gymnax.registered_envs)
 
 
+def is_gymnax_name(env) -> bool:
+    """True when `env` names a gymnax env: a string without a suite's or module's "prefix:"."""
+    return isinstance(env, str) and ":" not in env
+
+
 def check_env_name(name: str) -> None:
     """Checks that `name` is a registered gymnax env.
 
@@ -194,7 +199,7 @@ def make_env(config) -> EnvSpec:
         if config.transforms:
             env = wrap_env(env, config)  # their numpy forms (jaxppo.envs.host_transforms)
         return _env_spec(config, env, env_params)
-    if isinstance(config.env, str) and ":" not in config.env:
+    if is_gymnax_name(config.env):
         gymnax = import_gymnax()
 
         check_env_name(config.env)

@@ -15,7 +15,7 @@ from jaxppo.run.checkpoints import load_run_config, newest_record
 from jaxppo.config import PPOConfig, tuned_config_for
 from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
-from jaxppo.envs.make import check_env_name, check_recorded_env, refuse_imports
+from jaxppo.envs.make import check_env_name, check_recorded_env, is_gymnax_name, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.program.resolved import check_backend
 from jaxppo.search.space import SEARCH_EXAMPLE
@@ -171,7 +171,7 @@ def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
         config, run_dir = resumed_config(args)
         return config, f"{run_dir / 'config.yaml'} (resumed)", run_dir
     config, source = new_config(args)
-    if isinstance(config.env, str) and ":" not in config.env:
+    if is_gymnax_name(config.env):
         check_backend()  # gymnax's import needs it, and would fail with a bare AssertionError
         check_env_name(config.env)  # a typo is told before a run folder is named
     name = args.run_name or f"{config.env_name}{name_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
