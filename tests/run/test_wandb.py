@@ -111,6 +111,16 @@ def wandb_records(path: Path):
             buf = b""
 
 
+def offline_runs(local: Path) -> list[Path]:
+    """The offline-run-* folders in `local`, once W&B has written them out: run.finish()
+    returns before W&B's service process has flushed and closed the run's file (finishing is
+    announced to it, not awaited), so wait for that process to end, as a process's exit does."""
+    import wandb
+
+    wandb.teardown()
+    return sorted(local.glob("offline-run-*"))
+
+
 def read_offline_run(run_dir: Path) -> dict:
     """What W&B holds of one offline-run-* folder: id, group, name, config, history rows
     (by step), the last summary values and the files it saved."""
@@ -152,7 +162,7 @@ def test_offline_run_and_resume_continue_the_same_wandb_runs(tmp_path, monkeypat
     result = jaxppo.train(None, resume=run_dir, progress=False)
     assert result.completed and (run_dir / WANDB_ID_FILE).read_text().split() == ids
 
-    folders = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
+    folders = offline_runs(tmp_path / "wandb-dir" / "wandb")
     assert len(folders) == 4  # two W&B runs, each started twice
     rows = read_metrics(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -211,7 +221,7 @@ def test_offline_logging_is_quiet_but_says_where_its_files_are(tmp_path, monkeyp
     local = run_dir / "wandb"
     line = f"W&B (offline): 2 run(s) in {local}; upload with `wandb sync {local}/offline-run-*`"
     assert err.splitlines() == [line, line]
-    folders = sorted(local.glob("offline-run-*"))
+    folders = offline_runs(local)
     assert len(folders) == 4 and not list(local.glob("offline-run-*/files/output.log"))
     first = read_offline_run(folders[0])
     assert first["history"][32]["charts/episode_return_mean"] == 9.0
