@@ -13,7 +13,8 @@ import numpy as np
 
 from jaxppo.run import command
 from jaxppo.search import sweep
-from jaxppo.config import MAX_TIMESTEPS, check_seed, tuned_env_names, tuned_envs
+from jaxppo.config import MAX_TIMESTEPS, check_seed, tuned_envs
+from jaxppo.envs.catalog import SUITE_CATALOG, gymnax_table, suite_table, suites_table
 from jaxppo.envs.make import registered_env_names
 from jaxppo.errors import (CheckpointError, ConfigError, ExportError, RolloutTimeoutError,
                            RunFolderError, TrainingDivergedError, TrainingInterrupted, VideoError)
@@ -32,7 +33,9 @@ class _DefaultsKeepEpilog(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDe
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jaxppo",
-        description="PPO compiled end to end with JAX (gymnax envs, one XLA program per device).",
+        description="PPO with JAX: an env written in JAX (gymnax, Brax, Jumanji, Craftax, "
+                    "xminigrid, JaxMARL) trains as one XLA program per device; gymnasium "
+                    "and envpool envs step on the host (synchronously, or actor and learner overlapping).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_training_commands(sub)
@@ -148,8 +151,17 @@ def _add_run_folder_commands(sub) -> None:
                    help="a moving average of the last N iterations of each seed's training "
                         "return (default 1: none)")
 
-    v = sub.add_parser("envs", help="list the gymnax environments: spaces and tuned configs")
-    v.add_argument("--names", action="store_true", help="only the names, one per line")
+    v = sub.add_parser(
+        "envs", help="list the environments: gymnax's with their spaces, the other suites, "
+        "tuned configs",
+        description="Without --suite: every gymnax env (observation and action space, whether "
+                    "a tuned config ships), then the other suites (how each is named and "
+                    "trains, whether it is installed, else its install line) and their tuned "
+                    "configs. With --suite: every env name of that suite.")
+    v.add_argument("--suite", choices=[s.prefix for s in SUITE_CATALOG],
+                   help="list this suite's env names, as an env names them (imports the suite)")
+    v.add_argument("--names", action="store_true",
+                   help="only the names, one per line (gymnax's, or --suite's)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,8 +178,7 @@ def _main(argv: list[str] | None) -> int:
     # one-line notes, not Python's file:line form.
     warnings.formatwarning = lambda message, *_args, **_kw: f"note: {message}\n"
     if args.command == "envs":
-        print("\n".join(registered_env_names()) if args.names else _env_table())
-        return 0
+        return _envs(args)
     if args.command == "plot":
         missing = [r for r in args.runs if not Path(r).exists()]
         if missing:
@@ -235,39 +246,18 @@ def _main(argv: list[str] | None) -> int:
     return _train(args)
 
 
-# Envs that download data when built (gymnax fetches MNIST from the internet): listed, not built.
-_DOWNLOADS = {"MNISTBandit-bsuite": "downloads MNIST when first built"}
-
-
-def _env_table() -> str:
-    """Every registered gymnax env: observation and action space, and whether jaxppo ships a
-    tuned config for it (`train --env NAME` then starts from that config)."""
-    import gymnax
-
-    tuned = set(tuned_env_names())
-    rows = [("env", "observation", "action", "tuned config")]
-    for name in registered_env_names():
-        if name in _DOWNLOADS:
-            rows.append((name, "-", "-", _DOWNLOADS[name]))
-            continue
+def _envs(args) -> int:
+    if args.suite:
         try:
-            env, params = gymnax.make(name)
-            obs, act = env.observation_space(params), env.action_space(params)
-        except Exception as e:  # an env gymnax cannot build here: say so, list the rest
-            rows.append((name, "-", "-", f"cannot be built: {str(e)[:60]}"))
-            continue
-        rows.append((name, _space(obs), _space(act), "yes" if name in tuned else ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip()
-                     for r in rows)
-
-
-def _space(space) -> str:
-    kind = type(space).__name__
-    if kind == "Discrete":
-        return f"Discrete({space.n})"
-    shape = "x".join(str(d) for d in getattr(space, "shape", ())) or "scalar"
-    return f"{kind}({shape})"
+            print(suite_table(args.suite, names_only=args.names))
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    elif args.names:
+        print("\n".join(registered_env_names()))
+    else:
+        print(f"{gymnax_table()}\n\n{suites_table()}")
+    return 0
 
 
 def _output_problem(out: Path) -> str | None:

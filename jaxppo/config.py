@@ -461,10 +461,13 @@ class PPOConfig:
         path = tuned_config_path(env) if isinstance(env, str) else None
         if path is None:
             names = tuned_env_names()
+            atari = (f"; for an Atari game, CleanRL's settings for every game: PPOConfig.tuned("
+                     f"'envpool:Breakout-v5').replace(env={env!r})"
+                     if isinstance(env, str) and env.startswith("envpool:") else "")
             raise ConfigError(
                 f"no tuned config for env={env!r}{did_you_mean(str(env), names)}; tuned "
                 f"configs exist for {', '.join(names)}. For another env start from "
-                f"PPOConfig(env={env!r}, ...)")
+                f"PPOConfig(env={env!r}, ...){atari}")
         return cls.from_dict(overrides, cls.from_file(path))
 
     def with_overrides(self, pairs: Sequence[str]) -> "PPOConfig":

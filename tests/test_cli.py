@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jaxppo import PPOConfig
+from jaxppo import ConfigError, PPOConfig
 
 REPO = Path(__file__).resolve().parent.parent
 REQUIRED_KEYS = {
@@ -214,7 +214,8 @@ def test_top_level_help_lists_commands():
 def test_envs_lists_registered_names_spaces_and_tuned_configs():
     proc = run_cli("envs", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[1:]}
+    gymnax, suites, tuned = proc.stdout.split("\n\n")
+    rows = {line.split()[0]: line.split()[1:] for line in gymnax.splitlines()[1:]}
     assert rows["CartPole-v1"] == ["Box(4)", "Discrete(2)", "yes"]
     assert rows["Pendulum-v1"] == ["Box(3)", "Box(1)", "yes"]
     assert rows["Breakout-MinAtar"] == ["Box(10x10x4)", "Discrete(3)", "yes"]
@@ -222,6 +223,40 @@ def test_envs_lists_registered_names_spaces_and_tuned_configs():
     assert "downloads MNIST" in " ".join(rows["MNISTBandit-bsuite"])  # listed, never built
     names = run_cli("envs", "--names", timeout=120).stdout.split()
     assert names[0] == "CartPole-v1" and "Pendulum-v1" in names and len(names) == len(rows)
+    # the other suites, each as an env names it, installed here (the dev extras)
+    listed = {line.split()[0]: line for line in suites.splitlines()[2:]}
+    assert set(listed) == {"brax", "jumanji", "craftax", "xminigrid", "jaxmarl", "gymnasium",
+                           "envpool", "your"}
+    assert listed["envpool"].split()[1] == "envpool:<task>" and listed["envpool"].endswith(" yes")
+    assert "actor-learner" in listed["gymnasium"] and "multi-agent" in listed["jaxmarl"]
+    assert " ".join(tuned.split()) == (
+        "Tuned configs of other suites: envpool:Breakout-v5, envpool:Pong-v5, "
+        "jaxmarl:MPE_simple_spread_v3, jaxmarl:overcooked:cramped_room, jaxmarl:smax:2s3z, "
+        "jaxmarl:smax:3m")
+    proc = run_cli("envs", "--suite", "gymnasium", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[1:]}
+    assert rows["gymnasium:CartPole-v1"] == ["gymnax's", "CartPole-v1"] and rows["gymnasium:Pendulum-v1"] == []
+
+
+def test_envs_of_one_suite_and_of_a_suite_not_installed(monkeypatch):
+    import dataclasses
+
+    from jaxppo.envs import catalog
+
+    rows = {line.split()[0]: line.split()[1:] for line in catalog.suite_table("jaxmarl").splitlines()}
+    assert rows["jaxmarl:MPE_simple_spread_v3"] == ["yes"] and rows["jaxmarl:smax:2s3z"] == ["yes"]
+    assert rows["jaxmarl:smax:5m_vs_6m"] == [] and "jaxmarl:overcooked:cramped_room" in rows
+    names = catalog.suite_table("envpool", names_only=True).splitlines()
+    assert "envpool:Breakout-v5" in names and all(n.startswith("envpool:") for n in names)
+    listing = catalog.suite_table("envpool")
+    assert "envpool:Breakout-v5's tuned config" in listing.splitlines()[-1]
+    assert catalog.prefixes_text().startswith("brax:<name>, jumanji:<Id>,")
+    missing = dataclasses.replace(catalog.SUITES_BY_PREFIX["brax"], package="no_such_package_x")
+    monkeypatch.setitem(catalog.SUITES_BY_PREFIX, "brax", missing)
+    with pytest.raises(ConfigError, match=r"^the brax suite needs the no_such_package_x package: "
+                                          r"pip install 'jaxppo\[brax\]'$"):
+        catalog.suite_table("brax")
 
 
 def test_config_precedence_defaults_tuned_file_set(tmp_path):

@@ -6,7 +6,7 @@ gymnasium vector env does (jaxppo.run.hostloop), with gymnax's contract kept.
   ignored); `EnvpoolVectorEnv` takes that step at once, for the ended envs only, so the step
   that ends an episode returns the next episode's first observation and `info["final_obs"]`
   the true last one: gymnasium's SAME_STEP mode, every transition a real one.
-* Atari (the tasks with envpool's `episodic_life` option) takes CleanRL's `ppo_atari_envpool.py`
+* Atari (the tasks with every option of `ATARI_DEFAULTS`; ViZDoom's have only some) takes CleanRL's `ppo_atari_envpool.py`
   preprocessing (`ATARI_DEFAULTS`), each option overridable through env_kwargs. Learning sees
   clipped rewards and a termination at every life lost; `info["episode_reward"]` (envpool's
   unclipped reward) and `info["episode_end"]` (all lives lost, or the time limit) make the
@@ -31,6 +31,9 @@ from jaxppo.errors import ConfigError
 
 PREFIX = "envpool:"
 INSTALL = "pip install 'jaxppo[envpool]'"
+# The tuned config a new run of any Atari game starts from: CleanRL's settings, which it uses
+# for every game (jaxppo/configs/Breakout-v5.yaml).
+ATARI_TUNED_ENV = "envpool:Breakout-v5"
 # CleanRL's ppo_atari_envpool.py (envpool's own defaults for the frame, pinned here, plus the
 # two options CleanRL turns on): 84x84 grey frames, 4 stacked, each step 4 emulator frames (max
 # of the last two), up to 30 no-ops at a reset, fire at a reset where the game needs it, no
@@ -86,7 +89,7 @@ class EnvpoolEnv:
         given = dict(kwargs or {})
         _refuse_own_kwargs(task, given)
         defaults = envpool.make_spec(task).config
-        self.atari = "episodic_life" in defaults._fields
+        self.atari = is_atari_spec(defaults)
         self.kwargs = {**(ATARI_DEFAULTS if self.atari else {}), **given}
         spec = _make_spec(envpool, task, defaults, given, self.kwargs)
         self.obs_space, self.channels_first = _presented_obs_space(spec.gymnasium_observation_space)
@@ -234,6 +237,24 @@ def make_envpool_env(config) -> tuple[EnvpoolEnv, EnvpoolParams]:
                           "env_kwargs (passed to envpool.make, e.g. {'episodic_life': False})")
     env = EnvpoolEnv(config.env[len(PREFIX):], config.env_kwargs)
     return env, env.params
+
+
+def is_atari_spec(config) -> bool:
+    """True for the config of an envpool task (`envpool.make_spec(task).config`) that is an
+    Atari game: it has every option of `ATARI_DEFAULTS` (ViZDoom's tasks have episodic_life,
+    frame_skip and the frame's size, but no noop_max, reward_clip or gray_scale)."""
+    return set(ATARI_DEFAULTS) <= set(config._fields)
+
+
+def is_atari_task(task: str) -> bool:
+    """True when envpool (installed) has `task` and it is an Atari game (`is_atari_spec`)."""
+    envpool = import_envpool()
+    if task not in envpool.list_all_envs():
+        return False
+    try:
+        return is_atari_spec(envpool.make_spec(task).config)
+    except Exception:  # noqa: BLE001 - a task envpool cannot describe here (Procgen without Qt)
+        return False
 
 
 def registered_envpool_envs() -> list[str]:

@@ -38,6 +38,11 @@ def import_gymnasium():
     return gymnasium
 
 
+def registered_gymnasium_envs() -> list[str]:
+    """gymnasium's registered env ids (the <id> of "gymnasium:<id>")."""
+    return list(import_gymnasium().envs.registry)
+
+
 @dataclasses.dataclass(frozen=True)
 class GymnasiumParams:
     """The only env param jaxppo reads of a gymnasium env: its time limit (TimeLimit's

@@ -22,6 +22,7 @@ from jaxppo.envs.check import check_env, error_summary
 from jaxppo.envs.envpool_suite import is_envpool_env, make_envpool_env, registered_envpool_envs
 from jaxppo.envs.gymnasium_env import is_gymnasium_env, make_gymnasium_env
 from jaxppo.envs.adapter import SUITES, is_suite_env, suite_of
+from jaxppo.envs.catalog import prefixes_text
 from jaxppo.envs.brax_suite import make_brax_env, registered_brax_envs
 from jaxppo.envs.craftax_suite import make_craftax_env, registered_craftax_envs
 from jaxppo.envs.jaxmarl_suite import make_jaxmarl_env, registered_jaxmarl_envs
@@ -63,9 +64,9 @@ def check_env_name(name: str) -> None:
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise ConfigError(
         f"env={name!r} is not a registered gymnax environment{hint or '.'} "
-        f"Registered: {', '.join(names)}. Other suites by prefix: brax:<name>, jumanji:<Id>, "
-        "craftax:<name>, xminigrid:<name>, jaxmarl:<name>, gymnasium:<id>, envpool:<task>; "
-        "or module:Class of your own env, or an env object with the gymnax API as env="
+        f"Registered: {', '.join(names)}. Other suites by prefix: {prefixes_text()} "
+        "(`jaxppo envs` lists them); or module:Class of your own env, or an env object with "
+        "the gymnax API as env="
     )
 
 

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 from jaxppo.run.checkpoints import load_run_config, newest_record
-from jaxppo.config import PPOConfig, tuned_config_for
+from jaxppo.config import PPOConfig
 from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
+from jaxppo.envs.catalog import tuned_start
+from jaxppo.envs.envpool_suite import ATARI_TUNED_ENV
 from jaxppo.envs.make import check_env_name, check_recorded_env, is_gymnax_name, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.program.resolved import check_backend
@@ -107,10 +109,12 @@ def new_config(args) -> tuple[PPOConfig, str]:
                        "trust the file, leave out --no-imports", network=file_values.get("network"))
     env = args.env or file_values.get("env")
     config, sources = PPOConfig(), ["defaults"]
-    tuned = tuned_config_for(env) if isinstance(env, str) and not args.defaults else None
+    tuned = tuned_start(env) if isinstance(env, str) and not args.defaults else None
     if tuned is not None:
         config = PPOConfig.from_file(tuned[0], config)
         sources.append(f"tuned {tuned[1]}" if tuned[1] == env else
+                       f"tuned {tuned[1]} (CleanRL's Atari settings, the same for every game)"
+                       if tuned[1] == ATARI_TUNED_ENV else
                        f"tuned {tuned[1]} (gymnax's, the same env)")
     if args.config:
         config = PPOConfig.from_dict(file_values, config)

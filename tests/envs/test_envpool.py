@@ -262,6 +262,41 @@ def test_tuned_atari_configs_are_cleanrls_with_its_nature_cnn():
     assert tuned_config_for("envpool:CartPole-v1")[1] == "CartPole-v1"  # gymnax's, same env
 
 
+def test_every_atari_game_starts_from_the_atari_config_and_vizdoom_is_not_atari():
+    """A new run of an Atari game without a config of its own starts from CleanRL's settings
+    (`jaxppo train --env envpool:Seaquest-v5`); ViZDoom's tasks share some of Atari's options
+    (episodic_life, frame_skip) but are not Atari: they get envpool's own defaults, and no
+    Atari config."""
+    import argparse
+
+    from jaxppo.envs.catalog import tuned_start
+    from jaxppo.envs.envpool_suite import is_atari_task
+    from jaxppo.envs.make import make_env
+    from jaxppo.run import command
+
+    assert is_atari_task("Seaquest-v5") and is_atari_task("Pong-v5")
+    assert not is_atari_task("Basic-v1") and not is_atari_task("CartPole-v1")
+    assert not is_atari_task("Ant-v5") and not is_atari_task("NoSuchGame-v5")
+    path, tuned_on = tuned_start("envpool:Seaquest-v5")
+    assert path.stem == "Breakout-v5" and tuned_on == "envpool:Breakout-v5"
+    assert tuned_start("envpool:Pong-v5")[1] == "envpool:Pong-v5"  # its own
+    assert tuned_start("envpool:CartPole-v1")[1] == "CartPole-v1"  # gymnax's, the same env
+    assert tuned_start("envpool:Basic-v1") is None and tuned_start("envpool:Ant-v5") is None
+
+    parser = argparse.ArgumentParser()
+    command.add_config_flags(parser)
+    config, source = command.new_config(parser.parse_args(["--env", "envpool:Seaquest-v5"]))
+    assert config == jaxppo.PPOConfig.tuned("envpool:Breakout-v5").replace(env="envpool:Seaquest-v5")
+    assert source == ("defaults < tuned envpool:Breakout-v5 (CleanRL's Atari settings, the same "
+                      "for every game)")
+    with pytest.raises(ConfigError, match=r"for an Atari game, CleanRL's settings for every game: "
+                       r"PPOConfig.tuned\('envpool:Breakout-v5'\).replace\(env='envpool:Seaquest-v5'\)"):
+        jaxppo.PPOConfig.tuned("envpool:Seaquest-v5")
+
+    spec = make_env(jaxppo.PPOConfig(env="envpool:Basic-v1"))  # built, without Atari's options
+    assert spec.env.kwargs == {} and not spec.env.atari
+
+
 def test_cartpole_learns_through_the_host_loop():
     """envpool's CartPole-v1 through today's host loop: 14k env steps (a few seconds) take the
     training return from about 20 past 150, and the run folder's evaluation plays the
