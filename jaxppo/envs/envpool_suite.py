@@ -123,10 +123,10 @@ class EnvpoolEnv:
     def action_space(self, params=None):
         return self.act_space
 
-    def make_vec(self, num_envs: int) -> "EnvpoolVectorEnv":
+    def make_vec(self, num_envs: int, render: bool = False) -> "EnvpoolVectorEnv":
         """A vector env of `num_envs` copies in SAME_STEP autoreset mode (its pool is made at
-        the first reset, with that reset's seeds)."""
-        return EnvpoolVectorEnv(self.id, self.kwargs, num_envs, self.channels_first)
+        the first reset, with that reset's seeds); with `render`, its `render()` draws them."""
+        return EnvpoolVectorEnv(self.id, self.kwargs, num_envs, self.channels_first, render)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Policy actions [E, ...] (already clipped to the bounds) as envpool takes them:
@@ -156,9 +156,11 @@ class EnvpoolVectorEnv:
       and ends; and envpool's own per-env info arrays (Atari's `lives`, ...).
     """
 
-    def __init__(self, task: str, kwargs: dict, num_envs: int, channels_first: bool):
+    def __init__(self, task: str, kwargs: dict, num_envs: int, channels_first: bool,
+                 render: bool = False):
         self.task, self.kwargs, self.num_envs = task, dict(kwargs), int(num_envs)
         self.channels_first = channels_first
+        self.render_mode = "rgb_array" if render else None
         self.pool = None
 
     def _make_pool(self, seeds: list[int]):
@@ -168,7 +170,15 @@ class EnvpoolVectorEnv:
             self.pool = None
         self.pool = envpool.make(self.task, env_type="gymnasium", num_envs=self.num_envs,
                                  batch_size=self.num_envs, seed=int(seeds[0]),
-                                 env_seed=[int(s) for s in seeds], **self.kwargs)
+                                 env_seed=[int(s) for s in seeds], **self.kwargs,
+                                 **({"render_mode": self.render_mode} if self.render_mode else {}))
+
+    def render(self) -> np.ndarray:
+        """Every env's picture [E, H, W, 3] (uint8 RGB; Atari's full 210x160 colour screen),
+        for a vector env made with `render=True`."""
+        if self.render_mode is None or self.pool is None:
+            raise RuntimeError("render() needs a vector env made with render=True, reset first")
+        return np.asarray(self.pool.render(env_ids=list(range(self.num_envs))))
 
     def reset(self, *, seed: int | list[int] | None = None, options=None):
         """Every env's first observation [E, ...] and envpool's info (in env order)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from typing import Any
 
 import numpy as np
@@ -110,17 +111,24 @@ class GymnasiumEnv:
     def action_space(self, params=None):
         return self.act_space
 
-    def make_vec(self, num_envs: int):
+    def make_vec(self, num_envs: int, render: bool = False):
         """A vector env of `num_envs` copies in SAME_STEP autoreset mode: "sync" (stepped one
         after another in this process) or "async" (a subprocess each, started by forkserver:
-        forking a process that runs JAX's threads can deadlock the child)."""
+        forking a process that runs JAX's threads can deadlock the child). With `render`
+        (always "sync"), each env is made with render_mode='rgb_array': `render()` gives
+        every env's picture."""
         gym = import_gymnasium()
         vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-        if self.vectorization == "async":
+        mode = "sync" if render else self.vectorization
+        if mode == "async":
             vector_kwargs["context"] = "forkserver"
+        kwargs = {**self.kwargs, "render_mode": "rgb_array"} if render else self.kwargs
+        if render:  # pygame (classic control's renderer) draws off screen, without sound
+            for driver in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
+                os.environ.setdefault(driver, "dummy")
         try:
-            envs = gym.make_vec(self.id, num_envs=num_envs, vectorization_mode=self.vectorization,
-                                vector_kwargs=vector_kwargs, **self.kwargs)
+            envs = gym.make_vec(self.id, num_envs=num_envs, vectorization_mode=mode,
+                                vector_kwargs=vector_kwargs, **kwargs)
         except (ConnectionError, EOFError) as e:  # a subprocess that died while starting
             raise ConfigError(
                 f"gymnasium:{self.id} with gymnasium_vectorization='async': a subprocess of its "

@@ -44,8 +44,8 @@ class _Wrapped:
     def action_space(self, params=None):
         return self._env.action_space(params)
 
-    def make_vec(self, num_envs: int):
-        return self._env.make_vec(num_envs)
+    def make_vec(self, num_envs: int, render: bool = False):
+        return self._env.make_vec(num_envs, render)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         return self._env.env_actions(actions)
@@ -67,10 +67,10 @@ class HostFrameStackEnv(_Wrapped):
                       self.k, axis=1))[0]
         return gymnasium.spaces.Box(stacked(inner.low), stacked(inner.high), dtype=inner.dtype)
 
-    def make_vec(self, num_envs: int) -> "FrameStackVectorEnv":
+    def make_vec(self, num_envs: int, render: bool = False) -> "FrameStackVectorEnv":
         inner = self._env.observation_space(None)
-        return FrameStackVectorEnv(self._env.make_vec(num_envs), self.k, tuple(inner.shape),
-                                   inner.dtype)
+        return FrameStackVectorEnv(self._env.make_vec(num_envs, render), self.k,
+                                   tuple(inner.shape), inner.dtype)
 
     def __repr__(self):
         return f"HostFrameStackEnv({self._env!r}, k={self.k})"
@@ -113,6 +113,10 @@ class FrameStackVectorEnv:
             shifted[done] = np.repeat(obs[done][:, None], self.k, axis=1)
         self.frames = shifted
         return stack_layout(shifted), reward, terminated, truncated, info
+
+    def render(self):
+        """The wrapped vector env's pictures (what the env shows, not the stack)."""
+        return self.envs.render()
 
     def close(self) -> None:
         self.envs.close()

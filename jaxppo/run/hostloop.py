@@ -581,15 +581,19 @@ class HostLoopRunner:
 
 # ---------------------------------------------------------------------- evaluation
 def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs, max_steps: int,
-                  deterministic: bool) -> tuple[np.ndarray, np.ndarray]:
+                  deterministic: bool, watch=None) -> tuple[np.ndarray, np.ndarray]:
     """(returns [N], lengths [N]) of one episode in each env of the vector env `envs` (N
     copies), reset from seeds of `key`; an env whose episode ended keeps stepping (autoreset)
     but no longer counts. Stops when all ended or after max_steps steps. An episode is what the
     training metrics count (`HostRollout`): with info["episode_reward"] / ["episode_end"]
-    (Atari's game score over all lives), those."""
+    (Atari's game score over all lives), those. `watch(reward, going)`, if given, follows env
+    0's episode: called after the reset (reward None) and after each of its steps with the
+    step's reward, `going` False at the step that ends it (a video: jaxppo.run.video)."""
     n = envs.num_envs
     k_reset, k_act = jax.random.split(key)
     obs, _ = envs.reset(seed=_env_seeds(k_reset, n))
+    if watch is not None:
+        watch(None, True)
     shape, dtype = (n,) + algorithm.spec.obs_shape, obs_dtype(algorithm.spec.env)
     step = _policy(algorithm, deterministic)
     carry = algorithm.initial_carry((n,))  # a recurrent policy's: each env plays one episode
@@ -604,7 +608,10 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
         reward = _episode_info(info, "episode_reward", done, np.asarray(reward, np.float64))
         returns += np.where(active, reward, 0.0)
         lengths += active
+        watched = active[0]
         active &= ~_episode_info(info, "episode_end", done, done)
+        if watch is not None and watched:
+            watch(float(reward[0]), bool(active[0]) and t + 1 < max_steps)
         if not active.any():
             break
     return returns, lengths

@@ -1,8 +1,10 @@
 """Videos of a trained policy's episodes (`jaxppo eval RUN_DIR --video out.gif`): played on
 the host with the jitted policy and drawn with matplotlib, for gymnax's classic-control envs
-and MinAtar (from the observations) and JaxMARL's MPE and Overcooked (from the env's state,
-every agent acting with the joint policy). A .gif needs nothing more; an .mp4 needs ffmpeg
-(on the PATH or from imageio-ffmpeg, `pip install 'jaxppo[video]'`).
+and MinAtar (from the observations), JaxMARL's MPE and Overcooked (from the env's state,
+every agent acting with the joint policy), and the envs that step in Python, gymnasium's and
+envpool's (the pictures the env renders itself, render_mode='rgb_array'). A .gif needs
+nothing more; an .mp4 needs ffmpeg (on the PATH or from imageio-ffmpeg,
+`pip install 'jaxppo[video]'`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ OVERCOOKED_TILE = 32  # pixels per grid cell
 
 class Episode(NamedTuple):
     """One recorded episode: observations [T + 1, *obs_shape] (the first from reset, the last
-    the one the episode ended in; a multi-agent env's [T + 1, agents, obs_dim]), rewards [T]
-    (a multi-agent env's team reward, the sum over its agents) and, for a multi-agent env,
-    JaxMARL's states [T + 1] (host arrays) that its frames are drawn from; else None."""
+    the one the episode ended in; a multi-agent env's [T + 1, agents, obs_dim]; an env that
+    steps in Python, the pictures it rendered [T, H, W, 3], from the reset to the step before
+    the last, within which the env restarts), rewards [T] (a multi-agent env's team reward,
+    the sum over its agents) and, for a multi-agent env, JaxMARL's states [T + 1] (host
+    arrays) that its frames are drawn from; else None."""
 
     observations: np.ndarray
     rewards: np.ndarray
@@ -74,7 +78,8 @@ def write_video(policy: Policy, path: str | Path, *, episodes: int = 1, seed: in
         raise ValueError(f"episodes={episodes!r} must be an integer >= 1")
     path = Path(path)
     name, draw = renderer(policy)
-    writer = _writer(path, fps or (20 if name in CLASSIC_CONTROL else 10))
+    host = getattr(policy.env, "host_loop", False)
+    writer = _writer(path, fps or (20 if name in CLASSIC_CONTROL or host else 10))
     played = record_episodes(policy, episodes=episodes, seed=seed, deterministic=deterministic,
                              max_steps=max_steps)
     frames = _animate(played, draw, name, writer, path)
@@ -108,6 +113,8 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
         raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1 (or None for the "
                          "env's time limit)")
     bound = max_steps if max_steps is not None else policy.algorithm.eval_bound()
+    if getattr(policy.env, "host_loop", False):
+        return _record_host_episodes(policy, episodes, seed, deterministic, bound)
     params, agents = policy.spec.eval_params, policy.agents  # as evaluation plays it
     reset, step = policy.jitted_env
     key = jax.random.PRNGKey(seed)
@@ -134,6 +141,50 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
     return out
 
 
+def _record_host_episodes(policy: Policy, episodes: int, seed: int, deterministic: bool,
+                          bound: int) -> list[Episode]:
+    """`record_episodes` for an env that steps in Python (gymnasium, envpool): one env made
+    with render_mode='rgb_array' plays each episode as evaluation does (Atari: a whole game,
+    its game score), episode i the one `policy.evaluate(episodes=1, seed=seed + i)` plays;
+    its pictures are the frames."""
+    from jaxppo.run.hostloop import play_episodes
+
+    envs = policy.env.make_vec(1, render=True)
+    out = []
+    try:
+        for i in range(episodes):
+            k_play = jax.random.PRNGKey(seed + i)
+            pictures, rewards = [], []
+
+            def watch(reward, going):
+                if reward is not None:
+                    rewards.append(reward)
+                if going:
+                    pictures.append(_picture(envs, policy.config.env))
+
+            play_episodes(policy.algorithm, policy.params, policy.obs_stats, k_play, envs,
+                          bound, deterministic, watch)
+            out.append(Episode(np.stack(pictures), np.asarray(rewards, np.float32)))
+    finally:
+        envs.close()
+    return out
+
+
+def _picture(envs, env_name: str) -> np.ndarray:
+    """Env 0's picture [H, W, 3] (VideoError when the env cannot render, e.g. gymnasium's
+    classic control without pygame)."""
+    try:
+        picture = np.asarray(envs.render()[0])
+    except Exception as e:  # noqa: BLE001 - the env's own renderer failed: say which and why
+        raise VideoError(f"no video for {env_name}: the env cannot render a picture "
+                         f"(render_mode='rgb_array': {type(e).__name__}: {str(e)[:200]})") from None
+    if picture.ndim != 3 or picture.shape[-1] not in (3, 4):
+        raise VideoError(f"no video for {env_name}: with render_mode='rgb_array' its render() "
+                         f"gave {picture.shape if picture.ndim else picture.item()!r}, not a "
+                         "picture [H, W, 3]")
+    return picture
+
+
 def _marl_state(state):
     """JaxMARL's state inside a multi-agent env's state (under its transforms' states)."""
     while not hasattr(state, "marl_state"):
@@ -150,15 +201,22 @@ def renderer(policy: Policy) -> tuple[str, Callable]:
       (env name, setup(ax) -> update(obs)).
 
     Raises:
-      VideoError: an env jaxppo does not draw (only classic control, MinAtar, and JaxMARL's
-        MPE and Overcooked).
+      VideoError: an env jaxppo does not draw (only classic control, MinAtar, JaxMARL's MPE
+        and Overcooked, and the envs that step in Python, which draw themselves).
     """
     if policy.agents:
         return _multi_agent_renderer(policy)
-    if getattr(policy.env, "host_loop", False):
-        raise VideoError(
-            f"no video for {policy.config.env}: it steps in Python (gymnasium), and jaxppo's "
-            "videos play gymnax envs; gymnasium renders its own envs (render_mode='rgb_array')")
+    if getattr(policy.env, "host_loop", False):  # the env's own pictures
+        def show(ax):
+            shown = []
+
+            def update(picture):
+                if shown:
+                    shown[0].set_data(picture)
+                else:
+                    shown.append(ax.imshow(picture))
+            return update
+        return policy.config.env_name, show
     base = policy.env
     while hasattr(base, "_env"):  # jaxppo's observation/action wrappers (transforms)
         base = base._env
@@ -179,7 +237,8 @@ def renderer(policy: Policy) -> tuple[str, Callable]:
     raise VideoError(
         f"no video for {policy.config.env_name}: jaxppo draws gymnax's classic-control envs "
         f"({', '.join(CLASSIC_CONTROL)}), the MinAtar envs (*-MinAtar) and, of the "
-        f"multi-agent envs, {MULTI_AGENT}. `jaxppo eval` without --video evaluates any env")
+        f"multi-agent envs, {MULTI_AGENT}; gymnasium and envpool envs draw themselves. "
+        "`jaxppo eval` without --video evaluates any env")
 
 
 def _multi_agent_renderer(policy: Policy) -> tuple[str, Callable]:
@@ -369,7 +428,7 @@ def _animate(played: list[Episode], setup: Callable, name: str, writer, path: Pa
     import matplotlib.pyplot as plt
     from matplotlib import animation
 
-    frames = [(e, t) for e in range(len(played)) for t in range(len(played[e].observations))]
+    frames = [(e, t) for e in range(len(played)) for t in range(len(played[e].frames))]
     fig, ax = plt.subplots(figsize=(4, 3.4), dpi=80, layout="constrained")
     ax.set_xticks([])
     ax.set_yticks([])
