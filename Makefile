@@ -9,6 +9,8 @@ CONSTRAINTS := constraints.txt
 # and every other target).
 BASE_STAMP := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed-dev
+# The env suites' extras (an ENV of "<suite>:<name>" needs its suite's).
+SUITE_EXTRAS := brax jumanji craftax xminigrid jaxmarl gymnasium envpool
 ENV    ?= CartPole-v1
 ARGS   ?=
 HOSTS  ?= 2
@@ -26,6 +28,7 @@ PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dis
 
 help:
 	@echo "make train ENV=CartPole-v1 [ARGS='--set lr=3e-4 --seeds 4']  train, write RUNS_DIR/<env>-<time>/ (RUNS_DIR=runs)"
+	@echo "  ENV=<suite>:<name> (envpool:Breakout-v5, jaxmarl:..., brax:...) installs that suite's extra first"
 	@echo "make train RESUME=runs/<dir> [ARGS='--set total_timesteps=2e6']  continue that run (its env and config)"
 	@echo "make test [PYTEST_WORKERS=0] [PYTEST_ARGS=...]             the whole test suite (CPU), files in parallel over the cores"
 	@echo "make bench [BENCH_ARGS=--only-side-by-side]                side by side with PureJaxRL + own benchmarks -> experiments/results/bench-<date>.json"
@@ -68,7 +71,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(call install,-e ".[dev]")
 	$(BIN)/python -m compileall -q jaxppo
-	@touch $(STAMP) $(BASE_STAMP)
+	@touch $(STAMP) $(BASE_STAMP) $(SUITE_EXTRAS:%=$(VENV)/.installed-%)
 
 install: $(STAMP)
 
@@ -80,7 +83,16 @@ RESUME_DIR = $(or $(call arg_value,--resume),$(RESUME))
 # command line together with a resume is passed on, and refused by the CLI as a clash.
 ENV_ARG = $(if $(and $(RESUME_DIR),$(filter-out command line,$(origin ENV))),,--env $(ENV))
 
-train: $(BASE_STAMP)
+# The suite of an ENV named "<suite>:<name>" (envpool:Breakout-v5 -> envpool) is a pip extra:
+# `make train` installs it beside the package, once (the stamp .venv/.installed-<suite>; the
+# dev extras hold every suite).
+ENV_EXTRA = $(if $(findstring :,$(ENV)),$(filter $(SUITE_EXTRAS),$(firstword $(subst :, ,$(ENV)))))
+
+$(VENV)/.installed-%: pyproject.toml $(CONSTRAINTS) | $(BASE_STAMP)
+	$(call install,-e ".[$*]")
+	@touch $@
+
+train: $(BASE_STAMP) $(if $(ENV_EXTRA),$(VENV)/.installed-$(ENV_EXTRA))
 	$(BIN)/python -m jaxppo train $(ENV_ARG) $(if $(RESUME),--resume $(RESUME)) \
 		--runs-dir $(RUNS_DIR) $(ARGS)
 

@@ -126,6 +126,27 @@ def test_train_installs_the_package_without_extras_and_test_adds_dev(tmp_path):
     assert touched and ".installed-base" in touched[-1], test_run
 
 
+@needs_make
+def test_train_on_a_suite_installs_its_extra_once(tmp_path):
+    """`make train ENV=envpool:Breakout-v5` adds the envpool extra to the package; an env of
+    one's own (module:Class) or of gymnax needs none; a venv with the dev extras has them all."""
+    venv = tmp_path / "venv"
+    installs = _installs(_make_dry_run("train", venv, None, "ENV=envpool:Breakout-v5"))
+    assert [ln.split("||")[0].split("constraints.txt ")[-1].strip() for ln in installs] == [
+        "-e .; }", '-e ".[envpool]"; }'], installs
+    assert len(_installs(_make_dry_run("train", venv, None, "ENV=my_envs:Corridor"))) == 1
+    assert len(_installs(_make_dry_run("train", venv, None, "ENV=jaxmarl:smax:3m"))) == 2
+    venv.mkdir()
+    (venv / ".installed-base").touch()
+    (venv / ".installed-envpool").touch()
+    assert not _installs(_make_dry_run("train", venv, None, "ENV=envpool:Pong-v5"))
+    (line,) = _installs(_make_dry_run("train", venv, None, "ENV=brax:ant"))
+    assert '-e ".[brax]"' in line
+    touched = [ln for ln in _make_dry_run("test", venv) if ln.startswith("touch ")]
+    assert all(f"{venv}/.installed-{suite}" in touched[-1] for suite in (
+        "brax", "jumanji", "craftax", "xminigrid", "jaxmarl", "gymnasium", "envpool")), touched
+
+
 def _fake_venv(venv: Path, uv_fails: bool) -> Path:
     """A venv whose python and uv only log their arguments (to venv/log): pip's install of
     uv writes the uv, which fails when `uv_fails`."""
