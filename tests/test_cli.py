@@ -211,17 +211,22 @@ def test_top_level_help_lists_commands():
         assert cmd in proc.stdout
 
 
-def test_envs_lists_registered_names_spaces_and_tuned_configs():
-    proc = run_cli("envs", timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    gymnax, suites, tuned = proc.stdout.split("\n\n")
+def _cli_out(capsys, *argv) -> str:
+    from jaxppo import cli
+
+    assert cli.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_envs_lists_registered_names_spaces_and_tuned_configs(capsys):
+    gymnax, suites, tuned = _cli_out(capsys, "envs").strip().split("\n\n")
     rows = {line.split()[0]: line.split()[1:] for line in gymnax.splitlines()[1:]}
     assert rows["CartPole-v1"] == ["Box(4)", "Discrete(2)", "yes"]
     assert rows["Pendulum-v1"] == ["Box(3)", "Box(1)", "yes"]
     assert rows["Breakout-MinAtar"] == ["Box(10x10x4)", "Discrete(3)", "yes"]
     assert rows["UmbrellaChain-bsuite"] == ["Box(3)", "Discrete(2)"]  # no tuned config
     assert "downloads MNIST" in " ".join(rows["MNISTBandit-bsuite"])  # listed, never built
-    names = run_cli("envs", "--names", timeout=120).stdout.split()
+    names = _cli_out(capsys, "envs", "--names").split()
     assert names[0] == "CartPole-v1" and "Pendulum-v1" in names and len(names) == len(rows)
     # the other suites, each as an env names it, installed here (the dev extras)
     listed = {line.split()[0]: line for line in suites.splitlines()[2:]}
@@ -233,9 +238,8 @@ def test_envs_lists_registered_names_spaces_and_tuned_configs():
         "Tuned configs of other suites: envpool:Breakout-v5, envpool:Pong-v5, "
         "jaxmarl:MPE_simple_spread_v3, jaxmarl:overcooked:cramped_room, jaxmarl:smax:2s3z, "
         "jaxmarl:smax:3m")
-    proc = run_cli("envs", "--suite", "gymnasium", timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[1:]}
+    rows = {line.split()[0]: line.split()[1:]
+            for line in _cli_out(capsys, "envs", "--suite", "gymnasium").splitlines()[1:]}
     assert rows["gymnasium:CartPole-v1"] == ["gymnax's", "CartPole-v1"] and rows["gymnasium:Pendulum-v1"] == []
 
 
