@@ -1,6 +1,6 @@
 """Videos of a trained policy's episodes (`jaxppo eval RUN_DIR --video out.gif`): played on
 the host with the jitted policy and drawn with matplotlib, for gymnax's classic-control envs
-and MinAtar (from the observations), JaxMARL's MPE and Overcooked (from the env's state,
+and MinAtar (from the observations), JaxMARL's MPE, SMAX and Overcooked (from the env's state,
 every agent acting with the joint policy), and the envs that step in Python, gymnasium's and
 envpool's (the pictures the env renders itself, render_mode='rgb_array'). A .gif needs
 nothing more; an .mp4 needs ffmpeg (on the PATH or from imageio-ffmpeg,
@@ -24,7 +24,8 @@ VIDEO_INSTALL = "pip install 'jaxppo[video]'"
 CLASSIC_CONTROL = ("Acrobot-v1", "CartPole-v1", "MountainCar-v0", "MountainCarContinuous-v0",
                    "Pendulum-v1")
 FORMATS = (".gif", ".mp4")
-MULTI_AGENT = "JaxMARL's MPE envs (jaxmarl:MPE_*) and Overcooked (jaxmarl:overcooked:<layout>)"
+MULTI_AGENT = ("JaxMARL's MPE envs (jaxmarl:MPE_*), SMAX (jaxmarl:smax:<map>) and Overcooked "
+               "(jaxmarl:overcooked:<layout>)")
 ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # an MPE speaker's message, as JaxMARL shows it
 OVERCOOKED_TILE = 32  # pixels per grid cell
 
@@ -201,7 +202,7 @@ def renderer(policy: Policy) -> tuple[str, Callable]:
       (env name, setup(ax) -> update(obs)).
 
     Raises:
-      VideoError: an env jaxppo does not draw (only classic control, MinAtar, JaxMARL's MPE
+      VideoError: an env jaxppo does not draw (only classic control, MinAtar, JaxMARL's MPE, SMAX
         and Overcooked, and the envs that step in Python, which draw themselves).
     """
     if policy.agents:
@@ -250,6 +251,8 @@ def _multi_agent_renderer(policy: Policy) -> tuple[str, Callable]:
         return policy.config.env_name, lambda ax: _mpe(ax, marl)
     if module.startswith("jaxmarl.environments.overcooked."):
         return policy.config.env_name, lambda ax: _overcooked(ax, marl)
+    if module.startswith("jaxmarl.environments.smax."):
+        return policy.config.env_name, lambda ax: _smax(ax, getattr(marl, "_env", marl))
     raise VideoError(
         f"no video for {policy.config.env}: of the multi-agent envs jaxppo draws {MULTI_AGENT}. "
         "`jaxppo eval` without --video evaluates any env")
@@ -387,6 +390,39 @@ def _overcooked(ax, marl):
             image = ax.imshow(rgb(state), interpolation="none")
         else:
             image.set_data(rgb(state))
+    return update
+
+
+def _smax(ax, smax):
+    """A SMAX state (each env step's, not the world steps within it) in the colours of
+    JaxMARL's SMAX renderer: each unit alive a circle of its type's radius at its position,
+    allies blue and enemies green, its type's shorthand in it and fading as it loses health,
+    and a grey line from each unit that attacked in the step to the unit it attacked."""
+    from matplotlib.patches import Circle
+
+    ax.set(xlim=(0, smax.map_width), ylim=(0, smax.map_height))
+    allies, n = smax.num_allies, smax.num_agents
+    radii, full = np.asarray(smax.unit_type_radiuses), np.asarray(smax.unit_type_health)
+    circles = [ax.add_patch(Circle((0.0, 0.0), 1.0, color="blue" if i < allies else "green"))
+               for i in range(n)]
+    labels = [ax.text(0.0, 0.0, "", fontsize=6, color="white", ha="center", va="center")
+              for _ in range(n)]
+    shots = [ax.plot([], [], color="grey", lw=0.8)[0] for _ in range(n)]
+
+    def update(state):
+        state = state if hasattr(state, "unit_positions") else state.state
+        pos, alive = np.asarray(state.unit_positions), np.asarray(state.unit_alive)
+        kind, health = np.asarray(state.unit_types), np.asarray(state.unit_health)
+        attacked = np.asarray(state.prev_attack_actions) - smax.num_movement_actions
+        for i in range(n):
+            circles[i].set(visible=bool(alive[i]), center=pos[i], radius=radii[kind[i]],
+                           alpha=0.35 + 0.65 * float(np.clip(health[i] / full[kind[i]], 0, 1)))
+            labels[i].set(position=pos[i], text=smax.unit_type_shorthands[kind[i]] if alive[i] else "")
+            # JaxMARL's attack actions: an ally's a-th enemy, an enemy's a-th ally from the last
+            target = allies + attacked[i] if i < allies else allies - 1 - attacked[i]
+            hit = alive[i] and attacked[i] >= 0 and 0 <= target < n
+            shots[i].set_data(*([pos[i][0], pos[target][0]], [pos[i][1], pos[target][1]])
+                              if hit else ([], []))
     return update
 
 

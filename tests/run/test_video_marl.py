@@ -1,7 +1,7 @@
 """Videos of multi-agent runs: `jaxppo eval RUN_DIR --video` on an MPE run folder, one frame
 per JaxMARL state (the reset's, then each step's before any reset), every agent acting with
 the joint policy, checked against JaxMARL's own step_env replayed with the same keys and
-actions; write_video on an Overcooked run folder; a clear error for SMAX. The run folders
+actions; write_video on an Overcooked run folder and a SMAX battle; a clear error for Hanabi. The run folders
 hold a config and untrained params (what load_policy reads), so nothing trains. Skips
 without jaxmarl."""
 
@@ -91,13 +91,8 @@ def test_write_video_of_an_overcooked_run(tmp_path):
     where JaxMARL's state (grid, agents' directions, what they hold) changes, and it does."""
     run = _run_folder(tmp_path / "overcooked", jaxppo.PPOConfig(
         env="jaxmarl:overcooked:cramped_room", **TINY))
-    policy = jaxppo.load_policy(run)
     steps = 6
-    out = write_video(policy, tmp_path / "kitchen.gif", max_steps=steps, deterministic=False,
-                      seed=1)
-    frames = _frames(tmp_path / "kitchen.gif")
-    assert out["frames"] == len(frames) == steps + 1 and out["lengths"] == [steps]
-    states = record_episodes(policy, max_steps=steps, deterministic=False, seed=1)[0].states
+    frames, states = _sampled_video(jaxppo.load_policy(run), tmp_path / "kitchen.gif", steps, 1)
     drawn = lambda s: (s.maze_map, s.agent_dir_idx, s.agent_inv)  # noqa: E731
     changed = [any(np.any(np.asarray(a) != np.asarray(b))
                    for a, b in zip(drawn(states[t]), drawn(states[t + 1])))
@@ -106,10 +101,35 @@ def test_write_video_of_an_overcooked_run(tmp_path):
     assert [bool(np.any(frames[t] != frames[t + 1])) for t in range(steps)] == changed
 
 
+def _sampled_video(policy, path, steps: int, seed: int):
+    """(the frames, the recorded states) of one sampled episode of `steps` steps, written to
+    `path`: one frame per state."""
+    out = write_video(policy, path, max_steps=steps, deterministic=False, seed=seed)
+    frames = _frames(path)
+    assert out["frames"] == len(frames) == steps + 1 and out["lengths"] == [steps]
+    states = record_episodes(policy, max_steps=steps, deterministic=False, seed=seed)[0].states
+    return frames, states
+
+
+def _untrained(env: str) -> Policy:
+    algo = Algorithm.create(jaxppo.resolve(jaxppo.PPOConfig(env=env, **TINY)))
+    return Policy(algo, algo.init_params(jax.random.PRNGKey(0)),
+                  RunningStats.create((algo.spec.obs_dim,)))
+
+
+def test_write_video_of_a_smax_battle(tmp_path):
+    """SMAX 3m against JaxMARL's heuristic enemy: one frame per env step's state; a frame
+    changes where the units' positions, health or attacks change, and the battle moves."""
+    steps = 5
+    frames, states = _sampled_video(_untrained("jaxmarl:smax:3m"), tmp_path / "smax.gif", steps, 2)
+    assert all(hasattr(s, "unit_positions") or hasattr(s.state, "unit_positions") for s in states)
+    assert sum(bool(np.any(frames[t] != frames[t + 1])) for t in range(steps)) >= steps - 1
+    blue = (frames[0][..., 2] > 150) & (frames[0][..., 0] < 100) & (frames[0][..., 1] < 100)
+    assert blue.any()  # the allies, drawn in JaxMARL's blue
+
+
 def test_a_multi_agent_env_without_drawing_is_a_clear_error(tmp_path):
-    algo = Algorithm.create(jaxppo.resolve(jaxppo.PPOConfig(env="jaxmarl:smax:3m", **TINY)))
-    policy = Policy(algo, algo.init_params(jax.random.PRNGKey(0)),
-                    RunningStats.create((algo.spec.obs_dim,)))
-    with pytest.raises(jaxppo.VideoError, match=r"no video for jaxmarl:smax:3m.*MPE.*Overcooked"):
-        write_video(policy, tmp_path / "smax.gif")
-    assert not (tmp_path / "smax.gif").exists()
+    policy = _untrained("jaxmarl:hanabi")
+    with pytest.raises(jaxppo.VideoError, match=r"no video for jaxmarl:hanabi.*MPE.*SMAX.*Overcooked"):
+        write_video(policy, tmp_path / "hanabi.gif")
+    assert not (tmp_path / "hanabi.gif").exists()
