@@ -35,7 +35,8 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="jaxppo",
         description="PPO with JAX: an env written in JAX (gymnax, Brax, Jumanji, Craftax, "
                     "xminigrid, JaxMARL) trains as one XLA program per device; gymnasium "
-                    "and envpool envs step on the host (synchronously, or actor and learner overlapping).",
+                    "and envpool envs step on the host (synchronously, or actor and learner "
+                    "overlapping).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_training_commands(sub)

@@ -6,8 +6,9 @@ gymnasium vector env does (jaxppo.run.hostloop), with gymnax's contract kept.
   ignored); `EnvpoolVectorEnv` takes that step at once, for the ended envs only, so the step
   that ends an episode returns the next episode's first observation and `info["final_obs"]`
   the true last one: gymnasium's SAME_STEP mode, every transition a real one.
-* Atari (the tasks with every option of `ATARI_DEFAULTS`; ViZDoom's have only some) takes CleanRL's `ppo_atari_envpool.py`
-  preprocessing (`ATARI_DEFAULTS`), each option overridable through env_kwargs. Learning sees
+* Atari (the tasks with every option of `ATARI_DEFAULTS`; ViZDoom's have only some) takes
+  CleanRL's `ppo_atari_envpool.py` preprocessing (`ATARI_DEFAULTS`), each option overridable
+  through env_kwargs. Learning sees
   clipped rewards and a termination at every life lost; `info["episode_reward"]` (envpool's
   unclipped reward) and `info["episode_end"]` (all lives lost, or the time limit) make the
   reported return the game score of whole games.

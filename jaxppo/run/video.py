@@ -417,7 +417,8 @@ def _smax(ax, smax):
         for i in range(n):
             circles[i].set(visible=bool(alive[i]), center=pos[i], radius=radii[kind[i]],
                            alpha=0.35 + 0.65 * float(np.clip(health[i] / full[kind[i]], 0, 1)))
-            labels[i].set(position=pos[i], text=smax.unit_type_shorthands[kind[i]] if alive[i] else "")
+            shorthand = smax.unit_type_shorthands[kind[i]] if alive[i] else ""
+            labels[i].set(position=pos[i], text=shorthand)
             # JaxMARL's attack actions: an ally's a-th enemy, an enemy's a-th ally from the last
             target = allies + attacked[i] if i < allies else allies - 1 - attacked[i]
             hit = alive[i] and attacked[i] >= 0 and 0 <= target < n

@@ -286,11 +286,13 @@ def test_every_atari_game_starts_from_the_atari_config_and_vizdoom_is_not_atari(
     parser = argparse.ArgumentParser()
     command.add_config_flags(parser)
     config, source = command.new_config(parser.parse_args(["--env", "envpool:Seaquest-v5"]))
-    assert config == jaxppo.PPOConfig.tuned("envpool:Breakout-v5").replace(env="envpool:Seaquest-v5")
+    atari = jaxppo.PPOConfig.tuned("envpool:Breakout-v5")
+    assert config == atari.replace(env="envpool:Seaquest-v5")
     assert source == ("defaults < tuned envpool:Breakout-v5 (CleanRL's Atari settings, the same "
                       "for every game)")
     with pytest.raises(ConfigError, match=r"for an Atari game, CleanRL's settings for every game: "
-                       r"PPOConfig.tuned\('envpool:Breakout-v5'\).replace\(env='envpool:Seaquest-v5'\)"):
+                       r"PPOConfig.tuned\('envpool:Breakout-v5'\)"
+                       r".replace\(env='envpool:Seaquest-v5'\)"):
         jaxppo.PPOConfig.tuned("envpool:Seaquest-v5")
 
     spec = make_env(jaxppo.PPOConfig(env="envpool:Basic-v1"))  # built, without Atari's options

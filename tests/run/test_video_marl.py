@@ -1,9 +1,9 @@
 """Videos of multi-agent runs: `jaxppo eval RUN_DIR --video` on an MPE run folder, one frame
 per JaxMARL state (the reset's, then each step's before any reset), every agent acting with
 the joint policy, checked against JaxMARL's own step_env replayed with the same keys and
-actions; write_video on an Overcooked run folder and a SMAX battle; a clear error for Hanabi. The run folders
-hold a config and untrained params (what load_policy reads), so nothing trains. Skips
-without jaxmarl."""
+actions; write_video on an Overcooked run folder and a SMAX battle; a clear error for Hanabi.
+The run folders hold a config and untrained params (what load_policy reads), so nothing
+trains. Skips without jaxmarl."""
 
 from __future__ import annotations
 
@@ -130,6 +130,7 @@ def test_write_video_of_a_smax_battle(tmp_path):
 
 def test_a_multi_agent_env_without_drawing_is_a_clear_error(tmp_path):
     policy = _untrained("jaxmarl:hanabi")
-    with pytest.raises(jaxppo.VideoError, match=r"no video for jaxmarl:hanabi.*MPE.*SMAX.*Overcooked"):
+    with pytest.raises(jaxppo.VideoError,
+                       match=r"no video for jaxmarl:hanabi.*MPE.*SMAX.*Overcooked"):
         write_video(policy, tmp_path / "hanabi.gif")
     assert not (tmp_path / "hanabi.gif").exists()
