@@ -84,6 +84,15 @@ def tuned_envs() -> list[str]:
             for name in tuned_env_names()]
 
 
+# Envs named by these prefixes share one tuned config for the whole family, which
+# `PPOConfig.tuned`'s error points to (a new run from the CLI starts from it:
+# jaxppo.envs.catalog.tuned_start): (prefix, the family, its settings, the config's env).
+_TUNED_FAMILIES = (
+    ("envpool:", ("an Atari game", "CleanRL's settings for every game", "envpool:Breakout-v5")),
+    ("jaxmarl:smax:", ("a SMAX map", "JaxMARL's IPPO settings for every map", "jaxmarl:smax:3m")),
+)
+
+
 def tuned_config_for(env: str) -> tuple[Path, str] | None:
     """(the tuned config a new run of `env` starts from, the env it was tuned on), or None.
 
@@ -461,13 +470,14 @@ class PPOConfig:
         path = tuned_config_path(env) if isinstance(env, str) else None
         if path is None:
             names = tuned_env_names()
-            atari = (f"; for an Atari game, CleanRL's settings for every game: PPOConfig.tuned("
-                     f"'envpool:Breakout-v5').replace(env={env!r})"
-                     if isinstance(env, str) and env.startswith("envpool:") else "")
+            family = next((f for prefix, f in _TUNED_FAMILIES if isinstance(env, str)
+                           and env.startswith(prefix)), None)
+            hint = (f"; for {family[0]}, {family[1]}: PPOConfig.tuned({family[2]!r})"
+                     f".replace(env={env!r})" if family else "")
             raise ConfigError(
                 f"no tuned config for env={env!r}{did_you_mean(str(env), names)}; tuned "
                 f"configs exist for {', '.join(names)}. For another env start from "
-                f"PPOConfig(env={env!r}, ...){atari}")
+                f"PPOConfig(env={env!r}, ...){hint}")
         return cls.from_dict(overrides, cls.from_file(path))
 
     def with_overrides(self, pairs: Sequence[str]) -> "PPOConfig":

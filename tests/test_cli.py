@@ -249,10 +249,12 @@ def test_envs_of_one_suite_and_of_a_suite_not_installed(monkeypatch):
 
     from jaxppo.envs import catalog
 
-    rows = {line.split()[0]: line.split()[1:]
-            for line in catalog.suite_table("jaxmarl").splitlines()}
+    table, note = catalog.suite_table("jaxmarl").split("\n\n")
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()}
+    assert note.startswith("Every other SMAX map starts from jaxmarl:smax:3m's tuned config")
     assert rows["jaxmarl:MPE_simple_spread_v3"] == ["yes"] and rows["jaxmarl:smax:2s3z"] == ["yes"]
-    assert rows["jaxmarl:smax:5m_vs_6m"] == [] and "jaxmarl:overcooked:cramped_room" in rows
+    assert rows["jaxmarl:smax:5m_vs_6m"] == ["jaxmarl:smax:3m's"]  # every SMAX map: 3m's
+    assert rows["jaxmarl:MPE_simple_tag_v3"] == [] and "jaxmarl:overcooked:cramped_room" in rows
     names = catalog.suite_table("envpool", names_only=True).splitlines()
     assert "envpool:Breakout-v5" in names and all(n.startswith("envpool:") for n in names)
     listing = catalog.suite_table("envpool")

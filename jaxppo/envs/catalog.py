@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
 
 from jaxppo.envs.adapter import SUITES
 from jaxppo.errors import ConfigError
@@ -61,18 +62,35 @@ SUITE_CATALOG = (
 SUITES_BY_PREFIX = {s.prefix: s for s in SUITE_CATALOG}
 
 
-def tuned_start(env: str) -> tuple[Path, str] | None:
-    """(the tuned config a new run of `env` starts from, the env it was tuned on), or None:
-    `jaxppo.config.tuned_config_for`, and for an envpool Atari game without one of its own
-    the Atari config (`ATARI_TUNED_ENV`: CleanRL's settings, the same for every game)."""
+class TunedStart(NamedTuple):
+    path: Path  # the tuned config file
+    env: str  # the env it was tuned on
+    why: str  # "" when it is env's own, else why another env's config fits
+
+
+ATARI_WHY = "CleanRL's Atari settings, the same for every game"
+SMAX_WHY = "JaxMARL's IPPO settings for SMAX, the same for every map"
+
+
+def tuned_start(env: str) -> TunedStart | None:
+    """The tuned config a new run of `env` starts from, or None: its own or gymnax's of the
+    same env (`jaxppo.config.tuned_config_for`); else, for an envpool Atari game, the Atari
+    config (`ATARI_TUNED_ENV`), and for a SMAX map, 3m's (`SMAX_TUNED_ENV`)."""
     from jaxppo.config import tuned_config_for, tuned_config_path
-    from jaxppo.envs.envpool_suite import ATARI_TUNED_ENV, PREFIX, is_atari_task
+    from jaxppo.envs import envpool_suite, jaxmarl_suite
 
     found = tuned_config_for(env)
-    if (found is not None or not env.startswith(PREFIX)
-            or not SUITES_BY_PREFIX["envpool"].installed() or not is_atari_task(env[len(PREFIX):])):
-        return found
-    return tuned_config_path(ATARI_TUNED_ENV), ATARI_TUNED_ENV
+    if found is not None:
+        return TunedStart(*found, "" if found[1] == env else "gymnax's, the same env")
+    family = None
+    if env.startswith(envpool_suite.PREFIX) and SUITES_BY_PREFIX["envpool"].installed():
+        if envpool_suite.is_atari_task(env[len(envpool_suite.PREFIX):]):
+            family = envpool_suite.ATARI_TUNED_ENV, ATARI_WHY
+    elif (env.startswith(jaxmarl_suite.PREFIX + jaxmarl_suite.SMAX_PREFIX)
+          and SUITES_BY_PREFIX["jaxmarl"].installed()
+          and env[len(jaxmarl_suite.PREFIX):] in SUITES_BY_PREFIX["jaxmarl"].names()):
+        family = jaxmarl_suite.SMAX_TUNED_ENV, SMAX_WHY
+    return None if family is None else TunedStart(tuned_config_path(family[0]), *family)
 
 
 def prefixes_text() -> str:
@@ -149,16 +167,22 @@ def suite_table(prefix: str, names_only: bool = False) -> str:
     envs = [f"{prefix}:{name}" for name in suite.names()]
     if names_only:
         return "\n".join(envs)
+    from jaxppo.envs.envpool_suite import ATARI_TUNED_ENV
+    from jaxppo.envs.jaxmarl_suite import SMAX_PREFIX, SMAX_TUNED_ENV
+
     rows = [("env", "tuned config")]
     for env in envs:
         tuned = tuned_config_for(env)  # (not tuned_start: envpool describes an Atari game slowly)
+        if tuned is None and prefix == "jaxmarl" and env.startswith(f"jaxmarl:{SMAX_PREFIX}"):
+            rows.append((env, f"{SMAX_TUNED_ENV}'s"))
+            continue
         rows.append((env, "" if tuned is None else "yes" if tuned[1] == env
                      else f"gymnax's {tuned[1]}"))
-    if prefix != "envpool":
-        return _columns(rows)
-    from jaxppo.envs.envpool_suite import ATARI_TUNED_ENV
-    return (f"{_columns(rows)}\n\nEvery other Atari game starts from {ATARI_TUNED_ENV}'s tuned "
-            "config (CleanRL's settings, the same for every game).")
+    notes = {"envpool": f"Every other Atari game starts from {ATARI_TUNED_ENV}'s tuned config "
+                        f"({ATARI_WHY}).",
+             "jaxmarl": f"Every other SMAX map starts from {SMAX_TUNED_ENV}'s tuned config "
+                        f"({SMAX_WHY})."}
+    return _columns(rows) + (f"\n\n{notes[prefix]}" if prefix in notes else "")
 
 
 def _columns(rows: list[tuple[str, ...]]) -> str:

@@ -16,7 +16,6 @@ from jaxppo.config import PPOConfig
 from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
 from jaxppo.envs.catalog import tuned_start
-from jaxppo.envs.envpool_suite import ATARI_TUNED_ENV
 from jaxppo.envs.make import check_env_name, check_recorded_env, is_gymnax_name, refuse_imports
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.program.resolved import check_backend
@@ -111,11 +110,8 @@ def new_config(args) -> tuple[PPOConfig, str]:
     config, sources = PPOConfig(), ["defaults"]
     tuned = tuned_start(env) if isinstance(env, str) and not args.defaults else None
     if tuned is not None:
-        config = PPOConfig.from_file(tuned[0], config)
-        sources.append(f"tuned {tuned[1]}" if tuned[1] == env else
-                       f"tuned {tuned[1]} (CleanRL's Atari settings, the same for every game)"
-                       if tuned[1] == ATARI_TUNED_ENV else
-                       f"tuned {tuned[1]} (gymnax's, the same env)")
+        config = PPOConfig.from_file(tuned.path, config)
+        sources.append(f"tuned {tuned.env}" + (f" ({tuned.why})" if tuned.why else ""))
     if args.config:
         config = PPOConfig.from_dict(file_values, config)
         sources.append(args.config)

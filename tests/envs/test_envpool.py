@@ -277,10 +277,10 @@ def test_every_atari_game_starts_from_the_atari_config_and_vizdoom_is_not_atari(
     assert is_atari_task("Seaquest-v5") and is_atari_task("Pong-v5")
     assert not is_atari_task("Basic-v1") and not is_atari_task("CartPole-v1")
     assert not is_atari_task("Ant-v5") and not is_atari_task("NoSuchGame-v5")
-    path, tuned_on = tuned_start("envpool:Seaquest-v5")
-    assert path.stem == "Breakout-v5" and tuned_on == "envpool:Breakout-v5"
-    assert tuned_start("envpool:Pong-v5")[1] == "envpool:Pong-v5"  # its own
-    assert tuned_start("envpool:CartPole-v1")[1] == "CartPole-v1"  # gymnax's, the same env
+    start = tuned_start("envpool:Seaquest-v5")
+    assert (start.path.stem, start.env) == ("Breakout-v5", "envpool:Breakout-v5")
+    assert tuned_start("envpool:Pong-v5").env == "envpool:Pong-v5"  # its own
+    assert tuned_start("envpool:CartPole-v1").env == "CartPole-v1"  # gymnax's, the same env
     assert tuned_start("envpool:Basic-v1") is None and tuned_start("envpool:Ant-v5") is None
 
     parser = argparse.ArgumentParser()

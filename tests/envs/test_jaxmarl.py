@@ -194,6 +194,30 @@ def test_the_docs_command_trains_the_tuned_config(tmp_path):
     assert (tmp_path / "run" / "params.msgpack").is_file()
 
 
+def test_every_smax_map_starts_from_the_ippo_smax_config():
+    """A new run of a SMAX map without a config of its own starts from 3m's (JaxMARL's
+    ippo_rnn_smax settings, the same for every map); an unknown map or another JaxMARL env
+    from none; from Python the error says how."""
+    import argparse
+
+    from jaxppo.envs.catalog import tuned_start
+    from jaxppo.run import command
+
+    start = tuned_start("jaxmarl:smax:5m_vs_6m")
+    assert (start.path.stem, start.env) == ("smax_3m", "jaxmarl:smax:3m")
+    assert tuned_start("jaxmarl:smax:2s3z").env == "jaxmarl:smax:2s3z"  # its own
+    assert tuned_start("jaxmarl:smax:5m_vs_6n") is None and tuned_start("jaxmarl:MPE_simple_tag_v3") is None
+    parser = argparse.ArgumentParser()
+    command.add_config_flags(parser)
+    config, source = command.new_config(parser.parse_args(["--env", "jaxmarl:smax:5m_vs_6m"]))
+    assert config == jaxppo.PPOConfig.tuned("jaxmarl:smax:3m").replace(env="jaxmarl:smax:5m_vs_6m")
+    assert source == ("defaults < tuned jaxmarl:smax:3m (JaxMARL's IPPO settings for SMAX, the "
+                      "same for every map)")
+    with pytest.raises(ConfigError, match=r"for a SMAX map, JaxMARL's IPPO settings for every "
+                                          r"map: PPOConfig.tuned\('jaxmarl:smax:3m'\)"):
+        jaxppo.PPOConfig.tuned("jaxmarl:smax:5m_vs_6m")
+
+
 def test_evaluation_returns_the_team_return_of_jaxmarls_own_episodes():
     """The deterministic policy played through JaxMARL's own reset and step_env (the same
     keys), its rewards summed over agents and steps by hand, gives evaluate's returns."""
