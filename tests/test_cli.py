@@ -237,7 +237,8 @@ def test_envs_lists_registered_names_spaces_and_tuned_configs(capsys):
     assert " ".join(tuned.split()) == (
         "Tuned configs of other suites: envpool:Breakout-v5, envpool:Pong-v5, "
         "jaxmarl:MPE_simple_spread_v3, jaxmarl:overcooked:cramped_room, jaxmarl:smax:2s3z, "
-        "jaxmarl:smax:3m")
+        "jaxmarl:smax:3m (every other Atari game starts from Breakout-v5's, every other SMAX map "
+        "from 3m's)")
     rows = {line.split()[0]: line.split()[1:]
             for line in _cli_out(capsys, "envs", "--suite", "gymnasium").splitlines()[1:]}
     assert rows["gymnasium:CartPole-v1"] == ["gymnax's", "CartPole-v1"]

@@ -146,14 +146,16 @@ def suites_table() -> str:
     rows.append(("your own", "module:Class", "an env with the gymnax API (compiled), or an "
                  "env object as env=", ""))
     others = textwrap.fill("Tuned configs of other suites: " + ", ".join(
-        sorted(env for env in tuned_envs() if ":" in env)), width=100, break_on_hyphens=False)
+        sorted(env for env in tuned_envs() if ":" in env)) + " (every other Atari game starts "
+        "from Breakout-v5's, every other SMAX map from 3m's)", width=100, break_on_hyphens=False)
     return (f"Other suites, named <suite>:<name> (`jaxppo envs --suite SUITE` lists one's "
             f"names):\n{_columns(rows)}\n\n{others}")
 
 
 def suite_table(prefix: str, names_only: bool = False) -> str:
     """Every env name of one suite, with its prefix, and which tuned config a new run of it
-    starts from (its own, or gymnax's of the same env for gymnasium's and envpool's).
+    starts from (its own; gymnax's of the same env for gymnasium's and envpool's; 3m's for a
+    SMAX map), and for envpool and JaxMARL a last line on the Atari and SMAX families.
 
     Raises:
       ConfigError: the suite's package is not installed; the message names the install.
