@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, NamedTuple, Sequence, Union
 
 from jaxppo import config_fields as cf
 from jaxppo.config_fields import (MAX_TIMESTEPS, SHAPE, TUNABLE, check_seed,  # noqa: F401
@@ -84,12 +84,26 @@ def tuned_envs() -> list[str]:
             for name in tuned_env_names()]
 
 
-# Envs named by these prefixes share one tuned config for the whole family, which
-# `PPOConfig.tuned`'s error points to (a new run from the CLI starts from it:
-# jaxppo.envs.catalog.tuned_start): (prefix, the family, its settings, the config's env).
-_TUNED_FAMILIES = (
-    ("envpool:", ("an Atari game", "CleanRL's settings for every game", "envpool:Breakout-v5")),
-    ("jaxmarl:smax:", ("a SMAX map", "JaxMARL's IPPO settings for every map", "jaxmarl:smax:3m")),
+class TunedFamily(NamedTuple):
+    """Envs that share one tuned config: a new run of any of them (from the CLI:
+    jaxppo.envs.catalog.tuned_start says which envs under `prefix` belong) starts from `env`'s,
+    and `PPOConfig.tuned`'s error for one of them points to it."""
+
+    prefix: str  # the members' names start so
+    env: str  # the env whose tuned config they share
+    article: str
+    noun: str  # what one member is: "Atari game"
+    settings: str  # whose settings, for PPOConfig.tuned's error
+    why: str  # why they fit, for the config line and `jaxppo envs`
+
+
+TUNED_FAMILIES = (
+    TunedFamily("envpool:", "envpool:Breakout-v5", "an", "Atari game",
+                "CleanRL's settings for every game",
+                "CleanRL's Atari settings, the same for every game"),
+    TunedFamily("jaxmarl:smax:", "jaxmarl:smax:3m", "a", "SMAX map",
+                "JaxMARL's IPPO settings for every map",
+                "JaxMARL's IPPO settings for SMAX, the same for every map"),
 )
 
 
@@ -470,10 +484,10 @@ class PPOConfig:
         path = tuned_config_path(env) if isinstance(env, str) else None
         if path is None:
             names = tuned_env_names()
-            family = next((f for prefix, f in _TUNED_FAMILIES if isinstance(env, str)
-                           and env.startswith(prefix)), None)
-            hint = (f"; for {family[0]}, {family[1]}: PPOConfig.tuned({family[2]!r})"
-                     f".replace(env={env!r})" if family else "")
+            family = next((f for f in TUNED_FAMILIES if isinstance(env, str)
+                           and env.startswith(f.prefix)), None)
+            hint = (f"; for {family.article} {family.noun}, {family.settings}: PPOConfig.tuned("
+                    f"{family.env!r}).replace(env={env!r})" if family else "")
             raise ConfigError(
                 f"no tuned config for env={env!r}{did_you_mean(str(env), names)}; tuned "
                 f"configs exist for {', '.join(names)}. For another env start from "

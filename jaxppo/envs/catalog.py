@@ -68,29 +68,31 @@ class TunedStart(NamedTuple):
     why: str  # "" when it is env's own, else why another env's config fits
 
 
-ATARI_WHY = "CleanRL's Atari settings, the same for every game"
-SMAX_WHY = "JaxMARL's IPPO settings for SMAX, the same for every map"
-
-
 def tuned_start(env: str) -> TunedStart | None:
     """The tuned config a new run of `env` starts from, or None: its own or gymnax's of the
-    same env (`jaxppo.config.tuned_config_for`); else, for an envpool Atari game, the Atari
-    config (`ATARI_TUNED_ENV`), and for a SMAX map, 3m's (`SMAX_TUNED_ENV`)."""
-    from jaxppo.config import tuned_config_for, tuned_config_path
-    from jaxppo.envs import envpool_suite, jaxmarl_suite
+    same env (`jaxppo.config.tuned_config_for`); else its family's (`TUNED_FAMILIES`: an
+    envpool Atari game, Breakout-v5's; a SMAX map, 3m's)."""
+    from jaxppo.config import TUNED_FAMILIES, tuned_config_for, tuned_config_path
 
     found = tuned_config_for(env)
     if found is not None:
         return TunedStart(*found, "" if found[1] == env else "gymnax's, the same env")
-    family = None
-    if env.startswith(envpool_suite.PREFIX) and SUITES_BY_PREFIX["envpool"].installed():
-        if envpool_suite.is_atari_task(env[len(envpool_suite.PREFIX):]):
-            family = envpool_suite.ATARI_TUNED_ENV, ATARI_WHY
-    elif (env.startswith(jaxmarl_suite.PREFIX + jaxmarl_suite.SMAX_PREFIX)
-          and SUITES_BY_PREFIX["jaxmarl"].installed()
-          and env[len(jaxmarl_suite.PREFIX):] in SUITES_BY_PREFIX["jaxmarl"].names()):
-        family = jaxmarl_suite.SMAX_TUNED_ENV, SMAX_WHY
-    return None if family is None else TunedStart(tuned_config_path(family[0]), *family)
+    family = next((f for f in TUNED_FAMILIES if env.startswith(f.prefix)), None)
+    if family is None or not _in_family(family.prefix, env):
+        return None
+    return TunedStart(tuned_config_path(family.env), family.env, family.why)
+
+
+def _in_family(prefix: str, env: str) -> bool:
+    """Whether `env` (named with a family's prefix) belongs to it: an Atari game of envpool's,
+    a SMAX map of JaxMARL's (each suite installed)."""
+    suite, _, name = env.partition(":")
+    if not SUITES_BY_PREFIX[suite].installed():
+        return False
+    if suite == "envpool":
+        from jaxppo.envs.envpool_suite import is_atari_task
+        return is_atari_task(name)
+    return name in SUITES_BY_PREFIX[suite].names()
 
 
 def prefixes_text() -> str:
@@ -137,7 +139,7 @@ def _space(space) -> str:
 def suites_table() -> str:
     """The other suites: how each is named and trains, whether it is installed (else the
     install line), and the tuned configs that ship for them."""
-    from jaxppo.config import tuned_envs
+    from jaxppo.config import TUNED_FAMILIES, tuned_envs
 
     rows = [("suite", "env", "trains as", "installed")]
     for s in SUITE_CATALOG:
@@ -145,9 +147,12 @@ def suites_table() -> str:
                      "yes" if s.installed() else f"no: {s.install}"))
     rows.append(("your own", "module:Class", "an env with the gymnax API (compiled), or an "
                  "env object as env=", ""))
+    first, *rest = TUNED_FAMILIES
+    families = ", ".join([f"every other {first.noun} starts from {_short(first.env)}'s",
+                          *(f"every other {f.noun} from {_short(f.env)}'s" for f in rest)])
     others = textwrap.fill("Tuned configs of other suites: " + ", ".join(
-        sorted(env for env in tuned_envs() if ":" in env)) + " (every other Atari game starts "
-        "from Breakout-v5's, every other SMAX map from 3m's)", width=100, break_on_hyphens=False)
+        sorted(env for env in tuned_envs() if ":" in env)) + f" ({families})",
+        width=100, break_on_hyphens=False)
     return (f"Other suites, named <suite>:<name> (`jaxppo envs --suite SUITE` lists one's "
             f"names):\n{_columns(rows)}\n\n{others}")
 
@@ -160,7 +165,7 @@ def suite_table(prefix: str, names_only: bool = False) -> str:
     Raises:
       ConfigError: the suite's package is not installed; the message names the install.
     """
-    from jaxppo.config import tuned_config_for
+    from jaxppo.config import TUNED_FAMILIES, tuned_config_for
 
     suite = SUITES_BY_PREFIX[prefix]
     if not suite.installed():
@@ -169,22 +174,27 @@ def suite_table(prefix: str, names_only: bool = False) -> str:
     envs = [f"{prefix}:{name}" for name in suite.names()]
     if names_only:
         return "\n".join(envs)
-    from jaxppo.envs.envpool_suite import ATARI_TUNED_ENV
-    from jaxppo.envs.jaxmarl_suite import SMAX_PREFIX, SMAX_TUNED_ENV
-
+    family = next((f for f in TUNED_FAMILIES if f.prefix.startswith(f"{prefix}:")), None)
     rows = [("env", "tuned config")]
     for env in envs:
         tuned = tuned_config_for(env)  # (not tuned_start: envpool describes an Atari game slowly)
-        if tuned is None and prefix == "jaxmarl" and env.startswith(f"jaxmarl:{SMAX_PREFIX}"):
-            rows.append((env, f"{SMAX_TUNED_ENV}'s"))
+        # every SMAX name is a member; envpool's names are not all Atari, and envpool tells
+        # which are slowly: its family is the note below the table
+        if tuned is None and family is not None and prefix != "envpool" \
+                and env.startswith(family.prefix):
+            rows.append((env, f"{family.env}'s"))
             continue
         rows.append((env, "" if tuned is None else "yes" if tuned[1] == env
                      else f"gymnax's {tuned[1]}"))
-    notes = {"envpool": f"Every other Atari game starts from {ATARI_TUNED_ENV}'s tuned config "
-                        f"({ATARI_WHY}).",
-             "jaxmarl": f"Every other SMAX map starts from {SMAX_TUNED_ENV}'s tuned config "
-                        f"({SMAX_WHY})."}
-    return _columns(rows) + (f"\n\n{notes[prefix]}" if prefix in notes else "")
+    if family is None:
+        return _columns(rows)
+    return (f"{_columns(rows)}\n\nEvery other {family.noun} starts from {family.env}'s tuned "
+            f"config ({family.why}).")
+
+
+def _short(env: str) -> str:
+    """An env's name without its suite's prefix ("envpool:Breakout-v5" -> "Breakout-v5")."""
+    return env.rpartition(":")[2]
 
 
 def _columns(rows: list[tuple[str, ...]]) -> str:

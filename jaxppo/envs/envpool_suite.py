@@ -32,9 +32,6 @@ from jaxppo.errors import ConfigError
 
 PREFIX = "envpool:"
 INSTALL = "pip install 'jaxppo[envpool]'"
-# The tuned config a new run of any Atari game starts from: CleanRL's settings, which it uses
-# for every game (jaxppo/configs/Breakout-v5.yaml).
-ATARI_TUNED_ENV = "envpool:Breakout-v5"
 # CleanRL's ppo_atari_envpool.py (envpool's own defaults for the frame, pinned here, plus the
 # two options CleanRL turns on): 84x84 grey frames, 4 stacked, each step 4 emulator frames (max
 # of the last two), up to 30 no-ops at a reset, fire at a reset where the game needs it, no

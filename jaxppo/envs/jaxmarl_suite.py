@@ -27,9 +27,6 @@ from jaxppo.errors import ConfigError
 
 PREFIX = "jaxmarl:"
 SMAX_PREFIX = "smax:"  # "jaxmarl:smax:<map>": HeuristicEnemySMAX on that scenario
-# The tuned config a new run of any other SMAX map starts from: JaxMARL's ippo_rnn_smax
-# settings, which its baseline uses for every map (jaxppo/configs/smax_3m.yaml).
-SMAX_TUNED_ENV = "jaxmarl:smax:3m"
 OVERCOOKED_PREFIX = "overcooked:"  # "jaxmarl:overcooked:<layout>": Overcooked on that layout
 DEFAULT_EPISODE_LENGTH = 1000  # jaxppo's limit for an env without a `max_steps` of its own
 
