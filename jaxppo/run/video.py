@@ -79,7 +79,7 @@ def write_video(policy: Policy, path: str | Path, *, episodes: int = 1, seed: in
         raise ValueError(f"episodes={episodes!r} must be an integer >= 1")
     path = Path(path)
     name, draw = renderer(policy)
-    host = getattr(policy.env, "host_loop", False)
+    host = policy.spec.host_loop
     writer = _writer(path, fps or (20 if name in CLASSIC_CONTROL or host else 10))
     played = record_episodes(policy, episodes=episodes, seed=seed, deterministic=deterministic,
                              max_steps=max_steps)
@@ -114,7 +114,7 @@ def record_episodes(policy: Policy, *, episodes: int = 1, seed: int = 0,
         raise ValueError(f"max_steps={max_steps!r} must be an integer >= 1 (or None for the "
                          "env's time limit)")
     bound = max_steps if max_steps is not None else policy.algorithm.eval_bound()
-    if getattr(policy.env, "host_loop", False):
+    if policy.spec.host_loop:
         return _record_host_episodes(policy, episodes, seed, deterministic, bound)
     params, agents = policy.spec.eval_params, policy.agents  # as evaluation plays it
     reset, step = policy.jitted_env
@@ -207,7 +207,7 @@ def renderer(policy: Policy) -> tuple[str, Callable]:
     """
     if policy.agents:
         return _multi_agent_renderer(policy)
-    if getattr(policy.env, "host_loop", False):  # the env's own pictures
+    if policy.spec.host_loop:  # the env's own pictures
         def show(ax):
             shown = []
 
