@@ -106,6 +106,14 @@ def _optimisation(full: bool):
             _set_unoptimised(before)
 
 
+@pytest.fixture(scope="session")
+def fully_optimised():
+    """`with fully_optimised():` programs compiled within, in a fixture of a file that is not
+    marked `full_optimization`, compile as users' runs do: for the one fixture of a file
+    whose runs are compared to the last bit with another program's."""
+    return lambda: _optimisation(True)
+
+
 def _set_unoptimised(off: bool) -> None:
     """JAX's setting, and none of the programs this process compiled under the other one:
     JAX keeps compiled programs in memory by function and arguments, not by this setting, so

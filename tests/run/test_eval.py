@@ -25,9 +25,6 @@ from jaxppo.config import NetworkConfig, PPOConfig
 from jaxppo.core.evaluation import EVAL_KEY_TAG, run_episodes
 from jaxppo.core.running_stats import RunningStats
 
-# Training with and without evaluation, two programs, compared to the last bit (tests/conftest.py).
-pytestmark = pytest.mark.full_optimization
-
 
 # ---------------------------------------------------------------------- a tiny env
 @struct.dataclass
@@ -144,11 +141,14 @@ CFG = PPOConfig(
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, fully_optimised):
+    """Training with and without evaluation: two programs, compared to the last bit, so
+    compiled as users' runs are (tests/conftest.py)."""
     base = tmp_path_factory.mktemp("eval")
-    plain = jaxppo.train(CFG, progress=False)
-    evaluated = jaxppo.train(CFG.replace(eval_every=3, tensorboard=True), run_dir=base / "run",
-                             progress=False)
+    with fully_optimised():
+        plain = jaxppo.train(CFG, progress=False)
+        evaluated = jaxppo.train(CFG.replace(eval_every=3, tensorboard=True),
+                                 run_dir=base / "run", progress=False)
     return dict(base=base, run=base / "run", plain=plain, evaluated=evaluated)
 
 
