@@ -399,6 +399,7 @@ def hash_rows(x: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------- registry
 TRANSFORMS: dict[str, type] = {"frame_stack": FrameStack, "discretize_actions": DiscretizeActions,
                                "count_bonus": CountBonus}
+BUILTIN_TRANSFORMS: dict[str, type] = dict(TRANSFORMS)  # jaxppo's own, whatever is registered
 
 
 def register_transform(name: str, cls: type) -> None:

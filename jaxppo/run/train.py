@@ -28,6 +28,7 @@ from jaxppo.run import hostloop
 from jaxppo.run.actorlearner import ActorLearnerRunner
 from jaxppo.run.hostloop import HostLoopRunner
 from jaxppo.run.runner import ChunkRunner
+from jaxppo.program import recent
 from jaxppo.program.build import build_program, train_function
 from jaxppo.run.loop import chunk_length, finish_run, open_folder, train_loop
 from jaxppo.run.policy import check_key
@@ -255,7 +256,7 @@ def _local_runner(start: Start) -> Runner:
     if resolved.host_loop:
         host = ActorLearnerRunner if resolved.config.max_policy_lag else HostLoopRunner
         return host(resolved, hp, start.restored)
-    program = build_program(resolved, hp, chunk_length(resolved.config))
+    program = recent.program(resolved, hp, chunk_length(resolved.config))
     return ChunkRunner(program, hp, jax.random.PRNGKey(resolved.config.seed), start.restored)
 
 

@@ -1241,9 +1241,12 @@ def test_tunes_population_based_training_restores_jaxppo_checkpoints(
     """Tune's PBT scheduler clones the better trial's checkpoint into the worse one and
     perturbs its lr: the trial resumes that jaxppo run folder with the new lr.
 
-    45 iterations with a perturbation every 10: the last report (45) comes 5 after the last
-    perturbation, so no exploit can land on the final report, which would clone a finished
-    run and leave no iteration to train with the new lr (which trial reports first is a race)."""
+    Synchronous PBT (`synch=True`): at every 10th iteration the scheduler waits for both
+    trials, so an exploit happens however fast either trial runs (asynchronous PBT skips it
+    when one trial has already finished, which a race between the trials decided). 45
+    iterations: the last report comes 5 after the last perturbation, so no exploit can land on
+    the final report, which would clone a finished run and leave no iteration to train with
+    the new lr."""
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
@@ -1253,7 +1256,7 @@ def test_tunes_population_based_training_restores_jaxppo_checkpoints(
                 lr_schedule="constant")
     pbt = PopulationBasedTraining(time_attr="iteration", perturbation_interval=10,
                                   hyperparam_mutations={"lr": tune.loguniform(1e-5, 1e-2)},
-                                  quantile_fraction=0.5)
+                                  quantile_fraction=0.5, synch=True)
     tuner = tune.Tuner(
         jaxppo.tune.trainable(base, checkpoint_every=10),
         param_space={"lr": tune.grid_search([1e-5, 3e-3])},
