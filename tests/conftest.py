@@ -125,6 +125,18 @@ def _set_unoptimised(off: bool) -> None:
 
 
 @pytest.fixture(scope="module", autouse=True)
+def programs_of_this_file_only():
+    """jaxppo.train reuses the program of an earlier run of the same config in the process
+    (jaxppo.program.recent): within a file, not from files that ran before it on the same
+    worker, so a file's tests see the same programs whatever ran before them."""
+    from jaxppo.program import recent
+
+    recent.forget()
+    yield
+    recent.forget()
+
+
+@pytest.fixture(scope="module", autouse=True)
 def xla_optimization(request):
     """XLA's backend optimisation for this file's programs (see FULL_OPTIMIZATION_EVERYWHERE)."""
     with _optimisation(FULL_OPTIMIZATION_EVERYWHERE
