@@ -62,6 +62,23 @@ SUITE_CATALOG = (
 SUITES_BY_PREFIX = {s.prefix: s for s in SUITE_CATALOG}
 
 
+def lacks_env(env) -> bool:
+    """True when `env` is "<suite>:<name>" and the suite is not installed or does not list
+    the name: building it would fail (a typo), and the CLI builds it before naming a run
+    folder, to tell the suite's own error first. False for names a suite lists, gymnax names,
+    a user's "module:Class" and a gymnasium env of a user's module (only building it tells)."""
+    prefix, sep, name = env.partition(":") if isinstance(env, str) else ("", "", "")
+    suite = SUITES_BY_PREFIX.get(prefix) if sep else None
+    if suite is None or (prefix == "gymnasium" and ":" in name):
+        return False
+    if not suite.installed():
+        return True
+    try:
+        return name not in suite.names()
+    except Exception:  # noqa: BLE001 - a broken listing: building the env says what fails
+        return True
+
+
 class TunedStart(NamedTuple):
     path: Path  # the tuned config file
     env: str  # the env it was tuned on

@@ -15,8 +15,9 @@ from jaxppo.run.checkpoints import load_run_config, newest_record
 from jaxppo.config import PPOConfig
 from jaxppo.config_fields import keys as config_keys
 from jaxppo.config_files import read_config_file
-from jaxppo.envs.catalog import tuned_start
-from jaxppo.envs.make import check_env_name, check_recorded_env, is_gymnax_name, refuse_imports
+from jaxppo.envs.catalog import lacks_env, tuned_start
+from jaxppo.envs.make import (check_env_name, check_recorded_env, is_gymnax_name, make_env,
+                              refuse_imports)
 from jaxppo.errors import CheckpointError, ConfigError
 from jaxppo.program.resolved import check_backend
 from jaxppo.search.space import SEARCH_EXAMPLE
@@ -174,6 +175,8 @@ def start(args, name_tag: str = "") -> tuple[PPOConfig, str, Path]:
     if is_gymnax_name(config.env):
         check_backend()  # gymnax's import needs it, and would fail with a bare AssertionError
         check_env_name(config.env)  # a typo is told before a run folder is named
+    elif lacks_env(config.env):
+        make_env(config)  # so is a suite's: the suite's own error (close names, install line)
     name = args.run_name or f"{config.env_name}{name_tag}-{time.strftime('%Y%m%d-%H%M%S')}"
     too_long = name_too_long(Path(args.runs_dir) / name)
     if too_long:  # before the config's checks, which make no folder but take seconds
