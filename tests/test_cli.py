@@ -134,8 +134,6 @@ def test_existing_run_folder_is_refused(short_run):
     [
         (["--env", "CartPole-v0"], ["CartPole-v0", "CartPole-v1"]),
         (["--env", "cartpole"], ["cartpole", "CartPole-v1"]),
-        (["--env", "envpool:Breakuot-v5"], ["did you mean 'envpool:Breakout-v5'"]),
-        (["--env", "jaxmarl:smax:3mm"], ["did you mean 'jaxmarl:smax:3m'"]),
         (["--env", "CartPole-v1", "--set", "num_env=8"], ["num_env", "num_envs"]),
         (["--env", "CartPole-v1", "--set", "network.hidden_size=[8]"], ["network.hidden_size", "network.hidden_sizes"]),
         (["--env", "CartPole-v1", "--set", "num_minibatches=3"], ["num_minibatches=3"]),
@@ -150,9 +148,23 @@ def test_bad_input_exits_2_with_message(args, expected, tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr
     for word in expected:
         assert word in proc.stderr, (word, proc.stderr)
-    if args[1] != "CartPole-v1":  # an unknown env (a suite's too): told before any run folder
+    if args[1] != "CartPole-v1":  # an unknown env: told before any run folder is named
         assert proc.stderr.startswith("error: env=") and "run folder" not in proc.stderr
     assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
+
+
+@pytest.mark.parametrize("env,expected", [
+    ("envpool:Breakuot-v5", "did you mean 'envpool:Breakout-v5'"),
+    ("jaxmarl:smax:3mm", "did you mean 'jaxmarl:smax:3m'"),
+    ("brax:typo", "is not a registered Brax environment"),
+])
+def test_a_suites_unknown_env_is_told_before_any_run_folder(env, expected, tmp_path, capsys):
+    from jaxppo import cli
+
+    code = cli.main(["train", "--env", env, "--runs-dir", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: env={env!r}") and expected in err, err
+    assert "run folder" not in err and not any(tmp_path.iterdir())
 
 
 def test_missing_config_file_exits_2(tmp_path):
