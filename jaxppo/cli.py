@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import textwrap
 import warnings
@@ -173,11 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+_COLOUR_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _note(message, *_args, **_kwargs) -> str:
+    """A library's warning (e.g. a total_timesteps that is not a whole number of batches) as a
+    one-line note, not Python's file:line form, without a terminal's colour codes (gymnasium
+    colours its own)."""
+    return "note: " + _COLOUR_CODE.sub("", str(message)) + "\n"
+
+
 def _main(argv: list[str] | None) -> int:
     args = _build_parser().parse_args(argv)
-    # Library warnings (e.g. a total_timesteps that is not a whole number of batches) as
-    # one-line notes, not Python's file:line form.
-    warnings.formatwarning = lambda message, *_args, **_kw: f"note: {message}\n"
+    warnings.formatwarning = _note
     if args.command == "envs":
         return _envs(args)
     if args.command == "plot":

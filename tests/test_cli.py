@@ -453,6 +453,18 @@ def test_plot_of_a_run_with_a_damaged_config_yaml_draws_with_a_note(tmp_path, ca
     assert "Traceback" not in err
 
 
+def test_a_librarys_warning_is_a_one_line_note_without_colour_codes():
+    """The CLI's notes: a warning's message alone, the colour codes some libraries put in
+    theirs (gymnasium's logger) taken out."""
+    from jaxppo.cli import _note
+
+    coloured = "\x1b[33mWARN: the env's own warning\x1b[0m"
+    assert _note(UserWarning(coloured), UserWarning, "f.py", 3) == (
+        "note: WARN: the env's own warning\n")
+    assert _note("total_timesteps=100 is not", UserWarning, "f.py", 1) == (
+        "note: total_timesteps=100 is not\n")
+
+
 def test_compiling_is_said_once_the_checks_pass_with_the_time_it_took(tmp_path, capsys):
     """Not a promise of seconds before the checks, but a line once they have passed and the
     time compiling took (a line per step when stderr is not a terminal, as here)."""

@@ -20,8 +20,11 @@ gymnasium vector env does (jaxppo.run.hostloop), with gymnax's contract kept.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -90,8 +93,10 @@ class EnvpoolEnv:
         self.atari = is_atari_spec(defaults)
         self.kwargs = {**(ATARI_DEFAULTS if self.atari else {}), **given}
         spec = _make_spec(envpool, task, defaults, given, self.kwargs)
-        self.obs_space, self.channels_first = _presented_obs_space(spec.gymnasium_observation_space)
-        self.act_space = spec.gymnasium_action_space
+        with _quiet_space_casts():
+            observation_space = spec.gymnasium_observation_space
+            self.act_space = spec.gymnasium_action_space
+        self.obs_space, self.channels_first = _presented_obs_space(observation_space)
         self.max_episode_steps = int(spec.config.max_episode_steps)
         self._check_spaces()
 
@@ -166,10 +171,12 @@ class EnvpoolVectorEnv:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
-        self.pool = envpool.make(self.task, env_type="gymnasium", num_envs=self.num_envs,
-                                 batch_size=self.num_envs, seed=int(seeds[0]),
-                                 env_seed=[int(s) for s in seeds], **self.kwargs,
-                                 **({"render_mode": self.render_mode} if self.render_mode else {}))
+        with _quiet_space_casts():
+            self.pool = envpool.make(
+                self.task, env_type="gymnasium", num_envs=self.num_envs,
+                batch_size=self.num_envs, seed=int(seeds[0]), env_seed=[int(s) for s in seeds],
+                **self.kwargs, **({"render_mode": self.render_mode} if self.render_mode else {}))
+            self.pool.observation_space, self.pool.action_space  # noqa: B018 - built once, here
 
     def render(self) -> np.ndarray:
         """Every env's picture [E, H, W, 3] (uint8 RGB; Atari's full 210x160 colour screen),
@@ -291,6 +298,19 @@ def _refuse_own_kwargs(task: str, kwargs: dict) -> None:
         raise ConfigError(
             f"env='envpool:{task}': env_kwargs {own} cannot be given; "
             + "; ".join(f"instead of {k}, set {_OWN_KWARGS[k]}" for k in own))
+
+
+_WARNINGS_LOCK = threading.Lock()  # catch_warnings swaps the process's filters: one at a time
+
+
+@contextlib.contextmanager
+def _quiet_space_casts():
+    """Within it, no warning of gymnasium's that a Box's bounds were cast: envpool gives its
+    float32 spaces float64 bounds (CartPole's), and the warning says nothing about the run.
+    (A pool builds its spaces once, on first use: `_make_pool` uses them within.)"""
+    with _WARNINGS_LOCK, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r".*Box (low|high)'s precision lowered")
+        yield
 
 
 def _make_spec(envpool, task: str, defaults, given: dict, kwargs: dict):

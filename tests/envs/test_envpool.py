@@ -176,6 +176,27 @@ def test_same_seeds_replay_the_same_envs():
     envs.close()
 
 
+def test_classic_control_makes_and_steps_without_gymnasiums_cast_warning(recwarn):
+    """envpool's CartPole declares float64 bounds for its float32 observations: making the
+    env and the pool, and stepping it, warn nothing (gymnasium's cast warning is kept out of
+    every run's output); another Box warns as before."""
+    import gymnasium
+    import warnings
+
+    from jaxppo.envs.envpool_suite import EnvpoolEnv
+
+    warnings.simplefilter("always")
+    env = EnvpoolEnv("CartPole-v1")
+    envs = env.make_vec(2)
+    envs.reset(seed=[1, 2])
+    envs.step(np.array([1, 0], np.int32))
+    envs.close()
+    assert env.observation_space().shape == (4,)
+    assert [str(w.message) for w in recwarn] == []
+    gymnasium.spaces.Box(np.zeros(2), np.ones(2), (2,), np.float32)
+    assert any("precision lowered" in str(w.message) for w in recwarn)
+
+
 def test_atari_options_and_spaces():
     """CleanRL's preprocessing by default, each option overridable; the spaces as jaxppo
     sees them (frames [H, W, C], the time limit envpool's)."""
