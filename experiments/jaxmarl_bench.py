@@ -76,6 +76,15 @@ def final_returns(per_iteration) -> dict:
             "first_return": [float(np.nanmean(s[:10])) for s in r]}
 
 
+def seed_keys(seeds: int, first: int = 0):
+    """The keys of seeds first .. first + seeds - 1: jax.random.split's keys do not depend on
+    how many are asked for, so seed i has the same key in every run (seeds 4-7 of a later run
+    continue seeds 0-3 of an earlier one)."""
+    import jax
+
+    return jax.random.split(jax.random.PRNGKey(SEED), first + seeds)[first:]
+
+
 def timed(train, keys) -> tuple[object, dict]:
     """Compile `train` ahead of time (`jit(vmap(train))` with VMAP, else `jit(train)` of one
     key), then run it over `keys` (one program, or one seed after another): (output with a
@@ -277,7 +286,7 @@ def run_jaxmarl_smax(steps: float, seeds: int, anchors: Path, smax_map: str) -> 
     return run_smax_baseline(ippo_rnn_smax, config, seeds)
 
 
-def run_smax_baseline(script, config: dict, seeds: int) -> dict:
+def run_smax_baseline(script, config: dict, seeds: int, first_seed: int = 0) -> dict:
     """A JaxMARL SMAX baseline script's `make_train(config)` run seed after seed, its
     per-iteration wandb.log (through its io_callback) recorded instead of sent:
     `smax_results` of the logged mean return and win rate of the episodes that ended."""
@@ -286,7 +295,7 @@ def run_smax_baseline(script, config: dict, seeds: int) -> dict:
     logged = []
     script.wandb.log = lambda row, *a, **k: logged.append(
         {key: float(row[key]) for key in ("returns", "win_rate", "env_step")})
-    keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
+    keys = seed_keys(seeds, first_seed)
     _, t = timed(script.make_train(config), keys)
     per_seed = len(logged) // seeds  # seed after seed; each seed's rows in step order
     rows = [sorted(logged[i * per_seed:(i + 1) * per_seed], key=lambda r: r["env_step"])
@@ -306,7 +315,8 @@ def start_run(side: str, args, script: str = __file__):
     python = sys.executable if side == "jaxppo" else args.jaxmarl_python
     options = (["--vmap"] if getattr(args, "vmap", False) else []) + (
         ["--smax", args.smax] if getattr(args, "smax", None) else []) + (
-        ["--jaxmarl-network"] if getattr(args, "jaxmarl_network", False) else [])
+        ["--jaxmarl-network"] if getattr(args, "jaxmarl_network", False) else []) + (
+        ["--first-seed", str(args.first_seed)] if getattr(args, "first_seed", 0) else [])
     cmd = [python, script, "--side", side, "--steps", str(args.steps), "--seeds",
            str(args.seeds), "--anchors", str(args.anchors)] + options
     env = {**os.environ, "PYTHONPATH": str(REPO)} if side == "jaxppo" else dict(os.environ)
