@@ -251,6 +251,11 @@ class PPOConfig:
                             check=cf.nonnegative())
     kl_target: float = field(0.01, "the KL the coefficient adapts towards", role=TUNABLE,
                              check=cf.positive())
+    # Early stopping of an iteration's updates on the KL, as CleanRL's and SB3's target_kl.
+    kl_early_stop: float | None = field(
+        None, "end the iteration's gradient steps at the first minibatch whose approx KL "
+        "(old || current policy) exceeds this (CleanRL's and SB3's target_kl); null = never",
+        check=cf.optional(cf.positive("or null for every epoch's every step")))
     normalize_advantages: bool = field(True, "standardise advantages (over normalize_advantages_over)",
                                        check=cf.boolean)
     normalize_advantages_over: str = field(

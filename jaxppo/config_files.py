@@ -31,6 +31,7 @@ ALIASES = {
     "total_steps": "total_timesteps", "fcnet_hiddens": "network", "activation": "network",
     "num_actor_threads": "actor_threads", "vectorization_mode": "gymnasium_vectorization",
     "actor_lr": "lr", "_lr_vf": "critic_lr", "lr_vf": "critic_lr",
+    "target_kl": "kl_early_stop",
 }
 
 

@@ -122,9 +122,10 @@ METRIC_KEYS = (
 
 
 def update_metric_keys(config) -> tuple[str, ...]:
-    """The metrics `jaxppo.core.ppo.update` gives each iteration: METRIC_KEYS, and
-    critic_lr when the critic has a learning rate of its own."""
-    return METRIC_KEYS + (("critic_lr",) if own_critic_lr(config) else ())
+    """The metrics `jaxppo.core.ppo.update` gives each iteration: METRIC_KEYS, critic_lr
+    when the critic has a learning rate of its own, and gradient_steps with kl_early_stop."""
+    return (METRIC_KEYS + (("critic_lr",) if own_critic_lr(config) else ())
+            + (("gradient_steps",) if config.kl_early_stop is not None else ()))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

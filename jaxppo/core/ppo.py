@@ -370,6 +370,10 @@ class LearnStats(NamedTuple):
     approx_kl: jax.Array
     clip_fraction: jax.Array
     grad_norm: jax.Array
+    # With kl_early_stop: whether the minibatch was evaluated (before the stop, or the one
+    # that stopped the updates) and whether its gradient step was taken; else None.
+    evaluated: jax.Array | None = None
+    stepped: jax.Array | None = None
 
 
 def gather_minibatch(algo: Algorithm, batch: Batch, idx: jax.Array) -> Batch:
@@ -432,11 +436,13 @@ def learn(algo: Algorithm, params, opt_state, batch: Batch, env_ids, key, hp, lr
           kl_coeff, obs_stats: RunningStats | None = None):
     """num_epochs x num_minibatches gradient steps on the batch [T, E, ...]; grads averaged
     over shards. With `obs_stats`, the batch's obs are raw (`make_batch(raw_obs=True)`) and
-    each minibatch's are made the network's input with those statistics. Returns ((params,
-    opt_state), LearnStats [epochs, minibatches])."""
+    each minibatch's are made the network's input with those statistics. With kl_early_stop,
+    the steps end at the first minibatch whose approx KL exceeds it (`until_the_kl_stop`).
+    Returns ((params, opt_state), LearnStats [epochs, minibatches])."""
 
     per_minibatch = (algo.config.normalize_advantages
                      and algo.config.normalize_advantages_over == "minibatch")
+    stop_at = algo.config.kl_early_stop
 
     def minibatch_step(carry, mb):
         params, opt_state = carry
@@ -453,12 +459,33 @@ def learn(algo: Algorithm, params, opt_state, batch: Batch, env_ids, key, hp, lr
         fused = jnp.concatenate([flat_grads, jnp.stack(terms).astype(flat_grads.dtype)])
         fused = collectives.pmean(fused, algo.axis_name)
         terms = type(terms)(*fused[n:])
-        params, opt_state, grad_norm = apply_grads(algo, params, opt_state, fused[:n], hp, lr)
-        return (params, opt_state), LearnStats(
+        after = apply_grads(algo, params, opt_state, fused[:n], hp, lr)
+        stats = LearnStats(
             policy_loss=terms.policy_loss, value_loss=terms.value_loss, entropy=terms.entropy,
             kl=terms.kl, approx_kl=terms.approx_kl, clip_fraction=terms.clip_fraction,
-            grad_norm=grad_norm,
+            grad_norm=after[2],
         )
+        if stop_at is None:
+            return after[:2], stats
+        # The KL of the params about to step (every shard's mean, so every shard agrees).
+        over = terms.approx_kl > stop_at
+        kept = jax.tree.map(lambda old, new: jnp.where(over, old, new), carry, after[:2])
+        return kept, stats._replace(evaluated=jnp.array(True), stepped=~over)
+
+    def until_the_kl_stop(carry, mb):
+        """minibatch_step until a minibatch's approx KL exceeds kl_early_stop: that one's
+        step and every later one of the iteration are skipped (not computed: all shards
+        agree on the stop; vmapped over seeds, both sides are computed and one is kept)."""
+        params, opt_state, stopped = carry
+
+        def skip():
+            zero = jnp.zeros((), jnp.float32)
+            return (params, opt_state), LearnStats(
+                *(zero,) * 7, evaluated=jnp.array(False), stepped=jnp.array(False))
+
+        (params, opt_state), stats = jax.lax.cond(
+            stopped, skip, lambda: minibatch_step((params, opt_state), mb))
+        return (params, opt_state, stopped | (stats.evaluated & ~stats.stepped)), stats
 
     def epoch(carry, k):
         # Every minibatch of the epoch in one gather (the minibatches stacked [M, ...]),
@@ -467,10 +494,15 @@ def learn(algo: Algorithm, params, opt_state, batch: Batch, env_ids, key, hp, lr
             k, env_ids, algo.config.num_steps, algo.config.num_minibatches, algo.recurrent,
             algo.spec.num_agents if algo.per_agent else 1)
         minibatches = jax.vmap(lambda i: gather_minibatch(algo, batch, i))(idx)
-        return jax.lax.scan(minibatch_step, carry, minibatches)
+        return jax.lax.scan(minibatch_step if stop_at is None else until_the_kl_stop, carry,
+                            minibatches)
 
     keys = jax.random.split(key, algo.config.num_epochs)
-    return jax.lax.scan(epoch, (params, opt_state), keys)
+    if stop_at is None:
+        return jax.lax.scan(epoch, (params, opt_state), keys)
+    (params, opt_state, _), stats = jax.lax.scan(epoch, (params, opt_state, jnp.array(False)),
+                                                 keys)
+    return (params, opt_state), stats
 
 
 # ---------------------------------------------------------------------- one iteration
@@ -532,7 +564,11 @@ def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Ar
         step_sizes(state.params, lr, critic_lr), ent_coeff, state.kl_coeff,
         obs_stats_acting if raw else None,
     )
-    mean_kl = jnp.mean(learned.kl)
+    mean = jnp.mean
+    if learned.evaluated is not None:  # kl_early_stop: over the minibatches evaluated
+        mean = lambda x: (jnp.sum(jnp.where(learned.evaluated, x, 0.0))  # noqa: E731
+                          / jnp.maximum(jnp.sum(learned.evaluated), 1))
+    mean_kl = mean(learned.kl)
     kl_coeff = state.kl_coeff
     if cfg.use_kl_loss:
         kl_coeff = update_kl_coeff(kl_coeff, mean_kl, hp.kl_target)
@@ -546,21 +582,23 @@ def update(algo: Algorithm, state: TrainState, traj: Transition, env_ids: jax.Ar
     metrics = {
         **collectives.episode_metrics(rollout_stats["episodes"]),
         **agent_metrics(algo, rollout_stats),
-        "policy_loss": jnp.mean(learned.policy_loss),
-        "value_loss": jnp.mean(learned.value_loss),
-        "entropy": jnp.mean(learned.entropy),
+        "policy_loss": mean(learned.policy_loss),
+        "value_loss": mean(learned.value_loss),
+        "entropy": mean(learned.entropy),
         "kl": mean_kl,
-        "approx_kl": jnp.mean(learned.approx_kl),
-        "clip_fraction": jnp.mean(learned.clip_fraction),
+        "approx_kl": mean(learned.approx_kl),
+        "clip_fraction": mean(learned.clip_fraction),
         "explained_variance": 1.0 - resid_var / jnp.maximum(target_var, 1e-8),
         "kl_coeff": kl_coeff,
         "lr": lr,
         "entropy_coeff": ent_coeff,
-        "grad_norm": jnp.mean(learned.grad_norm),
+        "grad_norm": mean(learned.grad_norm),
         "env_steps": env_steps,
     }
     if critic_lr is not None:
         metrics["critic_lr"] = critic_lr
+    if learned.stepped is not None:  # kl_early_stop: the gradient steps taken, of epochs x M
+        metrics["gradient_steps"] = jnp.sum(learned.stepped).astype(jnp.float32)
     if traj.action_mask is not None:  # states where the env left no legal action (an env bug)
         count = jnp.sum(~jnp.any(traj.action_mask, axis=-1)).astype(jnp.float32)
         metrics["masked_out_states"] = collectives.pmean(count, algo.axis_name) * algo.shards

@@ -41,6 +41,9 @@ EQUIVALENCE_BATCH_GRU = EQUIVALENCE.replace(
     env="MemoryChain-bsuite", network=jaxppo.NetworkConfig((16,), recurrent_size=8),
     transforms=[{"count_bonus": {"scale": 0.1}}], sync="batch")
 
+# kl_early_stop: every device stops at the same minibatch (the KL is every device's mean).
+EQUIVALENCE_KL_STOP = EQUIVALENCE.replace(kl_early_stop=3e-6)
+
 
 def one_iteration_equivalence(cfg=EQUIVALENCE):
     hp = HyperParams.from_config(cfg)
@@ -120,6 +123,7 @@ CHECKS = {"equivalence": one_iteration_equivalence,
           "equivalence-state-std": lambda: one_iteration_equivalence(EQUIVALENCE_STATE_STD),
           "equivalence-batch": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH),
           "equivalence-batch-gru": lambda: one_iteration_equivalence(EQUIVALENCE_BATCH_GRU),
+          "equivalence-kl-stop": lambda: one_iteration_equivalence(EQUIVALENCE_KL_STOP),
           "learn": learns_on_two_devices,
           "stop": stops_on_two_devices}
 

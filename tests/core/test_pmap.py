@@ -11,7 +11,7 @@ WORKER = Path(__file__).with_name("pmap_worker.py")
 
 
 EQUIVALENCE_CHECKS = ["equivalence", "equivalence-state-std", "equivalence-batch",
-                      "equivalence-batch-gru"]
+                      "equivalence-batch-gru", "equivalence-kl-stop"]
 
 
 def _run(*which: str) -> dict:
@@ -46,6 +46,8 @@ def test_one_iteration_on_four_devices_equals_one_device(worker_results, which):
     for key in ("episode_return_mean", "episodes", "value_loss", "policy_loss", "entropy", "kl",
                 "explained_variance", "grad_norm", "env_steps"):
         assert m1[key] == pytest.approx(m4[key], rel=1e-4, abs=1e-6), key
+    if which == "equivalence-kl-stop":  # stopped mid-iteration, at the same minibatch
+        assert 1 < m1["gradient_steps"] == m4["gradient_steps"] < 16, (m1, m4)
 
 
 @pytest.mark.slow
