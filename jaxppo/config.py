@@ -426,10 +426,11 @@ class PPOConfig:
     @property
     def env_name(self) -> str:
         """A short readable name of the env (run folder names, labels): the registered name,
-        "brax-<name>" for "brax:<name>" (no ':' in folder names), an envpool task's id with
-        '-' for '/' ("phys2d-CartPole-v1": no nested folder), "<suite>_<name>" for
-        "jaxmarl:<suite>:<name>" ("overcooked_cramped_room"), the class of a "module:Class"
-        env, or an env object's `name` (else its class name)."""
+        "brax-<name>" for "brax:<name>" (no ':' in folder names), an envpool task's or a
+        gymnasium id's namespace joined by '-' ("ALE-Pong-v5" for "gymnasium:ALE/Pong-v5": no
+        nested folder), "<suite>_<name>" for "jaxmarl:<suite>:<name>"
+        ("overcooked_cramped_room"), the class of a "module:Class" env, or an env object's
+        `name` (else its class name)."""
         if isinstance(self.env, str):
             if self.env.startswith("brax:"):  # "brax-halfcheetah": the suite stays in the name
                 return "brax-" + self.env[len("brax:"):]
@@ -437,6 +438,8 @@ class PPOConfig:
                 return self.env[len("envpool:"):].replace("/", "-") or self.env
             if self.env.startswith("jaxmarl:") and self.env.count(":") > 1:
                 return self.env[len("jaxmarl:"):].replace(":", "_")  # "smax_3m"
+            if self.env.startswith("gymnasium:"):  # its module:id form names the id last
+                return self.env.rpartition(":")[2].replace("/", "-") or self.env
             return self.env.rpartition(":")[2].rpartition(".")[2] or self.env
         return getattr(self.env, "name", type(self.env).__name__)
 

@@ -175,6 +175,17 @@ def test_action_spaces():
         runner.close()
 
 
+def test_a_namespaced_id_names_one_run_folder():
+    """gymnasium's "namespace/name" ids (ALE/Pong-v5) give a run folder name without '/',
+    as envpool's do; the config keeps the id as given."""
+    for env, name in [("gymnasium:ALE/Pong-v5", "ALE-Pong-v5"),
+                      ("gymnasium:phys2d/CartPole-v1", "phys2d-CartPole-v1"),
+                      ("gymnasium:CartPole-v1", "CartPole-v1"),
+                      ("gymnasium:gymnasium_robotics:FetchReach-v2", "FetchReach-v2")]:
+        config = jaxppo.PPOConfig(env=env)
+        assert config.env_name == name and config.to_dict()["env"] == env
+
+
 class GymnaxOnly(EnvWrapper):
     """An env wrapper of a user's with no host form."""
 
