@@ -147,7 +147,8 @@ def eval_max_steps(config, env_params) -> int:
     if limit is None:
         raise ConfigError(
             f"{config.env_name} has no max_steps_in_episode param, so evaluation needs a bound: "
-            "set eval_max_steps (e.g. eval_max_steps=1000)"
+            "set eval_max_steps (e.g. eval_max_steps=1000); of a saved run, `jaxppo eval "
+            "--max-steps N` or `policy.evaluate(max_steps=N)`"
         )
     return int(limit)
 

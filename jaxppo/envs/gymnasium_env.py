@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
 import os
 from typing import Any
 
 import numpy as np
 
 from jaxppo.envs.imports import import_package, import_user_module
+from jaxppo.envs.spec import MAX_JOINT_ACTIONS
 from jaxppo.errors import ConfigError
 
 PREFIX = "gymnasium:"
@@ -54,7 +57,16 @@ class GymnasiumParams:
 
 class GymnasiumEnv:
     """A registered gymnasium env (by id, with its make kwargs), as jaxppo sees it: the single
-    env's spaces, its time limit, and actions. Box observations; Discrete or Box actions."""
+    env's spaces, its time limit, and actions.
+
+    Box observations as they are; any other observation space (Discrete, MultiDiscrete,
+    MultiBinary, a Tuple or Dict of spaces) as one float32 vector, gymnasium's flattening
+    (`gymnasium.spaces.flatten`: a Discrete one-hot, a MultiDiscrete one-hot per part, a
+    Dict's parts in key order), done by a wrapper on each env of the vector env. Discrete or
+    Box actions; a 1-D MultiDiscrete or MultiBinary action space as one Discrete over its
+    combinations (at most MAX_JOINT_ACTIONS; index i is `np.unravel_index(i, nvec)`), as
+    Jumanji's adapter does.
+    """
 
     host_loop = True  # it steps in Python: jaxppo.run.hostloop runs it
 
@@ -74,31 +86,15 @@ class GymnasiumEnv:
                 + f") raised {type(e).__name__}: {_one_line(e)} (env_kwargs go to gymnasium.make)"
             ) from None
         try:
-            self.obs_space = probe.observation_space
-            self.act_space = probe.action_space
+            self.env_obs_space = probe.observation_space
+            self.env_act_space = probe.action_space
             limit = getattr(probe.spec, "max_episode_steps", None)
         finally:
             probe.close()
         self.max_episode_steps = int(limit) if limit else None
-        self._check_spaces(gym)
-
-    def _check_spaces(self, gym) -> None:
-        spaces = gym.spaces
         where = f"env='gymnasium:{self.id}'"
-        if not isinstance(self.obs_space, spaces.Box):
-            raise ConfigError(
-                f"{where} has observation space {self.obs_space}; the host loop takes Box "
-                "observations (flatten others with a gymnasium wrapper, e.g. "
-                "FlattenObservation, in your own registered env)")
-        if isinstance(self.act_space, spaces.Discrete):
-            return
-        if isinstance(self.act_space, spaces.Box):
-            if len(self.act_space.shape) > 1:
-                raise ConfigError(f"{where}: Box actions must be a vector, got shape "
-                                  f"{self.act_space.shape}")
-            return
-        raise ConfigError(f"{where} has action space {self.act_space}; jaxppo supports "
-                          "Discrete and Box actions")
+        self.obs_space = _presented_obs_space(gym, self.env_obs_space, where)
+        self.act_space, self.joint_actions = _presented_act_space(gym, self.env_act_space, where)
 
     @property
     def params(self) -> GymnasiumParams | None:
@@ -126,9 +122,11 @@ class GymnasiumEnv:
         if render:  # pygame (classic control's renderer) draws off screen, without sound
             for driver in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
                 os.environ.setdefault(driver, "dummy")
+        wrappers = ([] if self.obs_space is self.env_obs_space else
+                    [functools.partial(_flattened, self.env_obs_space, self.obs_space)])
         try:
             envs = gym.make_vec(self.id, num_envs=num_envs, vectorization_mode=mode,
-                                vector_kwargs=vector_kwargs, **kwargs)
+                                vector_kwargs=vector_kwargs, wrappers=wrappers, **kwargs)
         except (ConnectionError, EOFError) as e:  # a subprocess that died while starting
             raise ConfigError(
                 f"gymnasium:{self.id} with gymnasium_vectorization='async': a subprocess of its "
@@ -143,16 +141,83 @@ class GymnasiumEnv:
                               "autoreset, which the host loop needs")
         return envs
 
+    def policy_obs(self, obs) -> np.ndarray:
+        """One observation of the env as the policy takes it: a Box observation as it is, any
+        other flattened into a float32 vector (what the vector env's wrapper gives)."""
+        if self.obs_space is self.env_obs_space:
+            return np.asarray(obs)
+        return _flatten(self.env_obs_space, obs)
+
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Policy actions [E, ...] (already clipped to the bounds) as the vector env takes them:
-        Discrete ones shifted by the space's start, Box ones in the space's dtype."""
-        space = self.act_space
+        Discrete ones shifted by the space's start, a joint Discrete one as the MultiDiscrete
+        (or MultiBinary) vector [E, D] it stands for, Box ones in the space's dtype."""
+        space = self.env_act_space
+        if self.joint_actions is not None:
+            nvec, start = self.joint_actions
+            parts = np.unravel_index(np.asarray(actions, np.int64), nvec)
+            return (np.stack(parts, axis=-1) + start).astype(space.dtype)
         if hasattr(space, "n"):
             return np.asarray(actions, np.int64) + int(space.start)
         return np.asarray(actions, space.dtype).reshape((-1,) + tuple(space.shape))
 
     def __repr__(self):
         return f"GymnasiumEnv({self.id!r})"
+
+
+def _presented_obs_space(gym, space, where: str):
+    """The observation space the policy sees: a Box as it is, any other as gymnasium's
+    flattening of it, a float32 Box (a ConfigError for a space that has none)."""
+    if isinstance(space, gym.spaces.Box):
+        return space
+    try:
+        flat = gym.spaces.flatten_space(space)
+        why = "" if isinstance(flat, gym.spaces.Box) else f"its flattening is {flat}"
+    except (NotImplementedError, TypeError, ValueError) as e:
+        why = f"{type(e).__name__}: {_one_line(e)}"
+    if why:  # e.g. a Sequence or a Graph: no fixed size
+        raise ConfigError(
+            f"{where} has observation space {space}, which gymnasium cannot flatten into one "
+            f"vector ({why}); jaxppo takes Box observations and flattens Discrete, "
+            "MultiDiscrete, MultiBinary, Tuple and Dict ones; register an env of your own with "
+            "a wrapper that gives a fixed-size array")
+    return gym.spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32),
+                          flat.shape, np.float32)
+
+
+def _flattened(space, flat_space, env):
+    """`env` whose observations are `gymnasium.spaces.flatten(space, obs)` in float32 (a wrapper
+    of each env of the vector env; module-level parts, so an async one pickles them)."""
+    gym = import_gymnasium()
+    return gym.wrappers.TransformObservation(env, functools.partial(_flatten, space), flat_space)
+
+
+def _flatten(space, obs) -> np.ndarray:
+    return np.asarray(import_gymnasium().spaces.flatten(space, obs), np.float32)
+
+
+def _presented_act_space(gym, space, where: str):
+    """(the action space the policy acts in, (nvec, start) of a joint Discrete action or
+    None); a ConfigError for a space jaxppo does not act in."""
+    spaces = gym.spaces
+    if isinstance(space, spaces.Discrete):
+        return space, None
+    if isinstance(space, spaces.Box):
+        if len(space.shape) > 1:
+            raise ConfigError(f"{where}: Box actions must be a vector, got shape {space.shape}")
+        return space, None
+    if isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)) and len(space.shape) == 1:
+        multi = isinstance(space, spaces.MultiDiscrete)
+        nvec = tuple(int(v) for v in (space.nvec if multi else [2] * space.shape[0]))
+        start = np.asarray(space.start if multi else 0, np.int64)
+        if math.prod(nvec) <= MAX_JOINT_ACTIONS:
+            return spaces.Discrete(math.prod(nvec)), (nvec, start)
+        raise ConfigError(
+            f"{where} has action space {space}, {math.prod(nvec)} combinations; jaxppo acts in "
+            f"a MultiDiscrete or MultiBinary space as one Discrete action over its combinations, "
+            f"up to {MAX_JOINT_ACTIONS} (register a smaller variant of the env)")
+    raise ConfigError(f"{where} has action space {space}; jaxppo supports Discrete, Box, "
+                      "and 1-D MultiDiscrete and MultiBinary actions")
 
 
 def make_gymnasium_env(config) -> tuple[GymnasiumEnv, GymnasiumParams | None]:

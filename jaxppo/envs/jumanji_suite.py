@@ -15,11 +15,11 @@ import numpy as np
 from flax import struct
 
 from jaxppo.envs import adapter
+from jaxppo.envs.spec import MAX_JOINT_ACTIONS
 from jaxppo.errors import ConfigError
 
 PREFIX = "jumanji:"
 DEFAULT_EPISODE_LENGTH = 1000  # jaxppo's limit for an env without a `time_limit` of its own
-MAX_JOINT_ACTIONS = 4096  # a MultiDiscreteArray spec with more combinations is refused
 
 
 def registered_jumanji_envs() -> list[str]:

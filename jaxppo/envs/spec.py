@@ -13,6 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# The most combinations one Discrete action is made of: a MultiDiscrete action space (Jumanji's,
+# gymnasium's) or Box actions discretised on a grid (`discretize_actions`).
+MAX_JOINT_ACTIONS = 4096
+
 
 class EnvSpec(NamedTuple):
     """An environment and what the networks need to know about it.

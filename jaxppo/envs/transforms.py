@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import FUNCTION_HOOK, is_function_hook
+from jaxppo.envs.spec import MAX_JOINT_ACTIONS
 from jaxppo.errors import ConfigError
 
 
@@ -245,7 +246,7 @@ class DiscretizeActions(EnvWrapper):
     bins: int = 11
     name = "discretize_actions"
     takes_agents = True
-    MAX_JOINT_ACTIONS = 4096
+    MAX_JOINT_ACTIONS = MAX_JOINT_ACTIONS
 
     def __post_init__(self):
         if not isinstance(self.bins, int) or isinstance(self.bins, bool) or self.bins < 2:
