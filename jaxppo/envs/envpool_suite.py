@@ -23,6 +23,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import json
+import subprocess
+import sys
 import threading
 import warnings
 from typing import Any
@@ -31,7 +34,7 @@ import numpy as np
 
 from jaxppo.envs.imports import import_package
 from jaxppo.config_fields import did_you_mean
-from jaxppo.errors import ConfigError
+from jaxppo.errors import ConfigError, VideoError
 
 PREFIX = "envpool:"
 INSTALL = "pip install 'jaxppo[envpool]'"
@@ -96,7 +99,14 @@ class EnvpoolEnv:
         with _quiet_space_casts():
             observation_space = spec.gymnasium_observation_space
             self.act_space = spec.gymnasium_action_space
-        self.obs_space, self.channels_first = _presented_obs_space(observation_space)
+        # A Dict (DeepMind Control's {"position": ..., "velocity": ...}, MiniGrid's) or
+        # another space not a Box: one float32 vector, as gymnasium flattens it.
+        self.flattened = None if _is_box(observation_space) else observation_space
+        if self.flattened is None:
+            self.obs_space, self.channels_first = _presented_obs_space(observation_space)
+        else:
+            self.obs_space = _flat_space(observation_space, f"env='envpool:{task}'")
+            self.channels_first = False
         self.max_episode_steps = int(spec.config.max_episode_steps)
         self._check_spaces()
 
@@ -129,7 +139,16 @@ class EnvpoolEnv:
     def make_vec(self, num_envs: int, render: bool = False) -> "EnvpoolVectorEnv":
         """A vector env of `num_envs` copies in SAME_STEP autoreset mode (its pool is made at
         the first reset, with that reset's seeds); with `render`, its `render()` draws them."""
-        return EnvpoolVectorEnv(self.id, self.kwargs, num_envs, self.channels_first, render)
+        return EnvpoolVectorEnv(self.id, self.kwargs, num_envs, self.channels_first, render,
+                                self.flattened)
+
+    def policy_obs(self, obs) -> np.ndarray:
+        """One observation of the task as the policy takes it: frames channel-last, any space
+        not a Box flattened into one float32 vector (gymnasium.spaces.flatten's)."""
+        if self.flattened is not None:
+            batch = _map_arrays(lambda x: np.asarray(x)[None], obs)
+            return _flatten_batch(self.flattened, batch)[0]
+        return np.moveaxis(np.asarray(obs), 0, -1) if self.channels_first else np.asarray(obs)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Policy actions [E, ...] (already clipped to the bounds) as envpool takes them:
@@ -160,9 +179,9 @@ class EnvpoolVectorEnv:
     """
 
     def __init__(self, task: str, kwargs: dict, num_envs: int, channels_first: bool,
-                 render: bool = False):
+                 render: bool = False, flattened=None):
         self.task, self.kwargs, self.num_envs = task, dict(kwargs), int(num_envs)
-        self.channels_first = channels_first
+        self.channels_first, self.flattened = channels_first, flattened
         self.render_mode = "rgb_array" if render else None
         self.pool = None
 
@@ -221,7 +240,11 @@ class EnvpoolVectorEnv:
 
     def _obs(self, obs, order: np.ndarray | None = None) -> np.ndarray:
         """envpool's observations [N, ...] (in `order`) as an array of jaxppo's own: frames
-        channel-last, C-contiguous, not a view of envpool's buffers."""
+        channel-last, a space not a Box flattened into float32 vectors [N, D], C-contiguous,
+        not a view of envpool's buffers."""
+        if self.flattened is not None:
+            obs = _flatten_batch(self.flattened, obs)
+            return obs[order] if order is not None else obs
         obs = np.asarray(obs)
         obs = obs[order] if order is not None else obs.copy()
         if not self.channels_first:
@@ -238,6 +261,34 @@ class EnvpoolVectorEnv:
 
     def __repr__(self):
         return f"EnvpoolVectorEnv({self.task!r}, num_envs={self.num_envs})"
+
+
+def check_renders(task: str, kwargs: dict) -> None:
+    """VideoError when the task cannot draw a picture here. A MuJoCo task's renderer needs an
+    OpenGL context, and where none can be made (a machine without a display) it ends the
+    process; so it draws its first picture in a process of its own first."""
+    from envpool.registration import registry
+
+    if not str(registry.specs.get(task, ("",))[0]).startswith("envpool.mujoco"):
+        return
+    code = ("import envpool, json, sys\n"
+            "e = envpool.make(sys.argv[1], env_type='gymnasium', num_envs=1, batch_size=1, "
+            "render_mode='rgb_array', **json.loads(sys.argv[2]))\n"
+            "e.reset()\ne.render(env_ids=[0])\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, task, json.dumps(kwargs)],
+                              capture_output=True, text=True, timeout=300)
+        said = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines()
+                if ln.strip() and "WARN" not in ln]
+        failed = proc.returncode != 0
+    except (subprocess.TimeoutExpired, OSError, TypeError) as e:
+        said, failed = [f"{type(e).__name__}: {e}"], True
+    if failed:
+        raise VideoError(
+            f"no video for envpool:{task}: its MuJoCo renderer could not draw a picture on this "
+            f"machine ({(said or ['no message'])[-1][:200]}); it needs an OpenGL context, which "
+            "a machine without a display or a GPU's EGL does not give. Evaluate without a "
+            "video, or make the video on a machine with a display")
 
 
 def make_envpool_env(config) -> tuple[EnvpoolEnv, EnvpoolParams]:
@@ -354,6 +405,55 @@ def _same_kind(value, default) -> bool:
     if isinstance(default, float):
         return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
     return isinstance(value, type(default))
+
+
+def _is_box(space) -> bool:
+    import gymnasium
+
+    return isinstance(space, gymnasium.spaces.Box)
+
+
+def _flat_space(space, where: str):
+    """The float32 vector the policy sees of a space that is not a Box (a Dict of Box,
+    Discrete, MultiBinary and MultiDiscrete parts, or one of those), unbounded: envpool's Box
+    bounds are not always the observations' (DeepMind Control's low is the smallest positive
+    double)."""
+    import gymnasium
+
+    spaces = gymnasium.spaces
+    leaves = list(space.spaces.values()) if isinstance(space, spaces.Dict) else [space]
+    kinds = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
+    if not leaves or not all(isinstance(leaf, kinds) for leaf in leaves):
+        raise ConfigError(f"{where} has observation space {_short(space)}; jaxppo takes "
+                          "envpool tasks whose observations are a Box, or a Dict of Box, "
+                          "Discrete, MultiBinary and MultiDiscrete parts (made one vector)")
+    return spaces.Box(-np.inf, np.inf, (spaces.flatdim(space),), np.float32)
+
+
+def _flatten_batch(space, obs) -> np.ndarray:
+    """Observations of N envs (arrays [N, ...], a dict of them for a Dict space) as float32
+    [N, D]: each env's row is `gymnasium.spaces.flatten(space, its observation)` (a Discrete
+    one-hot, a MultiDiscrete one-hot per part, a Dict's parts in the space's key order)."""
+    import gymnasium
+
+    spaces = gymnasium.spaces
+    if isinstance(space, spaces.Dict):
+        return np.concatenate([_flatten_batch(part, obs[k]) for k, part in space.spaces.items()],
+                              axis=1)
+    x = np.asarray(obs)
+    n = len(x)
+    if isinstance(space, spaces.Discrete):
+        return np.eye(int(space.n), dtype=np.float32)[x.reshape(n) - int(space.start)]
+    if isinstance(space, spaces.MultiDiscrete):
+        parts = (x - space.start).reshape(n, -1)
+        return np.concatenate([np.eye(int(k), dtype=np.float32)[parts[:, i]]
+                               for i, k in enumerate(np.asarray(space.nvec).reshape(-1))], axis=1)
+    return x.reshape(n, -1).astype(np.float32)  # a Box, a MultiBinary
+
+
+def _map_arrays(fn, tree):
+    """`fn` over the leaves of a dict (nested) or one array."""
+    return {k: _map_arrays(fn, v) for k, v in tree.items()} if isinstance(tree, dict) else fn(tree)
 
 
 def _presented_obs_space(space):

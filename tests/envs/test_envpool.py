@@ -176,6 +176,81 @@ def test_same_seeds_replay_the_same_envs():
     envs.close()
 
 
+@pytest.mark.parametrize("task", ["MiniGrid-Empty-5x5-v0", "CheetahRun-v1"])
+def test_dict_observations_are_gymnasiums_flattening(task):
+    """MiniGrid's {direction: Discrete, image, mission} and DeepMind Control's {position,
+    velocity}: each env's observation is gymnasium.spaces.flatten of envpool's own, from a
+    pool of envpool's with the same seeds, at the reset and after steps; policy_obs flattens
+    one observation alike."""
+    import envpool
+    import gymnasium
+
+    from jaxppo.envs.envpool_suite import EnvpoolEnv
+
+    env = EnvpoolEnv(task)
+    space = envpool.make_spec(task).gymnasium_observation_space
+    assert env.obs_space.shape == (gymnasium.spaces.flatdim(space),)
+    ours = env.make_vec(2)
+    own = envpool.make(task, env_type="gymnasium", num_envs=2, batch_size=2, seed=11,
+                       env_seed=[11, 12])
+
+    def flattened(obs, info):
+        rows = [gymnasium.spaces.flatten(space, {k: v[i] for k, v in obs.items()})
+                for i in range(2)]
+        return np.stack(rows)[np.argsort(info["env_id"])].astype(np.float32)
+
+    try:
+        obs, _ = ours.reset(seed=[11, 12])
+        first, info = own.reset()
+        np.testing.assert_array_equal(obs, flattened(first, info))
+        env0 = int(np.flatnonzero(np.asarray(info["env_id"]) == 0)[0])
+        np.testing.assert_array_equal(env.policy_obs({k: v[env0] for k, v in first.items()}),
+                                      obs[0])
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            actions = (rng.integers(0, env.act_space.n, 2) if hasattr(env.act_space, "n")
+                       else rng.uniform(-1, 1, (2,) + env.act_space.shape))
+            obs, *_ = ours.step(env.env_actions(actions))
+            step = own.step(env.env_actions(actions))
+            np.testing.assert_array_equal(obs, flattened(step[0], step[4]))
+    finally:
+        ours.close()
+        own.close()
+
+
+def test_a_deepmind_control_task_trains_and_its_video_is_a_clear_error_without_opengl(
+        monkeypatch, tmp_path):
+    """envpool:CheetahRun-v1 trains on its flattened observations. A MuJoCo task draws its
+    first picture in a process of its own, since its renderer ends the process that cannot
+    make an OpenGL context: that process's failure is a VideoError naming what it said."""
+    import subprocess
+
+    from jaxppo.errors import VideoError
+    from jaxppo.run.video import write_video
+
+    cfg = jaxppo.PPOConfig(env="envpool:CheetahRun-v1", num_envs=2, num_steps=8,
+                           num_minibatches=2, total_timesteps=2 * 8 * 2,
+                           compilation_cache_dir=None)
+    result = jaxppo.train(cfg, run_dir=tmp_path / "run", progress=False, plot=False)
+    assert result.env.observation_space().shape == (17,)
+    assert np.isfinite(result.metrics["policy_loss"]).all()
+    said = "ERROR: an OpenGL platform library has not been loaded into this process"
+    ran = []
+
+    def crashed(cmd, **kwargs):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, stdout=said + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", crashed)
+    policy = jaxppo.load_policy(tmp_path / "run")
+    with pytest.raises(VideoError, match=r"no video for envpool:CheetahRun-v1: its MuJoCo "
+                                         r"renderer could not draw a picture on this machine "
+                                         r"\(ERROR: an OpenGL platform library"):
+        write_video(policy, tmp_path / "v.gif", max_steps=5)
+    assert len(ran) == 1 and ran[0][-2:] == ["CheetahRun-v1", "{}"]
+    assert not (tmp_path / "v.gif").exists()
+
+
 def test_classic_control_makes_and_steps_without_gymnasiums_cast_warning(recwarn):
     """envpool's CartPole declares float64 bounds for its float32 observations: making the
     env and the pool, and stepping it, warn nothing (gymnasium's cast warning is kept out of
@@ -230,7 +305,6 @@ def test_atari_options_and_spaces():
      r"config's num_envs"),
     ({"env_params": {"max_steps_in_episode": 5}},
      r"^env_params is for gymnax envs; an envpool task takes its options as env_kwargs"),
-    ({"env": "envpool:MiniGrid-Empty-5x5-v0"}, r"has observation space Dict\(.*Box observations"),
     ({"num_seeds": 2, "num_devices": 2, "sync": "batch"},
      r"^sync='batch' with num_devices=2: env='envpool:Breakout-v5' steps in Python \(host-loop "
      r"mode\), so its rollout is whole"),
