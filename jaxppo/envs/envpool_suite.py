@@ -92,7 +92,13 @@ class EnvpoolEnv:
         _check_task(envpool, task)
         given = dict(kwargs or {})
         _refuse_own_kwargs(task, given)
-        defaults = envpool.make_spec(task).config
+        try:
+            defaults = envpool.make_spec(task).config
+        except Exception as e:  # noqa: BLE001 - what the task needs (Procgen: Qt 5): one error
+            raise ConfigError(
+                f"env='envpool:{task}': envpool cannot make this task on this machine: "
+                f"envpool.make_spec({task!r}) raised {type(e).__name__}: {_one_line(e)}"
+            ) from None
         self.atari = is_atari_spec(defaults)
         self.kwargs = {**(ATARI_DEFAULTS if self.atari else {}), **given}
         spec = _make_spec(envpool, task, defaults, given, self.kwargs)

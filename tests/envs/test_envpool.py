@@ -314,6 +314,22 @@ def test_errors_name_the_fix(kw, match):
         jaxppo.resolve(jaxppo.PPOConfig(**{"env": "envpool:Breakout-v5", **kw}))
 
 
+def test_a_task_envpool_cannot_make_here_is_a_clear_error(monkeypatch):
+    """A task whose own needs are missing (Procgen's Qt 5 runtime, a ViZDoom scenario) is a
+    ConfigError with envpool's own words, not envpool's traceback."""
+    import envpool
+
+    def missing(task, **kwargs):
+        raise ImportError("EnvPool Procgen requires the system Qt 5 runtime on Linux.\nmore")
+
+    monkeypatch.setattr(envpool, "make_spec", missing)
+    with pytest.raises(ConfigError, match=r"^env='envpool:BigfishEasy-v0': envpool cannot make "
+                                          r"this task on this machine: envpool.make_spec\("
+                                          r"'BigfishEasy-v0'\) raised ImportError: EnvPool "
+                                          r"Procgen requires the system Qt 5 runtime on Linux\.$"):
+        jaxppo.resolve(jaxppo.PPOConfig(env="envpool:BigfishEasy-v0"))
+
+
 def test_seeds_and_frame_stacking_on_an_envpool_task():
     """Two seeds of envpool's CartPole-v1 with its observations stacked by jaxppo: a stack of
     2 per env [4, 2] whose newest frame is envpool's own observation, one vector env per seed."""
