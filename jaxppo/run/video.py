@@ -9,6 +9,7 @@ nothing more; an .mp4 needs ffmpeg (on the PATH or from imageio-ffmpeg,
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -178,8 +179,11 @@ def _picture(envs, env_name: str) -> np.ndarray:
     try:
         picture = np.asarray(envs.render()[0])
     except Exception as e:  # noqa: BLE001 - the env's own renderer failed: say which and why
+        hint = ("; MuJoCo draws without a display through EGL: run with MUJOCO_GL=egl set"
+                if "OpenGL" in str(e) and not os.environ.get("MUJOCO_GL") else "")
         raise VideoError(f"no video for {env_name}: the env cannot render a picture "
-                         f"(render_mode='rgb_array': {type(e).__name__}: {str(e)[:200]})") from None
+                         f"(render_mode='rgb_array': {type(e).__name__}: {str(e)[:200]})"
+                         f"{hint}") from None
     if picture.ndim != 3 or picture.shape[-1] not in (3, 4):
         raise VideoError(f"no video for {env_name}: with render_mode='rgb_array' its render() "
                          f"gave {picture.shape if picture.ndim else picture.item()!r}, not a "

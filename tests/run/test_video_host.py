@@ -85,3 +85,26 @@ def test_an_env_that_renders_no_picture_is_a_clear_error(tmp_path):
                                                 r"gave None, not a picture \[H, W, 3\]$"):
         write_video(policy, tmp_path / "none.gif")
     assert not (tmp_path / "none.gif").exists()
+
+
+class NoOpenGL(NoPicture):
+    """An env whose renderer fails as MuJoCo's does on a machine without a display."""
+
+    def render(self):
+        raise RuntimeError("an OpenGL platform library has not been loaded into this process")
+
+
+def test_a_renderer_without_opengl_is_a_clear_error_that_names_egl(tmp_path, monkeypatch):
+    """MuJoCo's renderer on a machine without a display: a VideoError with the renderer's
+    words and, while MUJOCO_GL is unset, the setting that draws through EGL instead."""
+    gymnasium.register(id="jaxppo_tests/NoOpenGL-v0", entry_point=NoOpenGL, max_episode_steps=5)
+    policy = _handmade(jaxppo.PPOConfig(env="gymnasium:jaxppo_tests/NoOpenGL-v0", **TINY))
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    with pytest.raises(jaxppo.VideoError, match=r"RuntimeError: an OpenGL platform library has "
+                                                r"not been loaded into this process\); MuJoCo "
+                                                r"draws without a display through EGL: run with "
+                                                r"MUJOCO_GL=egl set$"):
+        write_video(policy, tmp_path / "gl.gif")
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")  # already chosen: no advice
+    with pytest.raises(jaxppo.VideoError, match=r"loaded into this process\)$"):
+        write_video(policy, tmp_path / "gl.gif")
