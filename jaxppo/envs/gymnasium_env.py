@@ -347,6 +347,18 @@ def _check_registered(gym, env_id: str) -> None:
     names = list(gym.envs.registry)
     if env_id in names:
         return
+    if env_id.startswith("ALE/"):  # ale-py's ids: registered once ale_py is imported
+        try:
+            gym.register_envs(import_package("ale_py"))
+        except ImportError:
+            raise ConfigError(
+                f"env='gymnasium:{env_id}': the ALE/ ids come from the ale-py package, which "
+                "is not installed: pip install ale-py (or train envpool's Atari, "
+                f"env='envpool:{env_id[4:]}', with CleanRL's preprocessing: "
+                "pip install 'jaxppo[envpool]')") from None
+        if env_id in gym.envs.registry:
+            return
+        names = list(gym.envs.registry)
     lowered = {n.lower(): n for n in names}
     close = ([lowered[env_id.lower()]] if env_id.lower() in lowered
              else difflib.get_close_matches(env_id, names, n=5, cutoff=0.5))

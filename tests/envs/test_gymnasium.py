@@ -208,6 +208,12 @@ def test_errors_name_the_fix(monkeypatch):
     with pytest.raises(ConfigError, match=r"gymnasium.make\('CartPole-v1', bogus=1\) raised "
                                           r"TypeError"):
         jaxppo.resolve(WALK.replace(env="gymnasium:CartPole-v1", env_kwargs={"bogus": 1}))
+    monkeypatch.setitem(__import__("sys").modules, "ale_py", None)  # ale-py not installed
+    with pytest.raises(ConfigError, match=r"'gymnasium:ALE/Pong-v5': the ALE/ ids come from the "
+                                          r"ale-py package, which is not installed: pip install "
+                                          r"ale-py \(or train envpool's Atari, "
+                                          r"env='envpool:Pong-v5'"):
+        jaxppo.resolve(WALK.replace(env="gymnasium:ALE/Pong-v5"))
     monkeypatch.setitem(__import__("sys").modules, "gymnasium", None)
     with pytest.raises(ConfigError, match=r"needs the gymnasium package: pip install "
                                           r"'jaxppo\[gymnasium\]'"):
