@@ -65,7 +65,9 @@ class GymnasiumEnv:
     Dict's parts in key order), done by a wrapper on each env of the vector env. Discrete or
     Box actions; a 1-D MultiDiscrete or MultiBinary action space as one Discrete over its
     combinations (at most MAX_JOINT_ACTIONS; index i is `np.unravel_index(i, nvec)`), as
-    Jumanji's adapter does.
+    Jumanji's adapter does. An env whose reset's info holds "action_mask" (bool or 0/1, one
+    per Discrete action, as Taxi's) `gives_action_mask`: the policy acts among the legal
+    actions of each observation, read from the info of the reset or step that gave it.
     """
 
     host_loop = True  # it steps in Python: jaxppo.run.hostloop runs it
@@ -89,8 +91,17 @@ class GymnasiumEnv:
             self.env_obs_space = probe.observation_space
             self.env_act_space = probe.action_space
             limit = getattr(probe.spec, "max_episode_steps", None)
+            # The legal actions, where the env gives them with each observation: its
+            # info["action_mask"] of reset and step, one entry per Discrete action.
+            mask = probe.reset(seed=0)[1].get("action_mask") if isinstance(
+                self.env_act_space, gym.spaces.Discrete) else None
+        except Exception as e:  # noqa: BLE001 - the env's own reset: one clear error
+            raise ConfigError(f"env='gymnasium:{env_id}': its reset(seed=0) raised "
+                              f"{type(e).__name__}: {_one_line(e)}") from None
         finally:
             probe.close()
+        self.gives_action_mask = (mask is not None
+                                  and np.shape(mask) == (int(self.env_act_space.n),))
         self.max_episode_steps = int(limit) if limit else None
         where = f"env='gymnasium:{self.id}'"
         self.obs_space = _presented_obs_space(gym, self.env_obs_space, where)

@@ -28,7 +28,7 @@ from jaxppo.envs.craftax_suite import make_craftax_env, registered_craftax_envs
 from jaxppo.envs.jaxmarl_suite import make_jaxmarl_env, registered_jaxmarl_envs
 from jaxppo.envs.jumanji_suite import make_jumanji_env, registered_jumanji_envs
 from jaxppo.envs.xminigrid_suite import make_xminigrid_env, registered_xminigrid_envs
-from jaxppo.envs.spec import EnvSpec
+from jaxppo.envs.spec import EnvSpec, mask_in_info
 from jaxppo.envs.transforms import box_bounds, wrap_env
 
 
@@ -307,15 +307,19 @@ def env_action_mask(config, env, env_params, num_actions: int, num_agents: int =
     fn = getattr(env, "action_mask", None)
     if config.mask_actions is False:
         return None
-    if not callable(fn) or getattr(env, "host_loop", False):
+    host = getattr(env, "host_loop", False)
+    if host and getattr(env, "gives_action_mask", False):
+        return mask_in_info
+    if not callable(fn) or host:
         if config.mask_actions:
             raise ConfigError(
                 f"mask_actions=true, but {config.env_name} gives no action mask: an env masks "
                 "its illegal actions by defining `action_mask(state, params) -> bool "
                 "[num_actions]` (true = legal) for the state whose observation the policy "
                 "sees (docs/environments.md, \"Action masks\"); Jumanji envs whose "
-                "observation has an action_mask give it; gymnasium envs step outside the "
-                "compiled program and give none. Leave mask_actions unset to train without one")
+                "observation has an action_mask give it; a gymnasium env gives it as "
+                "info['action_mask'] of its reset and step, [num_actions] of a Discrete "
+                "action space. Leave mask_actions unset to train without one")
         return None
     try:
         out = jax.eval_shape(lambda k: fn(env.reset(k, env_params)[1], env_params),

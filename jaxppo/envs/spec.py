@@ -18,6 +18,15 @@ import numpy as np
 MAX_JOINT_ACTIONS = 4096
 
 
+def mask_in_info(state, params):
+    """The `action_mask` of an env that steps in Python (its `gives_action_mask`): its legal
+    actions come with each observation, as info["action_mask"] of its reset and step, where
+    the host loop reads them; there is no state to compute them from."""
+    raise TypeError(
+        "this env steps in Python: its legal actions are info['action_mask'] of the reset or "
+        "step that gave the observation; pass that as action_mask")
+
+
 class EnvSpec(NamedTuple):
     """An environment and what the networks need to know about it.
 

@@ -269,7 +269,8 @@ class ActorLearnerRunner(HostLoopRunner):
         step_noise = np.zeros(noise.shape[:self._env_axis] + noise.shape[self._env_axis + 1:],
                               noise.dtype)  # one step's: [S?, E_a, A]
         outs = first.rollout.warm_up(state.params, state.obs_stats, step_noise)
-        zero = zero_transition(outs, self.config.num_steps, first.rollout.obs, self.seeded)
+        zero = zero_transition(outs, self.config.num_steps, first.rollout.obs, self.seeded,
+                               first.rollout.policy_inputs()[3])
         self._compile_update(join_rollouts([zero] * self.threads, self.seeded))
 
     # ------------------------------------------------------------------ the Runner protocol

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxppo.core import ppo
+from jaxppo.core import networks, ppo
 from jaxppo.core.algorithm import Algorithm, Transition, TrainState, update_metric_keys
 from jaxppo.core.hyperparams import HyperParams
 from jaxppo.envs.spec import env_action
@@ -124,19 +124,37 @@ def obs_dtype(env) -> np.dtype:
     return dtype if np.issubdtype(dtype, np.integer) or dtype == np.bool_ else np.dtype(np.float32)
 
 
-def _policy_step(algo: Algorithm, params, obs_stats, raw_obs, carry, reset, noise):
+def _policy_step(algo: Algorithm, params, obs_stats, raw_obs, carry, reset, mask, noise):
     """The acting policy's step: (action, env-ready action, log-prob, distribution, carry
-    after it); `carry` (() feed-forward) is zeroed first where `reset` [E] says so."""
+    after it); `carry` (() feed-forward) is zeroed first where `reset` [E] says so; `mask`
+    [E, A] (None: unmasked) the env's legal actions."""
     dist, _, carry = algo.network.apply(params, algo.obs_in(obs_stats, raw_obs), carry, reset)
-    action, logp = algo.sample_actions(dist, noise)
+    action, logp = algo.sample_actions(networks.mask_logits(dist, mask), noise)
     return action, env_action(algo.spec, action), logp, dist, carry
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _behaviour(algo: Algorithm, seeded: bool, params, obs_stats, raw_obs, carry, reset, noise):
+def _behaviour(algo: Algorithm, seeded: bool, params, obs_stats, raw_obs, carry, reset, mask,
+               noise):
     """`_policy_step`, vmapped over a leading seed axis of every argument when `seeded`."""
     step = functools.partial(_policy_step, algo)
-    return (jax.vmap(step) if seeded else step)(params, obs_stats, raw_obs, carry, reset, noise)
+    return (jax.vmap(step) if seeded else step)(params, obs_stats, raw_obs, carry, reset, mask,
+                                                noise)
+
+
+def info_mask(info: dict, masked: bool, n: int, num_actions: int) -> np.ndarray | None:
+    """The legal actions [n, A] (bool) of the observations a reset or step of a vector env
+    gave, from its info["action_mask"] (with SAME_STEP autoreset, an ended env's is its next
+    episode's first); None when the policy is unmasked. ConfigError for a step without one."""
+    if not masked:
+        return None
+    mask = info.get("action_mask") if isinstance(info, dict) else None
+    if mask is None or np.shape(mask) != (n, num_actions):
+        raise ConfigError(
+            f"the env's info['action_mask'] is {'missing' if mask is None else np.shape(mask)} "
+            f"after a reset or step; an env trained with its mask gives one per observation, "
+            f"[{n}, {num_actions}] for {n} envs (true or nonzero = legal)")
+    return np.asarray(mask).astype(bool)
 
 
 class HostRollout:
@@ -159,8 +177,12 @@ class HostRollout:
         self.num_envs = n = len(seeds)
         self.obs_dtype = obs_dtype(self.env)
         self.envs = self.env.make_vec(n)
+        self.masked = self.spec.masked
         try:
-            self.obs = self._obs(self.envs.reset(seed=seeds)[0])
+            obs, info = self.envs.reset(seed=seeds)
+            self.obs = self._obs(obs)
+            # The legal actions of `obs` (None: an unmasked policy).
+            self.mask = info_mask(info, self.masked, n, self.spec.action_dim)
         except BaseException:
             self.envs.close()
             raise
@@ -177,8 +199,9 @@ class HostRollout:
         return np.asarray(obs, self.obs_dtype).reshape((self.num_envs,) + self.spec.obs_shape)
 
     def policy_inputs(self) -> tuple:
-        """What the policy step takes of these envs: (observations, carry, reset)."""
-        return self.obs, self.carry, self.reset
+        """What the policy step takes of these envs: (observations, carry, reset, legal
+        actions)."""
+        return self.obs, self.carry, self.reset, self.mask
 
     def warm_up(self, params, obs_stats, noise: np.ndarray):
         """Compile the policy step for these envs (noise [E, A]); its outputs' shapes."""
@@ -205,7 +228,9 @@ class HostRollout:
             **{k: np.empty((T, E), np.float32) for k in ("reward", "discounted_return",
                                                          "episode_return")},
             **{k: np.empty((T, E), bool) for k in ("terminated", "truncated", "episode_end")},
-            episode_length=np.empty((T, E), np.int32))
+            episode_length=np.empty((T, E), np.int32),
+            **({"action_mask": np.empty((T, E, self.spec.action_dim), bool)} if self.masked
+               else {}))
         self._steps: list[tuple] = []
         self._resets: list[np.ndarray] = []
         self._carry0 = self.carry
@@ -216,6 +241,8 @@ class HostRollout:
         action, env_action, logp, dist, carry = outs
         b = self._buf
         b["obs"][t] = self.obs
+        if self.masked:
+            b["action_mask"][t] = self.mask
         if self.reset is not None:
             self._resets.append(self.reset)
         (b["final_obs"][t], b["reward"][t], b["terminated"][t], b["truncated"][t],
@@ -241,6 +268,7 @@ class HostRollout:
         next_obs, reward, terminated, truncated, info = self.envs.step(
             self.env.env_actions(env_action))
         next_obs = self._obs(next_obs)
+        self.mask = info_mask(info, self.masked, self.num_envs, self.spec.action_dim)
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool) & ~terminated
         done = terminated | truncated
@@ -294,7 +322,8 @@ class SeedRollouts:
 
     def policy_inputs(self) -> tuple:
         reset = None if self.parts[0].reset is None else self._stacked("reset")
-        return self.obs, self.carry, reset
+        mask = None if self.parts[0].mask is None else self._stacked("mask")
+        return self.obs, self.carry, reset, mask
 
     def warm_up(self, params, obs_stats, noise: np.ndarray):
         """Compile the policy step for these envs (noise [S, E, A]); its outputs' shapes."""
@@ -342,9 +371,11 @@ def _episode_info(info: dict, key: str, done: np.ndarray, default: np.ndarray) -
     return out
 
 
-def zero_transition(outs, num_steps: int, obs: np.ndarray, seeded: bool = False) -> Transition:
+def zero_transition(outs, num_steps: int, obs: np.ndarray, seeded: bool = False,
+                    mask: np.ndarray | None = None) -> Transition:
     """A rollout [S?, T, E] of zeros shaped as `collect` returns it, from the policy step's
-    output shapes `outs` ([S?, E, ...]) and one observation batch `obs` [S?, E, ...]."""
+    output shapes `outs` ([S?, E, ...]), one observation batch `obs` [S?, E, ...] and, for a
+    masked policy, one batch of legal actions `mask` [S?, E, A]."""
     lead = 1 if seeded else 0  # the time axis goes after the seed axis
 
     def zeros(s):  # [S?, E, ...] -> [S?, T, E, ...]
@@ -358,7 +389,8 @@ def zero_transition(outs, num_steps: int, obs: np.ndarray, seeded: bool = False)
                       dist=jax.tree.map(zeros, outs[3]), reward=f32, discounted_return=f32,
                       terminated=b, truncated=b, episode_return=f32,
                       episode_length=np.zeros(rows, np.int32), episode_end=b,
-                      reset=b if jax.tree.leaves(carry0) else None, carry0=carry0)
+                      reset=b if jax.tree.leaves(carry0) else None, carry0=carry0,
+                      action_mask=None if mask is None else zeros(mask))
 
 
 def initial_state(algo: Algorithm, key: jax.Array, hp: HyperParams, obs) -> tuple[TrainState, jax.Array]:
@@ -462,7 +494,8 @@ class HostLoopRunner:
         noise = np.zeros(self._noise(k_roll, self._env_ids).shape, np.float32)
         outs = self.rollout.warm_up(state.params, state.obs_stats, noise[:, 0] if self.seeded
                                     else noise[0])
-        traj = zero_transition(outs, self.config.num_steps, self.rollout.obs, self.seeded)
+        traj = zero_transition(outs, self.config.num_steps, self.rollout.obs, self.seeded,
+                               self.rollout.policy_inputs()[3])
         self._compile_update(traj)
 
     def _compile_update(self, traj: Transition) -> None:
@@ -591,7 +624,9 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
     step's reward, `going` False at the step that ends it (a video: jaxppo.run.video)."""
     n = envs.num_envs
     k_reset, k_act = jax.random.split(key)
-    obs, _ = envs.reset(seed=_env_seeds(k_reset, n))
+    obs, info = envs.reset(seed=_env_seeds(k_reset, n))
+    masked, num_actions = algorithm.spec.masked, algorithm.spec.action_dim
+    mask = info_mask(info, masked, n, num_actions)
     if watch is not None:
         watch(None, True)
     shape, dtype = (n,) + algorithm.spec.obs_shape, obs_dtype(algorithm.spec.env)
@@ -601,9 +636,10 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
     active = np.ones(n, bool)
     for t in range(max_steps):
         obs = np.asarray(obs, dtype).reshape(shape)
-        action, carry = step(params, obs_stats, obs, carry, jax.random.fold_in(k_act, t))
+        action, carry = step(params, obs_stats, obs, carry, jax.random.fold_in(k_act, t), mask)
         action = np.asarray(action)
         obs, reward, terminated, truncated, info = envs.step(algorithm.spec.env.env_actions(action))
+        mask = info_mask(info, masked, n, num_actions)
         done = np.asarray(terminated, bool) | np.asarray(truncated, bool)
         reward = _episode_info(info, "episode_reward", done, np.asarray(reward, np.float64))
         returns += np.where(active, reward, 0.0)
@@ -618,12 +654,14 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _act(algorithm: Algorithm, deterministic: bool, params, obs_stats, obs, carry, key):
-    return algorithm.policy_step(params, obs_stats, obs, carry, key, deterministic)
+def _act(algorithm: Algorithm, deterministic: bool, params, obs_stats, obs, carry, key,
+         mask=None):
+    return algorithm.policy_step(params, obs_stats, obs, carry, key, deterministic, mask)
 
 
 def _policy(algorithm: Algorithm, deterministic: bool):
-    """The jitted env-ready policy `(params, obs_stats, obs, carry, key) -> (actions, carry)`
+    """The jitted env-ready policy `(params, obs_stats, obs, carry, key, mask=None) ->
+    (actions, carry)`
     of the algorithm
     (compiled once per algorithm and mode: jit keys on the frozen Algorithm)."""
     return functools.partial(_act, algorithm, deterministic)

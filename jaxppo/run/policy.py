@@ -145,6 +145,8 @@ class Policy:
             raise TypeError(f"this policy was trained without an action mask "
                             f"({_no_mask(self.algorithm)}): it acts on observations alone, so "
                             "call it without action_mask")
+        if self.spec.host_loop:
+            fn(state, self.env_params)  # the TypeError that says where its masks come from
         want = jax.eval_shape(lambda k: self.env.reset(k, self.env_params)[1],
                               jax.random.PRNGKey(0))
         leaves, ref = jax.tree.leaves(state), jax.tree.leaves(want)
@@ -465,6 +467,11 @@ def check_action_mask(action_mask, obs, algorithm: Algorithm):
             "or true)")
     batch = tuple(obs.shape)[:obs.ndim - len(spec.obs_shape)]
     want = (*batch, spec.action_dim)
+    if action_mask is None and spec.host_loop:
+        raise TypeError(
+            f"this policy was trained with {name}'s action mask: pass the legal actions the "
+            f"env gave with each observation, action_mask=info['action_mask'] of its reset or "
+            f"step (bool {list(want)}, true = legal). policy.evaluate() passes them itself")
     if action_mask is None:
         raise TypeError(
             f"this policy was trained with {name}'s action mask: pass the legal actions of "
