@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from bench import cpu_model  # experiments/bench.py: the machine's CPU model
@@ -88,6 +89,7 @@ def main() -> None:
         run = {**finish_run(side, started.get(side) or start_run(side, args, __file__)),
                "load_after": os.getloadavg()[0], "steps_per_seed": args.steps,
                "seeds": args.seeds, "first_seed": args.first_seed, "cpu": cpu_model(),
+               "date": time.strftime("%Y-%m-%d"),
                "cores": os.cpu_count(),
                **({"together": True, "placement": (
                    "both sides at once, each a fresh process on the 2 shared cores: a "
