@@ -66,8 +66,9 @@ class GymnasiumEnv:
     Box actions; a 1-D MultiDiscrete or MultiBinary action space as one Discrete over its
     combinations (at most MAX_JOINT_ACTIONS; index i is `np.unravel_index(i, nvec)`), as
     Jumanji's adapter does. An env whose reset's info holds "action_mask" (bool or 0/1, one
-    per Discrete action, as Taxi's) `gives_action_mask`: the policy acts among the legal
-    actions of each observation, read from the info of the reset or step that gave it.
+    per Discrete action, as Taxi's), or that has SB3-contrib's `action_masks()` method,
+    `gives_action_mask`: the policy acts among the legal actions of each observation, read
+    after the reset or step that gave it.
     """
 
     host_loop = True  # it steps in Python: jaxppo.run.hostloop runs it
@@ -92,9 +93,13 @@ class GymnasiumEnv:
             self.env_act_space = probe.action_space
             limit = getattr(probe.spec, "max_episode_steps", None)
             # The legal actions, where the env gives them with each observation: its
-            # info["action_mask"] of reset and step, one entry per Discrete action.
-            mask = probe.reset(seed=0)[1].get("action_mask") if isinstance(
-                self.env_act_space, gym.spaces.Discrete) else None
+            # info["action_mask"] of reset and step, else its action_masks() (SB3-contrib's
+            # MaskablePPO convention); one entry per Discrete action.
+            mask = None
+            if isinstance(self.env_act_space, gym.spaces.Discrete):
+                mask = probe.reset(seed=0)[1].get("action_mask")
+                if mask is None and callable(_attr(probe, "action_masks")):
+                    mask = _attr(probe, "action_masks")()
         except Exception as e:  # noqa: BLE001 - the env's own reset: one clear error
             raise ConfigError(f"env='gymnasium:{env_id}': its reset(seed=0) raised "
                               f"{type(e).__name__}: {_one_line(e)}") from None
@@ -174,6 +179,14 @@ class GymnasiumEnv:
 
     def __repr__(self):
         return f"GymnasiumEnv({self.id!r})"
+
+
+def _attr(env, name: str):
+    """`env`'s attribute `name` through its wrappers (None where it has none)."""
+    try:
+        return env.get_wrapper_attr(name)
+    except AttributeError:
+        return None
 
 
 def _presented_obs_space(gym, space, where: str):

@@ -318,8 +318,9 @@ def env_action_mask(config, env, env_params, num_actions: int, num_agents: int =
                 "[num_actions]` (true = legal) for the state whose observation the policy "
                 "sees (docs/environments.md, \"Action masks\"); Jumanji envs whose "
                 "observation has an action_mask give it; a gymnasium env gives it as "
-                "info['action_mask'] of its reset and step, [num_actions] of a Discrete "
-                "action space. Leave mask_actions unset to train without one")
+                "info['action_mask'] of its reset and step, or by an action_masks() method, "
+                "[num_actions] of a Discrete action space. Leave mask_actions unset to train "
+                "without one")
         return None
     try:
         out = jax.eval_shape(lambda k: fn(env.reset(k, env_params)[1], env_params),

@@ -142,18 +142,25 @@ def _behaviour(algo: Algorithm, seeded: bool, params, obs_stats, raw_obs, carry,
                                                 noise)
 
 
-def info_mask(info: dict, masked: bool, n: int, num_actions: int) -> np.ndarray | None:
-    """The legal actions [n, A] (bool) of the observations a reset or step of a vector env
-    gave, from its info["action_mask"] (with SAME_STEP autoreset, an ended env's is its next
-    episode's first); None when the policy is unmasked. ConfigError for a step without one."""
+def legal_actions(envs, info: dict, masked: bool, n: int, num_actions: int) -> np.ndarray | None:
+    """The legal actions [n, A] (bool) of the observations a reset or step of the vector env
+    `envs` gave: its info["action_mask"], else each env's `action_masks()` (SB3-contrib's
+    MaskablePPO convention; with SAME_STEP autoreset, an ended env's are its next episode's
+    first); None when the policy is unmasked. ConfigError for a step without them."""
     if not masked:
         return None
     mask = info.get("action_mask") if isinstance(info, dict) else None
+    if mask is None and callable(getattr(envs, "call", None)):
+        try:
+            mask = np.stack(envs.call("action_masks"))
+        except AttributeError:
+            mask = None
     if mask is None or np.shape(mask) != (n, num_actions):
         raise ConfigError(
-            f"the env's info['action_mask'] is {'missing' if mask is None else np.shape(mask)} "
-            f"after a reset or step; an env trained with its mask gives one per observation, "
-            f"[{n}, {num_actions}] for {n} envs (true or nonzero = legal)")
+            f"the env's legal actions (info['action_mask'], or action_masks()) are "
+            f"{'missing' if mask is None else np.shape(mask)} after a reset or step; an env "
+            f"trained with its mask gives them for every observation, [{n}, {num_actions}] for "
+            f"{n} envs (true or nonzero = legal)")
     return np.asarray(mask).astype(bool)
 
 
@@ -182,7 +189,7 @@ class HostRollout:
             obs, info = self.envs.reset(seed=seeds)
             self.obs = self._obs(obs)
             # The legal actions of `obs` (None: an unmasked policy).
-            self.mask = info_mask(info, self.masked, n, self.spec.action_dim)
+            self.mask = legal_actions(self.envs, info, self.masked, n, self.spec.action_dim)
         except BaseException:
             self.envs.close()
             raise
@@ -268,7 +275,8 @@ class HostRollout:
         next_obs, reward, terminated, truncated, info = self.envs.step(
             self.env.env_actions(env_action))
         next_obs = self._obs(next_obs)
-        self.mask = info_mask(info, self.masked, self.num_envs, self.spec.action_dim)
+        self.mask = legal_actions(self.envs, info, self.masked, self.num_envs,
+                                  self.spec.action_dim)
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool) & ~terminated
         done = terminated | truncated
@@ -626,7 +634,7 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
     k_reset, k_act = jax.random.split(key)
     obs, info = envs.reset(seed=_env_seeds(k_reset, n))
     masked, num_actions = algorithm.spec.masked, algorithm.spec.action_dim
-    mask = info_mask(info, masked, n, num_actions)
+    mask = legal_actions(envs, info, masked, n, num_actions)
     if watch is not None:
         watch(None, True)
     shape, dtype = (n,) + algorithm.spec.obs_shape, obs_dtype(algorithm.spec.env)
@@ -639,7 +647,7 @@ def play_episodes(algorithm: Algorithm, params, obs_stats, key: jax.Array, envs,
         action, carry = step(params, obs_stats, obs, carry, jax.random.fold_in(k_act, t), mask)
         action = np.asarray(action)
         obs, reward, terminated, truncated, info = envs.step(algorithm.spec.env.env_actions(action))
-        mask = info_mask(info, masked, n, num_actions)
+        mask = legal_actions(envs, info, masked, n, num_actions)
         done = np.asarray(terminated, bool) | np.asarray(truncated, bool)
         reward = _episode_info(info, "episode_reward", done, np.asarray(reward, np.float64))
         returns += np.where(active, reward, 0.0)

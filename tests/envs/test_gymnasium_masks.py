@@ -25,8 +25,8 @@ def legal(x: int) -> np.ndarray:
 
 class Ladder(gymnasium.Env):
     """Rungs 0..5; observation [x]; reward 1 at the top, which ends the episode. An illegal
-    action is counted in `illegal` (and does nothing). Gives info["action_mask"] (int8, as
-    Taxi) unless made with masked=False."""
+    action is counted in `illegal` (and does nothing). Gives its legal actions as
+    info["action_mask"] (int8, as Taxi), or none with masked=False."""
 
     observation_space = gymnasium.spaces.Box(0.0, 5.0, (1,), np.float32)
     action_space = gymnasium.spaces.Discrete(ACTIONS)
@@ -55,8 +55,20 @@ class Ladder(gymnasium.Env):
         return obs, float(self.x == 5), self.x == 5, False, info
 
 
+class MethodLadder(Ladder):
+    """Ladder giving its legal actions as `action_masks()` (SB3-contrib's MaskablePPO
+    convention) instead of in its info."""
+
+    def __init__(self):
+        super().__init__(masked=False)
+
+    def action_masks(self):
+        return legal(self.x)
+
+
 if "JaxppoLadder-v0" not in gymnasium.envs.registry:
     gymnasium.register(id="JaxppoLadder-v0", entry_point=Ladder, max_episode_steps=8)
+    gymnasium.register(id="JaxppoMethodLadder-v0", entry_point=MethodLadder, max_episode_steps=8)
 
 LADDER = jaxppo.PPOConfig(env="gymnasium:JaxppoLadder-v0", num_envs=3, num_steps=16,
                           num_epochs=1, num_minibatches=2, total_timesteps=3 * 16 * 3,
@@ -64,10 +76,13 @@ LADDER = jaxppo.PPOConfig(env="gymnasium:JaxppoLadder-v0", num_envs=3, num_steps
                           network=jaxppo.NetworkConfig(hidden_sizes=(16,)))
 
 
-def test_the_rollout_acts_among_the_legal_actions_and_records_them():
+@pytest.mark.parametrize("env", ["JaxppoLadder-v0", "JaxppoMethodLadder-v0"],
+                         ids=["info", "action_masks"])
+def test_the_rollout_acts_among_the_legal_actions_and_records_them(env):
     """Every action is legal for the observation it was taken in, and the recorded mask of
-    each step is the hand-computed legal set of its observation (resets included)."""
-    run = jaxppo.resolve(LADDER)
+    each step is the hand-computed legal set of its observation (resets included), from the
+    env's info or from its action_masks()."""
+    run = jaxppo.resolve(LADDER.replace(env=f"gymnasium:{env}"))
     assert run.spec.masked
     runner = HostLoopRunner(run, HyperParams.from_config(run.config))
     try:
