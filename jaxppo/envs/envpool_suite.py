@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxppo.envs.gymnasium_env import flatten_observation
 from jaxppo.envs.imports import import_package
 from jaxppo.config_fields import did_you_mean
 from jaxppo.errors import ConfigError, VideoError
@@ -144,7 +145,10 @@ class EnvpoolEnv:
 
     def make_vec(self, num_envs: int, render: bool = False) -> "EnvpoolVectorEnv":
         """A vector env of `num_envs` copies in SAME_STEP autoreset mode (its pool is made at
-        the first reset, with that reset's seeds); with `render`, its `render()` draws them."""
+        the first reset, with that reset's seeds); with `render`, its `render()` draws them
+        (VideoError first where the task cannot draw here: `check_renders`)."""
+        if render:
+            check_renders(self.id, self.kwargs)
         return EnvpoolVectorEnv(self.id, self.kwargs, num_envs, self.channels_first, render,
                                 self.flattened)
 
@@ -152,8 +156,7 @@ class EnvpoolEnv:
         """One observation of the task as the policy takes it: frames channel-last, any space
         not a Box flattened into one float32 vector (gymnasium.spaces.flatten's)."""
         if self.flattened is not None:
-            batch = _map_arrays(lambda x: np.asarray(x)[None], obs)
-            return _flatten_batch(self.flattened, batch)[0]
+            return flatten_observation(self.flattened, obs)
         return np.moveaxis(np.asarray(obs), 0, -1) if self.channels_first else np.asarray(obs)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
@@ -455,11 +458,6 @@ def _flatten_batch(space, obs) -> np.ndarray:
         return np.concatenate([np.eye(int(k), dtype=np.float32)[parts[:, i]]
                                for i, k in enumerate(np.asarray(space.nvec).reshape(-1))], axis=1)
     return x.reshape(n, -1).astype(np.float32)  # a Box, a MultiBinary
-
-
-def _map_arrays(fn, tree):
-    """`fn` over the leaves of a dict (nested) or one array."""
-    return {k: _map_arrays(fn, v) for k, v in tree.items()} if isinstance(tree, dict) else fn(tree)
 
 
 def _presented_obs_space(space):

@@ -162,7 +162,7 @@ class GymnasiumEnv:
         other flattened into a float32 vector (what the vector env's wrapper gives)."""
         if self.obs_space is self.env_obs_space:
             return np.asarray(obs)
-        return _flatten(self.env_obs_space, obs)
+        return flatten_observation(self.env_obs_space, obs)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Policy actions [E, ...] (already clipped to the bounds) as the vector env takes them:
@@ -213,10 +213,12 @@ def _flattened(space, flat_space, env):
     """`env` whose observations are `gymnasium.spaces.flatten(space, obs)` in float32 (a wrapper
     of each env of the vector env; module-level parts, so an async one pickles them)."""
     gym = import_gymnasium()
-    return gym.wrappers.TransformObservation(env, functools.partial(_flatten, space), flat_space)
+    return gym.wrappers.TransformObservation(env, functools.partial(flatten_observation, space),
+                                             flat_space)
 
 
-def _flatten(space, obs) -> np.ndarray:
+def flatten_observation(space, obs) -> np.ndarray:
+    """One observation of `space` as one float32 vector: `gymnasium.spaces.flatten`."""
     return np.asarray(import_gymnasium().spaces.flatten(space, obs), np.float32)
 
 

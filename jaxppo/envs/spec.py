@@ -20,11 +20,13 @@ MAX_JOINT_ACTIONS = 4096
 
 def mask_in_info(state, params):
     """The `action_mask` of an env that steps in Python (its `gives_action_mask`): its legal
-    actions come with each observation, as info["action_mask"] of its reset and step, where
-    the host loop reads them; there is no state to compute them from."""
+    actions come with each observation, as info["action_mask"] of its reset and step (or from
+    its action_masks()), where the host loop reads them; there is no state to compute them
+    from."""
     raise TypeError(
         "this env steps in Python: its legal actions are info['action_mask'] of the reset or "
-        "step that gave the observation; pass that as action_mask")
+        "step that gave the observation (or the env's action_masks() after it); pass that as "
+        "action_mask")
 
 
 class EnvSpec(NamedTuple):

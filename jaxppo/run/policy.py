@@ -471,7 +471,8 @@ def check_action_mask(action_mask, obs, algorithm: Algorithm):
         raise TypeError(
             f"this policy was trained with {name}'s action mask: pass the legal actions the "
             f"env gave with each observation, action_mask=info['action_mask'] of its reset or "
-            f"step (bool {list(want)}, true = legal). policy.evaluate() passes them itself")
+            f"step, or its action_masks() after it (bool {list(want)}, true = legal). "
+            "policy.evaluate() passes them itself")
     if action_mask is None:
         raise TypeError(
             f"this policy was trained with {name}'s action mask: pass the legal actions of "

@@ -18,7 +18,6 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from jaxppo.envs.envpool_suite import check_renders, is_envpool_env
 from jaxppo.errors import VideoError
 from jaxppo.run.policy import Policy
 
@@ -213,9 +212,6 @@ def renderer(policy: Policy) -> tuple[str, Callable]:
     if policy.agents:
         return _multi_agent_renderer(policy)
     if policy.spec.host_loop:  # the env's own pictures
-        if is_envpool_env(policy.config.env):
-            check_renders(policy.config.env[len("envpool:"):], policy.config.env_kwargs)
-
         def show(ax):
             shown = []
 
