@@ -66,9 +66,10 @@ class GymnasiumEnv:
     Box actions; a 1-D MultiDiscrete or MultiBinary action space as one Discrete over its
     combinations (at most MAX_JOINT_ACTIONS; index i is `np.unravel_index(i, nvec)`), as
     Jumanji's adapter does. An env whose reset's info holds "action_mask" (bool or 0/1, one
-    per Discrete action, as Taxi's), or that has SB3-contrib's `action_masks()` method,
-    `gives_action_mask`: the policy acts among the legal actions of each observation, read
-    after the reset or step that gave it.
+    per Discrete action, as Taxi's), that has SB3-contrib's `action_masks()` method, or whose
+    Dict observation has an "action_mask" entry (PettingZoo's and RLlib's convention; the
+    policy sees the rest of the observation) `gives_action_mask`: the policy acts among the
+    legal actions of each observation, read after the reset or step that gave it.
     """
 
     host_loop = True  # it steps in Python: jaxppo.run.hostloop runs it
@@ -88,13 +89,19 @@ class GymnasiumEnv:
                 + "".join(f", {k}={v!r}" for k, v in self.kwargs.items())
                 + f") raised {type(e).__name__}: {_one_line(e)} (env_kwargs go to gymnasium.make)"
             ) from None
+        from jaxppo.envs import gymnasium_mask
+
         try:
             self.env_obs_space = probe.observation_space
             self.env_act_space = probe.action_space
             limit = getattr(probe.spec, "max_episode_steps", None)
             # The legal actions, where the env gives them with each observation: its
             # info["action_mask"] of reset and step, else its action_masks() (SB3-contrib's
-            # MaskablePPO convention); one entry per Discrete action.
+            # MaskablePPO convention), else its Dict observation's "action_mask" (moved to
+            # the info by a wrapper); one entry per Discrete action.
+            self.mask_in_obs = gymnasium_mask.carries_mask(self.env_obs_space, self.env_act_space)
+            if self.mask_in_obs:
+                probe = gymnasium_mask.MaskFromObservation(probe)
             mask = None
             if isinstance(self.env_act_space, gym.spaces.Discrete):
                 mask = probe.reset(seed=0)[1].get("action_mask")
@@ -109,7 +116,9 @@ class GymnasiumEnv:
                                   and np.shape(mask) == (int(self.env_act_space.n),))
         self.max_episode_steps = int(limit) if limit else None
         where = f"env='gymnasium:{self.id}'"
-        self.obs_space = _presented_obs_space(gym, self.env_obs_space, where)
+        # The observation the policy is given before any flattening (without a carried mask).
+        self.given_obs_space = probe.observation_space
+        self.obs_space = _presented_obs_space(gym, self.given_obs_space, where)
         self.act_space, self.joint_actions = _presented_act_space(gym, self.env_act_space, where)
 
     @property
@@ -138,8 +147,11 @@ class GymnasiumEnv:
         if render:  # pygame (classic control's renderer) draws off screen, without sound
             for driver in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):
                 os.environ.setdefault(driver, "dummy")
-        wrappers = ([] if self.obs_space is self.env_obs_space else
-                    [functools.partial(_flattened, self.env_obs_space, self.obs_space)])
+        from jaxppo.envs.gymnasium_mask import MaskFromObservation
+
+        wrappers = [MaskFromObservation] if self.mask_in_obs else []
+        if self.obs_space is not self.given_obs_space:
+            wrappers.append(functools.partial(_flattened, self.given_obs_space, self.obs_space))
         try:
             envs = gym.make_vec(self.id, num_envs=num_envs, vectorization_mode=mode,
                                 vector_kwargs=vector_kwargs, wrappers=wrappers, **kwargs)
@@ -159,10 +171,16 @@ class GymnasiumEnv:
 
     def policy_obs(self, obs) -> np.ndarray:
         """One observation of the env as the policy takes it: a Box observation as it is, any
-        other flattened into a float32 vector (what the vector env's wrapper gives)."""
-        if self.obs_space is self.env_obs_space:
+        other flattened into a float32 vector (what the vector env's wrappers give); a Dict
+        observation that carries the legal actions without its "action_mask" (pass that as
+        the policy's action_mask)."""
+        if self.mask_in_obs:
+            from jaxppo.envs.gymnasium_mask import obs_without_mask
+
+            obs = obs_without_mask(obs)
+        if self.obs_space is self.given_obs_space:
             return np.asarray(obs)
-        return flatten_observation(self.env_obs_space, obs)
+        return flatten_observation(self.given_obs_space, obs)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
         """Policy actions [E, ...] (already clipped to the bounds) as the vector env takes them:

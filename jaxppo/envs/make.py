@@ -318,8 +318,9 @@ def env_action_mask(config, env, env_params, num_actions: int, num_agents: int =
                 "[num_actions]` (true = legal) for the state whose observation the policy "
                 "sees (docs/environments.md, \"Action masks\"); Jumanji envs whose "
                 "observation has an action_mask give it; a gymnasium env gives it as "
-                "info['action_mask'] of its reset and step, or by an action_masks() method, "
-                "[num_actions] of a Discrete action space. Leave mask_actions unset to train "
+                "info['action_mask'] of its reset and step, by an action_masks() method, or "
+                "as the 'action_mask' entry of a Dict observation, [num_actions] of a "
+                "Discrete action space. Leave mask_actions unset to train "
                 "without one")
         return None
     try:

@@ -66,9 +66,26 @@ class MethodLadder(Ladder):
         return legal(self.x)
 
 
+class DictLadder(Ladder):
+    """Ladder giving its legal actions in its observation, {"observation": [x], "action_mask":
+    legal} (PettingZoo's and RLlib's convention), instead of in its info."""
+
+    observation_space = gymnasium.spaces.Dict({
+        "observation": Ladder.observation_space,
+        "action_mask": gymnasium.spaces.MultiBinary(ACTIONS)})
+
+    def __init__(self):
+        super().__init__(masked=False)
+
+    def _out(self):
+        obs, info = super()._out()
+        return {"observation": obs, "action_mask": legal(self.x).astype(np.int8)}, info
+
+
 if "JaxppoLadder-v0" not in gymnasium.envs.registry:
     gymnasium.register(id="JaxppoLadder-v0", entry_point=Ladder, max_episode_steps=8)
     gymnasium.register(id="JaxppoMethodLadder-v0", entry_point=MethodLadder, max_episode_steps=8)
+    gymnasium.register(id="JaxppoDictLadder-v0", entry_point=DictLadder, max_episode_steps=8)
 
 LADDER = jaxppo.PPOConfig(env="gymnasium:JaxppoLadder-v0", num_envs=3, num_steps=16,
                           num_epochs=1, num_minibatches=2, total_timesteps=3 * 16 * 3,
@@ -76,14 +93,15 @@ LADDER = jaxppo.PPOConfig(env="gymnasium:JaxppoLadder-v0", num_envs=3, num_steps
                           network=jaxppo.NetworkConfig(hidden_sizes=(16,)))
 
 
-@pytest.mark.parametrize("env", ["JaxppoLadder-v0", "JaxppoMethodLadder-v0"],
-                         ids=["info", "action_masks"])
+@pytest.mark.parametrize("env", ["JaxppoLadder-v0", "JaxppoMethodLadder-v0",
+                                 "JaxppoDictLadder-v0"], ids=["info", "action_masks", "obs"])
 def test_the_rollout_acts_among_the_legal_actions_and_records_them(env):
     """Every action is legal for the observation it was taken in, and the recorded mask of
     each step is the hand-computed legal set of its observation (resets included), from the
-    env's info or from its action_masks()."""
+    env's info, its action_masks() or its observation's "action_mask" (which the policy does
+    not see: its observation is [x])."""
     run = jaxppo.resolve(LADDER.replace(env=f"gymnasium:{env}"))
-    assert run.spec.masked
+    assert run.spec.masked and run.spec.obs_shape == (1,)
     runner = HostLoopRunner(run, HyperParams.from_config(run.config))
     try:
         Ladder.illegal[0] = 0
@@ -135,3 +153,20 @@ def test_mask_actions_settings():
                                           r"action mask: .*a gymnasium env gives it as "
                                           r"info\['action_mask'\] of its reset and step"):
         jaxppo.resolve(unmasked.replace(mask_actions=True))
+
+
+def test_a_mask_carried_in_the_observation_leaves_the_rest_to_the_policy():
+    """The Dict observation without "action_mask": the one other entry as it is, several
+    flattened; a mask that is not one entry per action stays part of the observation."""
+    from jaxppo.envs.gymnasium_mask import carries_mask, space_without_mask
+
+    env = jaxppo.resolve(LADDER.replace(env="gymnasium:JaxppoDictLadder-v0")).spec.env
+    obs = {"observation": np.array([3.0], np.float32), "action_mask": legal(3).astype(np.int8)}
+    np.testing.assert_array_equal(env.policy_obs(obs), [3.0])
+    spaces = gymnasium.spaces
+    two = spaces.Dict({"a": spaces.Discrete(3), "b": spaces.Box(0, 1, (2,)),
+                       "action_mask": spaces.MultiBinary(ACTIONS)})
+    assert carries_mask(two, spaces.Discrete(ACTIONS))
+    assert spaces.flatdim(space_without_mask(two)) == 5
+    assert not carries_mask(two, spaces.Discrete(ACTIONS + 1))
+    assert not carries_mask(two, spaces.Box(0, 1, (ACTIONS,)))
