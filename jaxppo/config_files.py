@@ -34,6 +34,13 @@ ALIASES = {
     "target_kl": "kl_early_stop",
 }
 
+# jaxppo's built-in transforms (jaxppo.envs.transforms.BUILTIN_TRANSFORMS), and other code's
+# names for frame stacking: keys a config gives inside `transforms`, with an example of each.
+TRANSFORM_KEYS = {"frame_stack": "{frame_stack: {k: 4}}", "framestack": "{frame_stack: {k: 4}}",
+                  "frame_stack_num": "{frame_stack: {k: 4}}",
+                  "discretize_actions": "{discretize_actions: {bins: 11}}",
+                  "count_bonus": "{count_bonus: {scale: 0.1}}"}
+
 
 def _yaml_loader():
     """PyYAML's SafeLoader with YAML 1.2 floats, so 3e-4 and 5e5 are numbers, not strings."""
@@ -153,6 +160,10 @@ def _suggest_field(key: str, names, cls=None, keyword: bool = False) -> str:
     field names, else the nearest nested field."""
     if cls is not None and nested_hint(key, cls, keyword):
         return nested_hint(key, cls, keyword)
+    if str(key).lower() in TRANSFORM_KEYS and "transforms" in names:
+        example = TRANSFORM_KEYS[str(key).lower()]
+        return (f"; it is an env transform, given in the list `transforms`: "
+                f"transforms=[{example}] (docs/configuration.md, Transforms)")
     alias = ALIASES.get(str(key).lower())
     if alias is not None and alias in names:
         hint = f"; did you mean {alias!r}?"

@@ -758,6 +758,10 @@ def test_a_time_limit_below_one_step_is_an_error(steps):
     (lambda: PPOConfig(num_env=8), r"^PPOConfig has no field 'num_env'; did you mean 'num_envs'"),
     (lambda: PPOConfig(learning_rate=1e-3), r"^PPOConfig has no field 'learning_rate'; did you mean 'lr'\?"),
     (lambda: BASE.replace(clip_eps=0.1), r"^PPOConfig has no field 'clip_eps'; did you mean 'clip_param'\?"),
+    (lambda: PPOConfig(frame_stack=4), r"^PPOConfig has no field 'frame_stack'; it is an env "
+     r"transform, given in the list `transforms`: transforms=\[\{frame_stack: \{k: 4\}\}\]"),
+    (lambda: PPOConfig.from_dict({"count_bonus": 0.1}),
+     r"^unknown config key 'count_bonus'; .*transforms=\[\{count_bonus: \{scale: 0\.1\}\}\]"),
     (lambda: NetworkConfig(hidden_size=(8,)),
      r"^NetworkConfig has no field 'network\.hidden_size'; did you mean 'network\.hidden_sizes'"),
 ])
@@ -765,6 +769,15 @@ def test_unknown_keywords_name_the_nearest_field(make, match):
     """Not the dataclass's bare TypeError ("__init__() got an unexpected keyword argument")."""
     with pytest.raises(ConfigError, match=match):
         make()
+
+
+def test_every_builtin_transform_given_as_a_field_is_pointed_to_transforms():
+    from jaxppo.config_files import TRANSFORM_KEYS
+    from jaxppo.envs.transforms import BUILTIN_TRANSFORMS
+
+    assert set(BUILTIN_TRANSFORMS) <= set(TRANSFORM_KEYS)
+    for example in TRANSFORM_KEYS.values():  # each example is a valid transforms entry
+        PPOConfig.from_dict({"transforms": [yaml.safe_load(example)]}).validate()
 
 
 @pytest.mark.parametrize("network,match", [

@@ -289,10 +289,18 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
         noise={**describe(noise_in),
                "distribution": "gumbel(0, 1)" if spec.discrete else "standard normal"},
         action_mask={**describe(mask_in[0]), "meaning": (
-            "the legal actions of each observation's state (the env's action_mask(state, "
-            "params)), true = legal; the action is always a legal one, and -1 for a row "
-            "with no legal action")} if mask_in else None,
+            f"the legal actions of each observation ({_mask_source(spec)}), true = legal; the "
+            "action is always a legal one, and -1 for a row with no legal action")}
+        if mask_in else None,
     )
+
+
+def _mask_source(spec) -> str:
+    """Where the env gives the legal actions the exported policy takes."""
+    if getattr(spec.env, "host_loop", False):  # an env stepped in Python
+        return ("the env's info['action_mask'] of the reset or step that gave the observation, "
+                "its action_masks(), or its Dict observation's 'action_mask'")
+    return "the env's action_mask(state, params) of the observation's state"
 
 
 def _describe_carry(carry_in, carry, describe) -> dict:
