@@ -41,7 +41,7 @@ SCHEDULE_KINDS = ("constant", "linear")
 EXTEND_KINDS = ("new_total", "continue")
 SYNC_KINDS = ("gradients", "batch")
 CRITIC_INPUTS = ("local", "world_state", "joint_obs")
-AGENT_PARAMS = ("shared", "per_agent")
+AGENT_PARAMS = ("shared", "per_agent", "per_group")
 VECTORIZATION_MODES = ("sync", "async")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # bounds of a state-dependent log std
 
@@ -310,9 +310,12 @@ class PPOConfig:
     agent_params: str = field(
         "shared", 'multi-agent envs: "shared" = one network for every agent (IPPO\'s parameter '
         'sharing), "per_agent" = a network of its own for each agent (params with a leading '
-        "agent axis, one optimizer over all)", role=SHAPE,
+        'agent axis, one optimizer over all), "per_group" = one for each group of agents whose '
+        "names differ only in their trailing _<index> (MPE's adversary_* and agent_*)",
+        role=SHAPE,
         check=cf.one_of(AGENT_PARAMS, ": 'shared' is one network for every agent, "
-                        "'per_agent' one network each"))
+                        "'per_agent' one network each, 'per_group' one for each group of "
+                        "agents named alike"))
     num_devices: int | str | None = field(
         "auto", '"auto" = seeds, PBT members or many envs over every device (a CPU: one per '
         'core), as pays; N = the envs (PBT: members) over N devices',

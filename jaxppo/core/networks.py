@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from typing import Callable, NamedTuple, Sequence
 
 import flax.linen as nn
@@ -752,12 +753,23 @@ class CustomNetwork:
 
 
 # ---------------------------------------------------------------- one network per agent
+def agent_groups(agents) -> tuple[int, ...]:
+    """Each agent's group index (`agent_params: per_group`): agents whose names differ only in
+    a trailing "_<index>" share a group (MPE's adversary_0, adversary_1 | agent_0), numbered
+    in the order the groups first appear in `agents`."""
+    kinds = [re.sub(r"_\d+$", "", str(a)) for a in agents]
+    order = list(dict.fromkeys(kinds))
+    return tuple(order.index(k) for k in kinds)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class PerAgentNetwork:
     """A network of its own for each agent of a multi-agent env (`agent_params: per_agent`),
-    under the one network contract: `init` gives the inner network's params with a leading
-    agent axis [N, ...] (agent i's from its own key), and `apply` runs each actor through its
-    own agent's params.
+    or for each group of agents (`per_group`: `groups`), under the one network contract:
+    `init` gives the inner network's params with a leading axis [N, ...] (one per agent, or
+    [G, ...], one per group; each from its own key), and `apply` runs each actor through its
+    own agent's params (its group's: the params gathered to [N, ...] first, so a group's
+    gradient is the sum over its agents').
 
     Inputs keep the actors on their last batch axis, env-major (actor k is agent k % N, as
     the batch folds them: [..., E*N, D], a minibatch's [B, D] of whole [T, E*N] rows, or one
@@ -773,10 +785,17 @@ class PerAgentNetwork:
     # numbers up to float rounding): for an ONNX export, as jax2onnx does not batch flax
     # modules under a vmap.
     unrolled: bool = False
+    # Agent i's network index, groups[i] in 0..G-1 (`agent_groups`); None: one per agent.
+    groups: tuple[int, ...] | None = None
+
+    @property
+    def num_networks(self) -> int:
+        return self.num_agents if self.groups is None else max(self.groups) + 1
 
     def init(self, key, obs, critic_obs=None):
-        """Params [N, ...]: the inner network's, initialised from N keys split off `key`."""
-        keys = jax.random.split(key, self.num_agents)
+        """Params [N, ...] (or [G, ...]): the inner network's, initialised from N (G) keys
+        split off `key`."""
+        keys = jax.random.split(key, self.num_networks)
         if critic_obs is None:
             return jax.vmap(lambda k: self.inner.init(k, obs))(keys)
         return jax.vmap(lambda k: self.inner.init(k, obs, critic_obs=critic_obs))(keys)
@@ -808,6 +827,8 @@ class PerAgentNetwork:
             return self.inner.apply(p, x, h, r, critic_obs=c)
 
         regroup = lambda tree: jax.tree.map(by_agent, tree)  # noqa: E731
+        if self.groups is not None:  # each agent's group's params, [G, ...] -> [N, ...]
+            params = jax.tree.map(lambda p: p[np.asarray(self.groups)], params)
         inputs = (params, by_agent(obs), regroup(critic_obs), regroup(carry), regroup(reset))
         if self.unrolled:
             outs = [one(*jax.tree.map(lambda x: x[i], inputs)) for i in range(n)]
@@ -828,8 +849,9 @@ class PerAgentNetwork:
         return DistParams(loc, log_std), value, jax.tree.map(by_actor, carry_out)
 
     def agent_params(self, params, agent: int):
-        """Agent `agent`'s params, as the inner network takes them."""
-        return jax.tree.map(lambda p: p[agent], params)
+        """Agent `agent`'s params (its group's), as the inner network takes them."""
+        index = agent if self.groups is None else self.groups[agent]
+        return jax.tree.map(lambda p: p[index], params)
 
 
 def make_custom_network(config, spec, module: nn.Module) -> CustomNetwork:

@@ -203,7 +203,7 @@ def check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout, agents
     """Minibatches are cut so that the global minibatch is the same set of transitions on
     any layout: feed-forward ones take num_steps/M steps of every env, recurrent ones whole
     actor sequences (an env's, or one agent's of a multi-agent env: `agents` per env; with
-    agent_params per_agent an env's agents together), one of every M consecutive ones on each
+    agent_params per_agent or per_group an env's agents together), one of every M consecutive ones on each
     shard (or of all of them, with sync="batch", where each
     shard updates on the whole batch)."""
     M = config.num_minibatches
@@ -221,7 +221,7 @@ def check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout, agents
              and not layout.by_seed)
     envs = config.num_envs // layout.shards if split else config.num_envs
     # A network per agent keeps each env's agents together: whole envs per minibatch.
-    per_env = agents > 1 and config.agent_params == "per_agent"
+    per_env = agents > 1 and config.agent_params != "shared"
     units = envs if per_env else envs * agents
     if units % M == 0:
         return
@@ -234,6 +234,7 @@ def check_minibatches(config: PPOConfig, recurrent: bool, layout: Layout, agents
     raise ConfigError(
         f"num_minibatches={M} does not divide {where}: with {net} each minibatch holds whole "
         f"{'actor' if agents > 1 and not per_env else 'env'} sequences"
-        + (" (with agent_params=per_agent, each env's agents together)" if per_env else "")
+        + (f" (with agent_params={config.agent_params}, each env's agents together)"
+           if per_env else "")
         + f"; choose num_minibatches from {divisors(units)}"
         + (", or sync='batch'" if split else ""))

@@ -120,8 +120,9 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
             check_takes_agents(hook, config.env_name)
     _check_agent_options(config, spec)
     _check_networks_apart(config)
-    if config.agent_params == "per_agent":
-        network = networks.PerAgentNetwork(network, spec.num_agents, spec.discrete)
+    if config.agent_params != "shared":
+        groups = networks.agent_groups(spec.agents) if config.agent_params == "per_group" else None
+        network = networks.PerAgentNetwork(network, spec.num_agents, spec.discrete, groups=groups)
     if layout is None:
         layout = Layout()
     elif layout == "local":

@@ -369,8 +369,10 @@ def _agents_entry(policy: Policy) -> dict:
     """A multi-agent run's agents: the one exported function is every agent's policy (they
     share the network), fed that agent's observation zero-padded at the end to obs_dim."""
     if policy.algorithm.takes_every_agent:
-        own = ("each agent with its own network" if policy.algorithm.per_agent
-               else "one network shared by all, told apart by their one-hot ids")
+        own = ("one network shared by all, told apart by their one-hot ids"
+               if not policy.algorithm.per_agent else "each agent with its own network"
+               if policy.algorithm.network.groups is None else
+               "each group of agents named alike with its own network")
         meaning = (f"the agents act together ({own}): obs holds an env's agents' observations "
                    "in names' order, each flattened and zero-padded at the end to obs's last "
                    "axis; the action has the same agent axis")

@@ -232,7 +232,8 @@ class Policy:
     def agent(self, name: str) -> "AgentPolicy":
         """One agent's own policy: `policy.agent(name)(obs, key=None)` on that agent's
         observation alone (the network every agent shares, or with `agent_params: per_agent`
-        the agent's own, fed the agent's observation padded as in training)."""
+        the agent's own, with `per_group` its group's, fed the agent's observation padded as
+        in training)."""
         if not self.agents:
             raise TypeError(f"{self.config.env_name} is a single-agent env: call the policy "
                             "itself on its observations")

@@ -205,3 +205,69 @@ def test_a_resumed_per_agent_mappo_run_continues_exactly_and_loads_and_exports(t
     assert exported.metadata["obs"]["shape"] == ["b", N, D]
     fn = jax.export.deserialize(bytearray(exported.path.read_bytes()))
     np.testing.assert_array_equal(np.asarray(fn.call(obs[None]))[0], want)
+
+
+# ---------------------------------------------------------------------- a network per group
+TAG = TINY.replace(env="jaxmarl:MPE_simple_tag_v3", agent_params="per_group")
+TAG_AGENTS = ("adversary_0", "adversary_1", "adversary_2", "agent_0")
+
+
+def test_agents_named_alike_form_a_group():
+    assert networks.agent_groups(TAG_AGENTS) == (0, 0, 0, 1)
+    assert networks.agent_groups(["ally_0", "ally_1", "ally_2"]) == (0, 0, 0)
+    assert networks.agent_groups(["alice_0", "bob_0", "eve_0"]) == (0, 1, 2)
+    assert networks.agent_groups(["agent_1", "leadadversary_0", "adversary_0", "agent_0"]) == (
+        0, 1, 2, 0)
+    assert networks.agent_groups(["red", "blue", "red_2"]) == (0, 1, 0)
+
+
+def test_each_group_acts_with_its_own_params_and_learns_from_all_its_agents():
+    """simple_tag's three adversaries share one network and its good agent has another: each
+    actor's logits against numpy with its group's params, and a group's gradient the sum of
+    what a network per agent gives its agents when each starts from its group's params."""
+    from jaxppo.run.policy import Policy
+
+    algo = Algorithm.create(jaxppo.resolve(TAG))
+    n, groups = len(TAG_AGENTS), (0, 0, 0, 1)
+    assert algo.spec.agents == TAG_AGENTS and algo.network.groups == groups
+    hp = HyperParams.from_config(algo.config)
+    state = ppo.init(algo, jax.random.PRNGKey(0), hp)
+    assert {p.shape[0] for p in jax.tree.leaves(state.params)} == {2}
+
+    @jax.jit
+    def run(s):
+        s, traj = ppo.rollout(algo, s, hp)
+        values, _ = ppo.rollout_values(algo, s.params, s.obs_stats, traj)
+        adv = jax.random.normal(jax.random.PRNGKey(1), values.shape)
+        return traj, ppo.make_batch(algo, s.obs_stats, traj, values, adv, values + adv)
+
+    traj, batch = run(state)
+    obs = np.asarray(traj.obs)  # [T, E*N, D], actor k is agent k % N
+    dist, _, _ = algo.network.apply(state.params, algo.obs_in(state.obs_stats, obs))
+    p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), state.params["params"])
+    for i, g in enumerate(groups):
+        p = jax.tree.map(lambda a: a[g], p64)
+        np.testing.assert_allclose(np.asarray(dist.loc)[:, i::n],
+                                   _numpy_mlp(p, obs[:, i::n], "actor_torso", "policy_head"),
+                                   rtol=1e-4, atol=1e-5)
+    # The gradient against a network per agent started from each agent's group's params.
+    per_agent = Algorithm.create(jaxppo.resolve(TAG.replace(agent_params="per_agent")))
+    tiled = jax.tree.map(lambda p: p[np.asarray(groups)], state.params)
+    mb = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
+    grads, terms = jax.jit(lambda p: ppo.loss_and_grads(algo, p, mb, hp, 0.01, 0.2))(
+        state.params)
+    own, own_terms = jax.jit(lambda p: ppo.loss_and_grads(per_agent, p, mb, hp, 0.01, 0.2))(
+        tiled)
+    np.testing.assert_allclose(float(terms.total), float(own_terms.total), rtol=1e-6)
+    for got, each in zip(jax.tree.leaves(grads), jax.tree.leaves(own)):
+        each = np.asarray(each)
+        np.testing.assert_allclose(np.asarray(got), np.stack([each[:3].sum(0), each[3]]),
+                                   rtol=1e-4, atol=1e-7)
+    # A policy: each agent's own is its group's network.
+    policy = Policy(algo, state.params, state.obs_stats)
+    x = np.asarray(traj.obs)[2, :n]
+    for i, name in enumerate(TAG_AGENTS):
+        want = np.argmax(_numpy_mlp(jax.tree.map(lambda a: a[groups[i]], p64), x[i],
+                                    "actor_torso", "policy_head"))
+        own = x[i][:policy.env.agent_obs_size(name)]  # agent_0's 14 numbers, padded to 16
+        assert int(policy.agent(name)(own)) == int(want)
