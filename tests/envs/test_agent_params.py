@@ -29,7 +29,12 @@ TINY = jaxppo.PPOConfig(env="jaxmarl:MPE_simple_spread_v3", num_envs=2, num_step
 @pytest.fixture(scope="module")
 def per_agent():
     """(algo, hp, state, traj, batch) of one rollout with a network per agent."""
-    algo = Algorithm.create(jaxppo.resolve(TINY))
+    return _one_rollout(TINY)
+
+
+def _one_rollout(config):
+    """(algo, hp, state, traj, batch) of one rollout, with random advantages."""
+    algo = Algorithm.create(jaxppo.resolve(config))
     hp = HyperParams.from_config(algo.config)
     state = ppo.init(algo, jax.random.PRNGKey(0), hp)
 
@@ -227,21 +232,10 @@ def test_each_group_acts_with_its_own_params_and_learns_from_all_its_agents():
     what a network per agent gives its agents when each starts from its group's params."""
     from jaxppo.run.policy import Policy
 
-    algo = Algorithm.create(jaxppo.resolve(TAG))
+    algo, hp, state, traj, batch = _one_rollout(TAG)
     n, groups = len(TAG_AGENTS), (0, 0, 0, 1)
     assert algo.spec.agents == TAG_AGENTS and algo.network.groups == groups
-    hp = HyperParams.from_config(algo.config)
-    state = ppo.init(algo, jax.random.PRNGKey(0), hp)
     assert {p.shape[0] for p in jax.tree.leaves(state.params)} == {2}
-
-    @jax.jit
-    def run(s):
-        s, traj = ppo.rollout(algo, s, hp)
-        values, _ = ppo.rollout_values(algo, s.params, s.obs_stats, traj)
-        adv = jax.random.normal(jax.random.PRNGKey(1), values.shape)
-        return traj, ppo.make_batch(algo, s.obs_stats, traj, values, adv, values + adv)
-
-    traj, batch = run(state)
     obs = np.asarray(traj.obs)  # [T, E*N, D], actor k is agent k % N
     dist, _, _ = algo.network.apply(state.params, algo.obs_in(state.obs_stats, obs))
     p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), state.params["params"])
