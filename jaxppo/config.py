@@ -262,6 +262,10 @@ class PPOConfig:
         "batch", '"batch": one mean and std over the iteration\'s whole batch; "minibatch": each '
         "minibatch's own, as CleanRL, PureJaxRL, SB3 and JaxMARL standardise them",
         check=cf.one_of(("batch", "minibatch")))
+    bootstrap_truncation: bool = field(
+        True, "an episode cut by a time limit (truncated) bootstraps from the value of the "
+        "state it reached; false: every end is terminal (no bootstrap), as PureJaxRL, CleanRL "
+        "and JaxMARL's baselines treat them", check=cf.boolean)
     adam_eps: float = field(1e-5, "Adam epsilon", check=cf.positive(), section="optimiser")
     max_grad_norm: float = field(0.5, "global-norm gradient clipping", role=TUNABLE,
                                  check=cf.positive())

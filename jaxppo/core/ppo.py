@@ -325,9 +325,11 @@ def gae(algo: Algorithm, state: TrainState, traj: Transition, values, next_value
         return_stats = collectives.merge_gathered(return_stats, rollout_stats["returns"],
                                                   traj.discounted_return.size, algo.shards)
         rewards = rewards / jnp.sqrt(return_stats.var + 1e-8)
+    # bootstrap_truncation=false: a time limit's cut ends the episode as a termination does.
+    terminated = (traj.terminated if cfg.bootstrap_truncation
+                  else jnp.logical_or(traj.terminated, traj.truncated))
     advantages, targets = compute_gae(
-        rewards, values, next_values, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda
-    )
+        rewards, values, next_values, terminated, traj.truncated, hp.gamma, hp.gae_lambda)
     # The GAE statistics of every shard in one collective.
     local = {"targets": collectives.local_moments(targets),
              "residuals": collectives.local_moments(targets - values)}

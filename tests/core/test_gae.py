@@ -144,3 +144,44 @@ def test_trace_is_cut_at_episode_end():
         big, _ = _run([0.0, 0.0, 1e6], base["values"], base["next_values"], term, trunc,
                       base["gamma"], base["lam"])
         np.testing.assert_array_equal(small[:2], big[:2])
+
+
+def test_bootstrap_truncation_false_treats_a_time_limit_as_the_end():
+    """A CartPole rollout cut every 6 steps by its time limit: the update's advantages equal the
+    reference's with truncations bootstrapped, and with bootstrap_truncation=false the
+    reference's with every truncation a termination (PureJaxRL's and CleanRL's GAE)."""
+    import jax
+
+    import jaxppo
+    from jaxppo.core import ppo
+    from jaxppo.core.algorithm import Algorithm
+    from jaxppo.core.hyperparams import HyperParams
+
+    base = jaxppo.PPOConfig(env="CartPole-v1", num_envs=3, num_steps=20, num_minibatches=1,
+                            env_kwargs={"max_steps_in_episode": 6}, normalize_advantages=False,
+                            network=jaxppo.NetworkConfig((8,)), compilation_cache_dir=None)
+    out = {}
+    for bootstrap in (True, False):
+        algo = Algorithm.create(jaxppo.resolve(base.replace(bootstrap_truncation=bootstrap)))
+        hp = HyperParams.from_config(algo.config)
+        state = ppo.init(algo, jax.random.PRNGKey(0), hp)
+
+        @jax.jit
+        def advantages(s, algo=algo, hp=hp):
+            s, traj = ppo.rollout(algo, s, hp)
+            values, next_values = ppo.rollout_values(algo, s.params, s.obs_stats, traj)
+            stats = ppo.gather_rollout_stats(algo, traj)
+            adv = ppo.gae(algo, s, traj, values, next_values, stats, hp)[1]
+            return adv, traj, values, next_values
+
+        out[bootstrap] = jax.tree.map(np.asarray, advantages(state))
+    adv, traj, values, next_values = out[True]
+    term, trunc = traj.terminated.astype(bool), traj.truncated.astype(bool)
+    assert trunc.sum() >= 6 and not term[trunc].any()
+    args = (traj.reward, values, next_values)
+    np.testing.assert_allclose(adv, gae_reference(*args, term, trunc, 0.99, 0.95)[0],
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(out[False][1].obs, traj.obs)  # the same rollout
+    ended = gae_reference(*args, term | trunc, np.zeros_like(trunc), 0.99, 0.95)[0]
+    np.testing.assert_allclose(out[False][0], ended, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(out[False][0], adv)
