@@ -19,8 +19,10 @@ logged `returns` and `win_rate`; jaxppo's `episode_return_mean/ally_0` and `win_
 jaxppo's side is jaxppo/configs/smax_2s3z.yaml (the yaml's settings) with
 total_timesteps as given. What differs at the same settings: jaxppo standardises advantages
 over the iteration's batch (JaxMARL per minibatch), optimises actor and critic with one Adam
-on the summed loss (JaxMARL: one Adam each, each with its own gradient clip), bootstraps a
-time limit (SMAX's episodes end by a team's death or a time limit JaxMARL treats as death).
+on the summed loss with each network's gradient clipped by its own norm (JaxMARL: one Adam
+each, each with its own clip: the same step, Adam being elementwise), and zeroes the GRU
+carries at an episode's end only (JaxMARL also a dead agent's at every step). A time-out is
+terminal on both sides (the yaml's bootstrap_truncation: false).
 """
 
 from __future__ import annotations
