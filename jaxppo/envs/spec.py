@@ -18,15 +18,19 @@ import numpy as np
 MAX_JOINT_ACTIONS = 4096
 
 
+# Where an env that steps in Python gives the legal actions of an observation (the wording
+# of every message that asks for them).
+HOST_MASK_SOURCES = ("info['action_mask'] of the reset or step that gave the observation, the "
+                     "env's action_masks() after it, or the 'action_mask' entry of its Dict "
+                     "observation")
+
+
 def mask_in_info(state, params):
     """The `action_mask` of an env that steps in Python (its `gives_action_mask`): its legal
-    actions come with each observation, as info["action_mask"] of its reset and step (or from
-    its action_masks()), where the host loop reads them; there is no state to compute them
-    from."""
-    raise TypeError(
-        "this env steps in Python: its legal actions are info['action_mask'] of the reset or "
-        "step that gave the observation (or the env's action_masks() after it); pass that as "
-        "action_mask")
+    actions come with each observation (HOST_MASK_SOURCES), where the host loop reads them;
+    there is no state to compute them from."""
+    raise TypeError(f"this env steps in Python: its legal actions are {HOST_MASK_SOURCES}; "
+                    "pass them as action_mask")
 
 
 class EnvSpec(NamedTuple):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.core import networks
-from jaxppo.envs.spec import env_action
+from jaxppo.envs.spec import HOST_MASK_SOURCES, env_action
 from jaxppo.errors import ExportError
 from jaxppo.run.files import write_atomic
 from jaxppo.run.folder import output_problem
@@ -298,8 +298,7 @@ def _signature(policy: Policy, batch_size: int | None) -> _Signature:
 def _mask_source(spec) -> str:
     """Where the env gives the legal actions the exported policy takes."""
     if getattr(spec.env, "host_loop", False):  # an env stepped in Python
-        return ("the env's info['action_mask'] of the reset or step that gave the observation, "
-                "its action_masks(), or its Dict observation's 'action_mask'")
+        return HOST_MASK_SOURCES
     return "the env's action_mask(state, params) of the observation's state"
 
 

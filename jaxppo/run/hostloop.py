@@ -53,7 +53,7 @@ from jax.experimental import multihost_utils
 from jaxppo.core import networks, ppo
 from jaxppo.core.algorithm import Algorithm, Transition, TrainState, update_metric_keys
 from jaxppo.core.hyperparams import HyperParams
-from jaxppo.envs.spec import env_action
+from jaxppo.envs.spec import HOST_MASK_SOURCES, env_action
 from jaxppo.errors import ConfigError
 from jaxppo.core.evaluation import EVAL_KEY_TAG, EVAL_METRIC_KEYS
 from jaxppo.program.build import is_batched
@@ -157,7 +157,7 @@ def legal_actions(envs, info: dict, masked: bool, n: int, num_actions: int) -> n
             mask = None
     if mask is None or np.shape(mask) != (n, num_actions):
         raise ConfigError(
-            f"the env's legal actions (info['action_mask'], or action_masks()) are "
+            f"the env's legal actions ({HOST_MASK_SOURCES}) are "
             f"{'missing' if mask is None else np.shape(mask)} after a reset or step; an env "
             f"trained with its mask gives them for every observation, [{n}, {num_actions}] for "
             f"{n} envs (true or nonzero = legal)")

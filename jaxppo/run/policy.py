@@ -472,7 +472,8 @@ def check_action_mask(action_mask, obs, algorithm: Algorithm):
         raise TypeError(
             f"this policy was trained with {name}'s action mask: pass the legal actions the "
             f"env gave with each observation, action_mask=info['action_mask'] of its reset or "
-            f"step, or its action_masks() after it (bool {list(want)}, true = legal). "
+            f"step, its action_masks() after it, or obs['action_mask'] of a Dict observation "
+            f"(bool {list(want)}, true = legal). "
             "policy.evaluate() passes them itself")
     if action_mask is None:
         raise TypeError(
