@@ -316,7 +316,8 @@ def start_run(side: str, args, script: str = __file__):
     options = (["--vmap"] if getattr(args, "vmap", False) else []) + (
         ["--smax", args.smax] if getattr(args, "smax", None) else []) + (
         ["--jaxmarl-network"] if getattr(args, "jaxmarl_network", False) else []) + (
-        ["--first-seed", str(args.first_seed)] if getattr(args, "first_seed", 0) else [])
+        ["--first-seed", str(args.first_seed)] if getattr(args, "first_seed", 0) else []) + (
+        ["--set", *args.set] if getattr(args, "set", None) else [])
     cmd = [python, script, "--side", side, "--steps", str(args.steps), "--seeds",
            str(args.seeds), "--anchors", str(args.anchors)] + options
     env = {**os.environ, "PYTHONPATH": str(REPO)} if side == "jaxppo" else dict(os.environ)

@@ -5,6 +5,7 @@ a learning check, not a tuned comparison.
 
     python experiments/mappo_smax.py --anchors DIR --jaxmarl-python PY [--steps 1e6]
         [--seeds 2] [--first-seed 0] [--sides jaxmarl jaxppo] [--together]
+        [--set KEY=VALUE ...]
 
 DIR holds JaxMARL's baseline scripts (MAPPO/mappo_rnn_smax.py, MAPPO/config/...); PY is a
 Python whose environment has what they import. Each side is a fresh process, run seed after
@@ -17,7 +18,8 @@ the mean return and win rate of the episodes that ended in each iteration (JaxMA
 logged `returns` and `win_rate`; jaxppo's `episode_return_mean/ally_0` and `win_rate`).
 
 jaxppo's side is jaxppo/configs/smax_2s3z.yaml (the yaml's settings) with
-total_timesteps as given. What differs at the same settings: jaxppo standardises advantages
+total_timesteps as given, and `--set`'s config fields on top (values read as YAML; the run's
+record names them, and replaces only a record with the same ones). What differs at the same settings: jaxppo standardises advantages
 over the iteration's batch (JaxMARL per minibatch), optimises actor and critic with one Adam
 on the summed loss with each network's gradient clipped by its own norm (JaxMARL: one Adam
 each, each with its own clip: the same step, Adam being elementwise), and zeroes the GRU
@@ -43,12 +45,19 @@ OUT = REPO / "experiments" / "results" / "mappo-smax.json"
 CONFIG = REPO / "jaxppo" / "configs" / "smax_2s3z.yaml"
 
 
-def run_jaxppo(steps: float, seeds: int, first_seed: int = 0) -> dict:
+def overrides(pairs) -> dict:
+    """--set KEY=VALUE pairs as config fields (values read as YAML)."""
+    import yaml
+
+    return {k: yaml.safe_load(v) for k, v in (pair.split("=", 1) for pair in pairs or [])}
+
+
+def run_jaxppo(steps: float, seeds: int, first_seed: int = 0, settings=None) -> dict:
     import jaxppo
     from jaxppo.run.train import make_train
 
     config = jaxppo.PPOConfig.from_file(str(CONFIG)).replace(
-        total_timesteps=int(steps), num_seeds=1)
+        total_timesteps=int(steps), num_seeds=1, **overrides(settings))
     (_, m), t = timed(make_train(config), seed_keys(seeds, first_seed))
     return smax_results(m["episode_return_mean/ally_0"], m["win_rate"], config.batch_size,
                         seeds, t)
@@ -81,8 +90,11 @@ def main() -> None:
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
     p.add_argument("--together", action="store_true",
                    help="both sides at once: a learning comparison (the steps/s are not one)")
+    p.add_argument("--set", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="config fields on jaxppo's side, over the yaml's (values as YAML)")
     args = p.parse_args()
-    if run_one_side(args, lambda: run_jaxppo(args.steps, args.seeds, args.first_seed),
+    if run_one_side(args, lambda: run_jaxppo(args.steps, args.seeds, args.first_seed,
+                                             args.set),
                     lambda: run_jaxmarl(args.steps, args.seeds, args.anchors, args.first_seed)):
         return
     started = {side: start_run(side, args, __file__) for side in args.sides} if args.together \
@@ -93,6 +105,7 @@ def main() -> None:
                "seeds": args.seeds, "first_seed": args.first_seed, "cpu": cpu_model(),
                "date": time.strftime("%Y-%m-%d"),
                "cores": os.cpu_count(),
+               **({"set": overrides(args.set)} if side == "jaxppo" and args.set else {}),
                **({"together": True, "placement": (
                    "both sides at once, each a fresh process on the 2 shared cores: a "
                    "comparison of learning; the env steps/s are not a speed comparison")}
@@ -100,8 +113,9 @@ def main() -> None:
         print(json.dumps(run), flush=True)
         # read late: the other side may have run meanwhile
         out = json.loads(OUT.read_text()) if OUT.exists() else {"runs": []}
-        out["runs"] = [r for r in out["runs"] if (r["side"], r.get("first_seed", 0))
-                       != (side, args.first_seed)] + [run]
+        out["runs"] = [r for r in out["runs"]
+                       if (r["side"], r.get("first_seed", 0), r.get("set"))
+                       != (run["side"], args.first_seed, run.get("set"))] + [run]
         out.update(env="jaxmarl:smax:2s3z", key=SEED, settings=(
             "JaxMARL's mappo_homogenous_rnn_smax.yaml; jaxppo/configs/smax_2s3z.yaml; "
             "total_timesteps as given"), shared_machine=(

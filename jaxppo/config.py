@@ -311,6 +311,10 @@ class PPOConfig:
     agent_id: bool = field(
         False, "multi-agent envs: append a one-hot of the agent's index to its observation "
         "(the actor's and a local critic's input)", role=SHAPE, check=cf.boolean)
+    critic_agent_id: bool = field(
+        False, "multi-agent envs with a centralised critic (critic_input world_state or "
+        "joint_obs): append a one-hot of the agent's index to the critic's input, as "
+        "JaxMARL's MAPPO does to its world state", role=SHAPE, check=cf.boolean)
     agent_params: str = field(
         "shared", 'multi-agent envs: "shared" = one network for every agent (IPPO\'s parameter '
         'sharing), "per_agent" = a network of its own for each agent (params with a leading '

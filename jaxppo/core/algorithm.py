@@ -239,27 +239,33 @@ class Algorithm:
         """The centralised critic's input [..., E*N, C] for actors' raw observations
         [..., E*N, *obs_shape] (env-major) and, for "world_state", their env's global state
         [..., E*N, C]; None for a local critic (it reads the policy's input). "joint_obs" is
-        every agent's `features` of the same env, concatenated in agent order."""
+        every agent's `features` of the same env, concatenated in agent order. With
+        `critic_agent_id` either ends with the agent's one-hot index [..., E*N, N]."""
         if self.config.critic_input == "world_state":
-            return world_state
-        if self.config.critic_input != "joint_obs":
+            critic = world_state
+        elif self.config.critic_input == "joint_obs":
+            x = self.features(stats, raw_obs)
+            n = self.spec.num_agents
+            joint = x.reshape(x.shape[:-2] + (x.shape[-2] // n, 1, n * x.shape[-1]))
+            joint = jnp.broadcast_to(joint, joint.shape[:-2] + (n, joint.shape[-1]))
+            critic = joint.reshape(x.shape[:-1] + (n * x.shape[-1],))
+        else:
             return None
-        x = self.features(stats, raw_obs)
-        n = self.spec.num_agents
-        joint = x.reshape(x.shape[:-2] + (x.shape[-2] // n, 1, n * x.shape[-1]))
-        joint = jnp.broadcast_to(joint, joint.shape[:-2] + (n, joint.shape[-1]))
-        return joint.reshape(x.shape[:-1] + (n * x.shape[-1],))
+        if critic is None or not self.config.critic_agent_id:
+            return critic
+        return jnp.concatenate([critic, self.spec.agent_one_hot(critic.shape[:-1])], axis=-1)
 
     def input_dims(self) -> tuple[int, int | None]:
         """(the policy's input size, the centralised critic's input size or None)."""
         spec = self.spec
         actor = spec.obs_dim + (spec.num_agents if self.with_agent_id else 0)
+        ids = spec.num_agents if self.config.critic_agent_id else 0
         if self.config.critic_input == "world_state":
             ws = jax.eval_shape(lambda k: spec.world_state(
                 spec.env.reset(k, spec.env_params)[1], spec.env_params), jax.random.PRNGKey(0))
-            return actor, int(ws.shape[-1])
+            return actor, int(ws.shape[-1]) + ids
         if self.config.critic_input == "joint_obs":
-            return actor, spec.num_agents * spec.obs_dim
+            return actor, spec.num_agents * spec.obs_dim + ids
         return actor, None
 
     def init_params(self, key: jax.Array):

@@ -205,10 +205,12 @@ def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
 
 
 def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
-    """critic_input, agent_id and agent_params need a multi-agent env; a centralised critic
+    """critic_input, agent_id, critic_agent_id and agent_params need a multi-agent env;
+    critic_agent_id a centralised critic; a centralised critic
     needs the built-in network with a critic torso of its own, and "world_state" an env that
     gives one."""
-    defaults = (("critic_input", "local"), ("agent_id", False), ("agent_params", "shared"))
+    defaults = (("critic_input", "local"), ("agent_id", False), ("critic_agent_id", False),
+                ("agent_params", "shared"))
     given = [f"{name}={getattr(config, name)!r}" for name, default in defaults
              if getattr(config, name) != default]
     if not given:
@@ -221,6 +223,12 @@ def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
             f"multi-agent envs (e.g. jaxmarl:MPE_simple_spread_v3), but {config.env_name} has "
             f"one agent; remove {'them' if len(given) > 1 else 'it'} ({fix})")
     if config.critic_input == "local":
+        if config.critic_agent_id:
+            raise ConfigError(
+                "critic_agent_id=true appends the agent's one-hot index to a centralised "
+                "critic's input, but critic_input='local' gives the critic the policy's input: "
+                "use agent_id: true (the actor's and a local critic's input), or critic_input: "
+                "world_state or joint_obs")
         _check_agent_id_network(config)
         return
     what = f"critic_input={config.critic_input!r}"

@@ -138,11 +138,51 @@ def test_joint_obs_and_agent_ids_by_hand():
         algo.obs_in(stats, obs[0, 0])
 
 
+def test_critic_agent_ids_by_hand_and_through_the_critic():
+    """critic_agent_id: the centralised critic's input (world state or joint observations)
+    followed by the agent's one-hot index, env-major, the actor's input unchanged (JaxMARL's
+    MAPPO world state with obs_with_agent_id); the values are the critic on it."""
+    cfg = TINY.replace(critic_agent_id=True)
+    algo = Algorithm.create(jaxppo.resolve(cfg))
+    assert algo.input_dims() == (D, N * D + N)
+    hp = HyperParams.from_config(algo.config)
+    state = ppo.init(algo, jax.random.PRNGKey(0), hp)
+    _, traj = jax.jit(lambda s: ppo.rollout(algo, s, hp))(state)
+    T, A = traj.reward.shape
+    ids = np.tile(np.eye(N, dtype=np.float32), (A // N, 1))[None].repeat(T, 0)
+    want = np.concatenate([np.asarray(traj.world_state), ids], axis=-1)
+    np.testing.assert_array_equal(
+        np.asarray(algo.critic_in(state.obs_stats, traj.obs, traj.world_state)), want)
+    values, next_values = ppo.rollout_values(algo, state.params, state.obs_stats, traj)
+    np.testing.assert_allclose(np.asarray(values), _numpy_value(state.params, want),
+                               rtol=1e-4, atol=1e-5)
+    final = np.concatenate([np.asarray(traj.final_world_state), ids], axis=-1)
+    np.testing.assert_allclose(np.asarray(next_values), _numpy_value(state.params, final),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(algo.obs_in(state.obs_stats, traj.obs)),
+                                  np.asarray(traj.obs))  # the actor sees no id
+    ws = np.linspace(-1.0, 1.0, N * D, dtype=np.float32)[None].repeat(N, 0)  # one env, public
+    got = algo.value(state.params, state.obs_stats, np.zeros((N, D), np.float32), world_state=ws)
+    np.testing.assert_allclose(np.asarray(got), _numpy_value(
+        state.params, np.concatenate([ws, np.eye(N, dtype=np.float32)], -1)), rtol=1e-5)
+
+    joint = Algorithm.create(jaxppo.resolve(cfg.replace(critic_input="joint_obs")))
+    assert joint.input_dims() == (D, N * D + N)
+    x = np.asarray(joint.critic_in(state.obs_stats, traj.obs))
+    np.testing.assert_array_equal(x[..., N * D:], ids)
+    np.testing.assert_array_equal(x[..., :N * D], np.asarray(traj.world_state))  # MPE's
+
+
 def test_errors_name_the_field_and_the_fix(monkeypatch):
     with pytest.raises(ConfigError, match="only apply to multi-agent envs.*critic_input: local"):
         jaxppo.resolve(jaxppo.PPOConfig(critic_input="joint_obs", agent_id=True))
     with pytest.raises(ConfigError, match="critic_input.*'local'"):
         jaxppo.PPOConfig(critic_input="global").validate()
+    with pytest.raises(ConfigError, match="critic_agent_id=True only applies to multi-agent"):
+        jaxppo.resolve(jaxppo.PPOConfig(critic_agent_id=True))
+    with pytest.raises(ConfigError, match="critic_input='local' gives the critic the policy's "
+                                          "input: use agent_id: true"):
+        jaxppo.resolve(TINY.replace(critic_input="local", critic_agent_id=True))
     with pytest.raises(ConfigError, match="shared_trunk: false"):
         jaxppo.resolve(TINY.replace(network=jaxppo.NetworkConfig((16,), shared_trunk=True)))
     with pytest.raises(ConfigError, match="normalize_observations: false"):
