@@ -18,6 +18,7 @@ run. `train --help` lists the fields' meanings from the same declarations.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence, Union
@@ -315,15 +316,13 @@ class PPOConfig:
         False, "multi-agent envs with a centralised critic (critic_input world_state or "
         "joint_obs): append a one-hot of the agent's index to the critic's input, as "
         "JaxMARL's MAPPO does to its world state", role=SHAPE, check=cf.boolean)
-    agent_params: str = field(
+    agent_params: str | dict = field(
         "shared", 'multi-agent envs: "shared" = one network for every agent (IPPO\'s parameter '
         'sharing), "per_agent" = a network of its own for each agent (params with a leading '
         'agent axis, one optimizer over all), "per_group" = one for each group of agents whose '
-        "names differ only in their trailing _<index> (MPE's adversary_* and agent_*)",
-        role=SHAPE,
-        check=cf.one_of(AGENT_PARAMS, ": 'shared' is one network for every agent, "
-                        "'per_agent' one network each, 'per_group' one for each group of "
-                        "agents named alike"))
+        "names differ only in their trailing _<index> (MPE's adversary_* and agent_*), or "
+        "{group: [agent, ...]} = one for each group named, every agent in one",
+        role=SHAPE, check=lambda name, v: _check_agent_params(name, v))
     num_devices: int | str | None = field(
         "auto", '"auto" = seeds, PBT members or many envs over every device (a CPU: one per '
         'core), as pays; N = the envs (PBT: members) over N devices',
@@ -624,6 +623,25 @@ def is_auto_devices(value) -> bool:
     """num_devices "auto" (null, as run folders written before "auto" existed hold, means
     the same)."""
     return value is None or value == "auto"
+
+
+def _check_agent_params(name: str, v) -> None:
+    """One of AGENT_PARAMS, or groups of agents by name: {group: [agent, ...]} (checked
+    against the env's agents when the run is resolved)."""
+    if isinstance(v, Mapping):
+        bad = [g for g, members in v.items()
+               if not isinstance(g, str) or isinstance(members, (str, bytes))
+               or not isinstance(members, (list, tuple)) or not members
+               or not all(isinstance(m, str) for m in members)]
+        if not v or bad:
+            raise ConfigError(
+                f"{name}={v!r}: groups of agents are a mapping of group names to non-empty "
+                "lists of agent names, e.g. {predators: [adversary_0, adversary_1], prey: "
+                f"[agent_0]}}{f' ({bad[0]!r} is not)' if bad else ''}")
+        return
+    cf.one_of(AGENT_PARAMS, ": 'shared' is one network for every agent, 'per_agent' one "
+              "network each, 'per_group' one for each group of agents named alike, or a "
+              "mapping {group: [agent, ...]}")(name, v)
 
 
 def _check_devices(name: str, v) -> None:

@@ -753,13 +753,18 @@ class CustomNetwork:
 
 
 # ---------------------------------------------------------------- one network per agent
-def agent_groups(agents) -> tuple[int, ...]:
-    """Each agent's group index (`agent_params: per_group`): agents whose names differ only in
-    a trailing "_<index>" share a group (MPE's adversary_0, adversary_1 | agent_0), numbered
-    in the order the groups first appear in `agents`."""
-    kinds = [re.sub(r"_\d+$", "", str(a)) for a in agents]
-    order = list(dict.fromkeys(kinds))
-    return tuple(order.index(k) for k in kinds)
+def agent_groups(agents, named=None) -> tuple[int, ...]:
+    """Each agent's group index. `agent_params: per_group` (`named` None): agents whose names
+    differ only in a trailing "_<index>" share a group (MPE's adversary_0, adversary_1 |
+    agent_0), numbered in the order the groups first appear in `agents`. `named`, a mapping
+    {group: [agent, ...]} holding every agent once (program.resolved checks it): the groups
+    in its order."""
+    if named is None:
+        kinds = [re.sub(r"_\d+$", "", str(a)) for a in agents]
+        order = list(dict.fromkeys(kinds))
+        return tuple(order.index(k) for k in kinds)
+    group_of = {m: g for g, members in enumerate(named.values()) for m in members}
+    return tuple(group_of[str(a)] for a in agents)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from jaxppo.core import networks
 from jaxppo.config import NetworkConfig, PPOConfig, own_critic_lr, require_config
+from jaxppo.config_fields import did_you_mean
 from jaxppo.envs.make import make_env
 from jaxppo.envs.spec import EnvSpec
 from jaxppo.envs.record import listed
@@ -121,7 +123,11 @@ def resolve(config: PPOConfig, layout: Layout | str | None = None) -> Resolved:
     _check_agent_options(config, spec)
     _check_networks_apart(config)
     if config.agent_params != "shared":
-        groups = networks.agent_groups(spec.agents) if config.agent_params == "per_group" else None
+        groups = None
+        if config.agent_params == "per_group":
+            groups = networks.agent_groups(spec.agents)
+        elif isinstance(config.agent_params, Mapping):
+            groups = networks.agent_groups(spec.agents, _named_groups(config, spec))
         network = networks.PerAgentNetwork(network, spec.num_agents, spec.discrete, groups=groups)
     if layout is None:
         layout = Layout()
@@ -253,6 +259,30 @@ def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
                 "(only observations are); set normalize_observations: false, or use "
                 "critic_input: joint_obs (built from the normalised observations)")
     _check_agent_id_network(config)
+
+
+def _named_groups(config: PPOConfig, spec: EnvSpec) -> Mapping:
+    """agent_params {group: [agent, ...]}, checked against the env's agents: each agent in
+    exactly one group."""
+    named, agents = config.agent_params, [str(a) for a in spec.agents]
+    seen: dict[str, str] = {}
+    for group, members in named.items():
+        for m in members:
+            if m not in agents:
+                raise ConfigError(
+                    f"agent_params: group {group!r} names {m!r}, which is not one of "
+                    f"{config.env_name}'s agents {agents}{did_you_mean(m, agents)}")
+            if m in seen:
+                raise ConfigError(f"agent_params: {m!r} is in two groups, {seen[m]!r} and "
+                                  f"{group!r}; put each agent in one group")
+            seen[m] = group
+    missing = [a for a in agents if a not in seen]
+    if missing:
+        raise ConfigError(
+            f"agent_params: {', '.join(map(repr, missing))} in no group; every agent of "
+            f"{config.env_name} ({agents}) needs one (a group of its own: {{{missing[0]}: "
+            f"[{missing[0]}]}})")
+    return named
 
 
 def _check_networks_apart(config: PPOConfig) -> None:

@@ -265,3 +265,42 @@ def test_each_group_acts_with_its_own_params_and_learns_from_all_its_agents():
                                     "actor_torso", "policy_head"))
         own = x[i][:policy.env.agent_obs_size(name)]  # agent_0's 14 numbers, padded to 16
         assert int(policy.agent(name)(own)) == int(want)
+
+
+def test_groups_named_in_the_config():
+    """agent_params {group: [agent, ...]} (RLlib's policy_mapping_fn by name): the groups in
+    the mapping's order, each actor acting with its group's params; every agent in one group,
+    names checked against the env's with the close ones."""
+    named = {"lone": ["adversary_2"], "pack": ["adversary_0", "adversary_1"],
+             "prey": ["agent_0"]}
+    assert networks.agent_groups(TAG_AGENTS, named) == (1, 1, 0, 2)
+    cfg = TAG.replace(agent_params=named)
+    algo = Algorithm.create(jaxppo.resolve(cfg))
+    assert algo.network.groups == (1, 1, 0, 2)
+    params = jax.jit(algo.init_params)(jax.random.PRNGKey(0))
+    assert {p.shape[0] for p in jax.tree.leaves(params)} == {3}
+    n = len(TAG_AGENTS)
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (2 * n, 16)))  # 2 envs, padded
+    dist, _, _ = jax.jit(algo.network.apply)(params, x)
+    p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params["params"])
+    for i, g in enumerate((1, 1, 0, 2)):
+        np.testing.assert_allclose(
+            np.asarray(dist.loc)[i::n], _numpy_mlp(jax.tree.map(lambda a: a[g], p64), x[i::n],
+                                                   "actor_torso", "policy_head"),
+            rtol=1e-4, atol=1e-5)
+    # The config file's form and back.
+    assert jaxppo.PPOConfig.from_dict(cfg.to_dict()).agent_params == named
+    errors = [({"pack": ["adversary_0", "adversary_1", "adversary_3"], "prey": ["agent_0"]},
+               r"group 'pack' names 'adversary_3', which is not one of .*did you mean "
+               r"'adversary_2'"),
+              ({"pack": ["adversary_0", "adversary_1", "adversary_2"],
+                "prey": ["agent_0", "adversary_0"]}, r"'adversary_0' is in two groups, 'pack' "
+                                                     r"and 'prey'"),
+              ({"pack": ["adversary_0", "adversary_1", "adversary_2"]},
+               r"'agent_0' in no group; .* \{agent_0: \[agent_0\]\}")]
+    for groups, message in errors:
+        with pytest.raises(ConfigError, match=message):
+            jaxppo.resolve(TAG.replace(agent_params=groups))
+    for bad in ({}, {"pack": []}, {"pack": "adversary_0"}, {"pack": [0]}):
+        with pytest.raises(ConfigError, match="a mapping of group names to non-empty lists"):
+            TAG.replace(agent_params=bad).validate()
