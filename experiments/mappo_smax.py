@@ -1,5 +1,5 @@
 """jaxppo's MAPPO with GRUs (an actor GRU on each agent's observation, a critic GRU of its own
-on the world state, agent ids) on `jaxmarl:smax:2s3z` side by side with JaxMARL's own
+on the world state with the agent's id) on `jaxmarl:smax:2s3z` side by side with JaxMARL's own
 `MAPPO/mappo_rnn_smax.py` at `config/mappo_homogenous_rnn_smax.yaml`, at a shortened budget:
 a learning check, not a tuned comparison.
 
