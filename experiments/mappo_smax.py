@@ -17,14 +17,14 @@ model, the load, the settings, and per side and seed the mean over the last 10 i
 the mean return and win rate of the episodes that ended in each iteration (JaxMARL's own
 logged `returns` and `win_rate`; jaxppo's `episode_return_mean/ally_0` and `win_rate`).
 
-jaxppo's side is jaxppo/configs/smax_2s3z.yaml (the yaml's settings) with
-total_timesteps as given, and `--set`'s config fields on top (values read as YAML; the run's
-record names them, and replaces only a record with the same ones). What differs at the same settings: jaxppo standardises advantages
-over the iteration's batch (JaxMARL per minibatch), optimises actor and critic with one Adam
-on the summed loss with each network's gradient clipped by its own norm (JaxMARL: one Adam
-each, each with its own clip: the same step, Adam being elementwise), and zeroes the GRU
-carries at an episode's end only (JaxMARL also a dead agent's at every step). A time-out is
-terminal on both sides (the yaml's bootstrap_truncation: false).
+jaxppo's side is jaxppo/configs/smax_2s3z.yaml (the yaml's settings) with total_timesteps as
+given, and `--set`'s config fields on top (as `jaxppo train --set`; the run's record names
+them, and replaces only a record with the same ones). What differs at the same settings: jaxppo
+standardises advantages over the iteration's batch (JaxMARL per minibatch), optimises actor and
+critic with one Adam on the summed loss with each network's gradient clipped by its own norm
+(JaxMARL: one Adam each, each with its own clip: the same step, Adam being elementwise), and
+zeroes the GRU carries at an episode's end only (JaxMARL also a dead agent's at every step). A
+time-out is terminal on both sides (the yaml's bootstrap_truncation: false).
 """
 
 from __future__ import annotations
@@ -45,19 +45,12 @@ OUT = REPO / "experiments" / "results" / "mappo-smax.json"
 CONFIG = REPO / "jaxppo" / "configs" / "smax_2s3z.yaml"
 
 
-def overrides(pairs) -> dict:
-    """--set KEY=VALUE pairs as config fields (values read as YAML)."""
-    import yaml
-
-    return {k: yaml.safe_load(v) for k, v in (pair.split("=", 1) for pair in pairs or [])}
-
-
 def run_jaxppo(steps: float, seeds: int, first_seed: int = 0, settings=None) -> dict:
     import jaxppo
     from jaxppo.run.train import make_train
 
-    config = jaxppo.PPOConfig.from_file(str(CONFIG)).replace(
-        total_timesteps=int(steps), num_seeds=1, **overrides(settings))
+    config = jaxppo.PPOConfig.from_file(str(CONFIG)).with_overrides(settings or []).replace(
+        total_timesteps=int(steps), num_seeds=1)
     (_, m), t = timed(make_train(config), seed_keys(seeds, first_seed))
     return smax_results(m["episode_return_mean/ally_0"], m["win_rate"], config.batch_size,
                         seeds, t)
@@ -105,7 +98,7 @@ def main() -> None:
                "seeds": args.seeds, "first_seed": args.first_seed, "cpu": cpu_model(),
                "date": time.strftime("%Y-%m-%d"),
                "cores": os.cpu_count(),
-               **({"set": overrides(args.set)} if side == "jaxppo" and args.set else {}),
+               **({"set": args.set} if side == "jaxppo" and args.set else {}),
                **({"together": True, "placement": (
                    "both sides at once, each a fresh process on the 2 shared cores: a "
                    "comparison of learning; the env steps/s are not a speed comparison")}

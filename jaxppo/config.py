@@ -630,8 +630,7 @@ def _check_agent_params(name: str, v) -> None:
     against the env's agents when the run is resolved)."""
     if isinstance(v, Mapping):
         bad = [g for g, members in v.items()
-               if not isinstance(g, str) or isinstance(members, (str, bytes))
-               or not isinstance(members, (list, tuple)) or not members
+               if not isinstance(g, str) or not isinstance(members, (list, tuple)) or not members
                or not all(isinstance(m, str) for m in members)]
         if not v or bad:
             raise ConfigError(

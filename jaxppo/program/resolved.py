@@ -211,10 +211,9 @@ def _check_for_env(config: PPOConfig, spec: EnvSpec) -> None:
 
 
 def _check_agent_options(config: PPOConfig, spec: EnvSpec) -> None:
-    """critic_input, agent_id, critic_agent_id and agent_params need a multi-agent env;
-    critic_agent_id a centralised critic; a centralised critic
-    needs the built-in network with a critic torso of its own, and "world_state" an env that
-    gives one."""
+    """critic_input, agent_id, critic_agent_id and agent_params need a multi-agent env, and
+    critic_agent_id a centralised critic; a centralised critic needs the built-in network
+    with a critic torso of its own, and "world_state" an env that gives one."""
     defaults = (("critic_input", "local"), ("agent_id", False), ("critic_agent_id", False),
                 ("agent_params", "shared"))
     given = [f"{name}={getattr(config, name)!r}" for name, default in defaults
