@@ -26,7 +26,8 @@ from jaxppo.core.losses import (Batch, map_dist, map_samples, ppo_loss_terms,
                                 unstack_shared_log_std, update_kl_coeff)
 from jaxppo.core.networks import DistParams
 from jaxppo.core.running_stats import RunningStats
-from jaxppo.envs.spec import apply_reward_hooks, env_action, flatten_obs, init_reward_hooks
+from jaxppo.envs.spec import (apply_reward_hooks, env_action, flatten_obs, init_reward_hooks,
+                              step_batch)
 
 
 # ---------------------------------------------------------------------- init
@@ -130,9 +131,9 @@ def step_envs(algo: Algorithm, st: TrainState, dist: DistParams, action, logp, e
     env/episode trackers advanced, the Transition of this step, done flags [E]). A
     multi-agent env's agents share their env's done."""
     spec = algo.spec
-    obs, env_state, reward, term, trunc, info = jax.vmap(
-        spec.env.step, in_axes=(0, 0, 0, None)
-    )(env_keys, st.env_state, spec.to_agents(env_action(spec, action)), spec.env_params)
+    obs, env_state, reward, term, trunc, info = step_batch(
+        spec.env, env_keys, st.env_state, spec.to_agents(env_action(spec, action)),
+        spec.env_params)
     obs, final_obs = spec.to_actors(obs), spec.to_actors(info["final_observation"])
     reward = spec.to_actors(reward.astype(jnp.float32))
     term = spec.to_actors(term.astype(bool))

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from jaxppo.envs.gymnax_import import import_gymnax
 from jaxppo.envs.imports import import_package
+from jaxppo.envs.spec import reset_if_needed
 from jaxppo.errors import ConfigError
 
 # suite -> (the package it needs, the pip extra that installs it). An env named
@@ -104,13 +105,16 @@ def construct(path: str, label: str, make: Callable, name: str, kwargs: dict, re
                           f"{rest}") from None
 
 
-def auto_reset(done: jax.Array, reset: tuple, obs: Any, state: Any) -> tuple:
-    """gymnax's auto-reset of one stepped env: (obs, state, info), the reset's (obs, state)
-    where `done` (bool []), else the step's; info["final_observation"] is the step's obs.
+def auto_reset(done: jax.Array, reset: Callable[[], tuple], obs: Any, state: Any) -> tuple:
+    """gymnax's auto-reset of one stepped env: (obs, state, info), the (obs, state) `reset()`
+    gives where `done` (bool []), else the step's; info["final_observation"] is the step's
+    obs.
 
-    Both are computed and one selected, as gymnax does: under vmap a cond runs both anyway.
+    Both are selected between, as gymnax does (under vmap a per-env branch runs both sides
+    anyway); stepped as a batch by a rollout (`jaxppo.envs.spec.step_batch`), the reset is
+    computed only on steps where an env of the batch ended (`reset_if_needed`).
     """
-    reset_obs, reset_state = reset
+    reset_obs, reset_state = reset_if_needed(done, reset)
     next_state = jax.tree.map(lambda r, s: jnp.where(done, r, s), reset_state, state)
     return jnp.where(done, reset_obs, obs), next_state, {"final_observation": obs}
 

@@ -131,8 +131,8 @@ class BraxEnv:
         terminated = stepped.done > 0.5  # Brax's done: 1.0 when the episode really ended
         truncated = jnp.logical_and(time >= params.max_steps_in_episode, ~terminated)
         done = jnp.logical_or(terminated, truncated)
-        obs, next_state, info = adapter.auto_reset(done, self.reset(key, params), stepped.obs,
-                                                   BraxEnvState(stepped, time))
+        obs, next_state, info = adapter.auto_reset(
+            done, lambda: self.reset(key, params), stepped.obs, BraxEnvState(stepped, time))
         return obs, next_state, stepped.reward, terminated, truncated, info
 
     def observation_space(self, params: BraxParams | None = None):

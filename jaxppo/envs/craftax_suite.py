@@ -124,7 +124,8 @@ class CraftaxEnv:
         done = jnp.asarray(done, bool)
         truncated = jnp.logical_and(done, ~terminated)
         obs, next_state, info = adapter.auto_reset(
-            done, self.craftax_env.reset(key_reset, craftax_params), stepped_obs, stepped)
+            done, lambda: self.craftax_env.reset(key_reset, craftax_params), stepped_obs,
+            stepped)
         reward = jnp.asarray(reward, jnp.float32)
         return obs, next_state, reward, terminated, truncated, info
 

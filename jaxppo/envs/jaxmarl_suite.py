@@ -229,7 +229,7 @@ class JaxMarlEnv:
         done = jnp.logical_or(terminated, truncated)
         after = self.advance(state, stepped, time, reward)
         obs, next_state, info = adapter.auto_reset(
-            done, self.reset(k_reset, params), self.stack(obs), after)
+            done, lambda: self.reset(k_reset, params), self.stack(obs), after)
         if self.reports_wins:
             info["won"] = jnp.logical_and(done, self._won(stepped))
         if self.episode_values:

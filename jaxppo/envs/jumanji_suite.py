@@ -161,7 +161,7 @@ class JumanjiEnv:
         done = jnp.logical_or(terminated, truncated)
         stepped_obs = _flat(timestep.observation)
         obs, next_state, info = adapter.auto_reset(
-            done, self.reset(key, params), stepped_obs,
+            done, lambda: self.reset(key, params), stepped_obs,
             JumanjiEnvState(stepped, time, self._mask_of(timestep.observation)))
         reward = jnp.asarray(timestep.reward, jnp.float32)
         return obs, next_state, reward, terminated, truncated, info

@@ -7,7 +7,8 @@ reads it and imports nothing else of envs/.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import contextvars
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -143,6 +144,61 @@ class EnvSpec(NamedTuple):
     def host_loop(self) -> bool:
         """True when the env steps in Python (a gymnasium env: jaxppo.run.hostloop runs it)."""
         return bool(getattr(self.env, "host_loop", False))
+
+
+# ---------------------------------------------------------------------- stepping a batch of envs
+# The vmapped axes of the batched step being traced (`step_batch`: its envs, and the runs
+# `vmap_runs` vmaps it over), read by the adapters' auto-resets (`reset_if_needed`); None
+# outside one.
+_ENV_AXES: contextvars.ContextVar = contextvars.ContextVar("jaxppo_env_axes", default=None)
+_RUN_AXES: contextvars.ContextVar = contextvars.ContextVar("jaxppo_run_axes", default=())
+ENV_AXIS, RUNS_AXIS = "jaxppo_envs", "jaxppo_runs"
+
+
+def vmap_runs(fn: Callable, in_axes) -> Callable:
+    """`jax.vmap(fn, in_axes)` over runs (seeds, a sweep's or a population's members) that
+    each step their envs (`step_batch`): their auto-resets decide together (a reset is
+    computed on the steps where an env of any run ended; a decision per run would be a
+    select under this vmap, computing every reset)."""
+    vmapped = jax.vmap(fn, in_axes=in_axes, axis_name=RUNS_AXIS)
+
+    def over_runs(*args):
+        token = _RUN_AXES.set((*_RUN_AXES.get(), RUNS_AXIS))
+        try:
+            return vmapped(*args)
+        finally:
+            _RUN_AXES.reset(token)
+
+    return over_runs
+
+
+def step_batch(env, keys: jax.Array, states, actions, params):
+    """`env.step` over a batch of envs (keys, states and actions [E, ...]), vmapped. The
+    suite adapters' auto-resets (`reset_if_needed`) compute the reset only on the steps where
+    an env of the batch ended, not at every step: the same numbers, with most steps' resets
+    left out (an MPE episode ends every 26th step, a Craftax world is generated anew only
+    when a game ends)."""
+    token = _ENV_AXES.set((*_RUN_AXES.get(), ENV_AXIS))
+    try:
+        return jax.vmap(env.step, in_axes=(0, 0, 0, None), axis_name=ENV_AXIS)(
+            keys, states, actions, params)
+    finally:
+        _ENV_AXES.reset(token)
+
+
+def reset_if_needed(done: jax.Array, reset: Callable[[], Any]):
+    """The (obs, state) `reset()` gives, for an env step's auto-reset where `done` (bool []).
+    Traced within `step_batch`: computed only when an env of the batch ended (a branch on
+    the whole batch; under vmap both sides of a per-env branch would run), else zeros, which
+    the auto-reset's select leaves unused. Elsewhere (evaluation, a user's own vmap) always
+    computed, as gymnax's auto-reset does."""
+    axes = _ENV_AXES.get()
+    if axes is None:
+        return reset()
+    ended = jax.lax.psum(jnp.asarray(done, jnp.int32), axes) > 0
+    unused = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),  # noqa: E731
+                                  jax.eval_shape(reset))
+    return jax.lax.cond(ended, reset, unused)
 
 
 def env_action(spec: EnvSpec, action: jax.Array) -> jax.Array:

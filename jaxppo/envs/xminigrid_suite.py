@@ -110,7 +110,7 @@ class XMiniGridEnv:
         last = stepped.step_type == adapter.LAST
         terminated = jnp.logical_and(last, stepped.discount == 0)
         truncated = jnp.logical_and(last, ~terminated)
-        obs, next_state, info = adapter.auto_reset(last, self.reset(key, params),
+        obs, next_state, info = adapter.auto_reset(last, lambda: self.reset(key, params),
                                                    stepped.observation, stepped)
         return obs, next_state, stepped.reward, terminated, truncated, info
 

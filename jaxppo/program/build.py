@@ -19,6 +19,7 @@ from jaxppo.core import ppo
 from jaxppo.core.algorithm import Algorithm, TrainState
 from jaxppo.core.evaluation import EVAL_KEY_TAG
 from jaxppo.core.hyperparams import HyperParams
+from jaxppo.envs.spec import vmap_runs
 from jaxppo.errors import ConfigError
 from jaxppo.program.layout import Layout
 from jaxppo.program.resolved import Resolved
@@ -65,7 +66,7 @@ def build_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Progra
             keys = jax.random.split(root, seeds)
             return jax.vmap(init_one, in_axes=(0, hp_axis, None))(keys, hp, shard)
 
-        chunk_dev = jax.vmap(chunk_one, in_axes=(0, hp_axis, None, None))
+        chunk_dev = vmap_runs(chunk_one, in_axes=(0, hp_axis, None, None))
         if resolved.config.pbt is not None:
             chunk_dev = _population_chunk(algo, chunk_len)
     else:
@@ -113,8 +114,8 @@ def _seeds_program(resolved: Resolved, hp: HyperParams, chunk_len: int) -> Progr
 
     def chunk_dev(state, hp, start, stop):
         first = jax.lax.axis_index(AXIS) * local  # which device: no data crosses devices
-        return jax.vmap(lambda s, h: chunk(algo, s, h, start, chunk_len, stop),
-                        in_axes=(0, 0 if batched else None))(
+        return vmap_runs(lambda s, h: chunk(algo, s, h, start, chunk_len, stop),
+                         in_axes=(0, 0 if batched else None))(
             state, _own_slice(hp, batched, first, local))
 
     devices = program_devices(layout)
@@ -219,8 +220,8 @@ def _population_chunk(algo: Algorithm, chunk_len: int, axis_name: str | None = N
     population's. Metrics come back [members, chunk_len], as from the vmapped chunk."""
     explorer = Explorer(algo)
     n_iter = algo.config.num_iterations
-    step = jax.vmap(lambda s, h, i, stop: chunk_step(algo, s, h, i, stop),
-                    in_axes=(0, 0, None, None))
+    step = vmap_runs(lambda s, h, i, stop: chunk_step(algo, s, h, i, stop),
+                     in_axes=(0, 0, None, None))
 
     def population_chunk(state, hp, start, stop):
         stop = jnp.minimum(stop, n_iter)
