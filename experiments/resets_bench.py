@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from atari_bench import _timed  # a fresh process timed: (result, wall s, cores busy)
 from bench import cpu_model  # experiments/bench.py: the machine's CPU model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,16 +51,11 @@ def one_run(tree: Path, run: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
     if devices:
         env["JAXPPO_CPU_DEVICES"] = devices[0]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, __file__, "--child", env_name, seeds, iterations],
-                         capture_output=True, text=True, env=env, cwd=tree)
-    wall = time.perf_counter() - t
+    out, wall, busy = _timed([sys.executable, __file__, "--child", env_name, seeds, iterations],
+                             str(tree), timeout=3600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{run} in {tree} failed:\n{out.stderr[-3000:]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"tree": str(tree), "run": run, "process_wall_s": wall, "cores_busy": cpu / wall,
+    return {"tree": str(tree), "run": run, "process_wall_s": wall, "cores_busy": busy,
             **json.loads(out.stdout.strip().splitlines()[-1])}
 
 
