@@ -4,7 +4,8 @@
 `IPPO/ippo_rnn_smax.py` at `config/ippo_rnn_smax.yaml` (its map replaced by MAP).
 
     python experiments/jaxmarl_bench.py --anchors DIR --jaxmarl-python PY [--steps 2e6]
-        [--seeds 2] [--rounds 2] [--smax 3m [--together] [--alone] [--jaxmarl-network]]
+        [--seeds 2] [--rounds 2] [--vmap] [--jaxppo-api train]
+        [--smax 3m [--together] [--alone] [--jaxmarl-network]]
 
 DIR holds JaxMARL's baseline scripts (IPPO/ippo_ff_mpe.py, IPPO/config/ippo_ff_mpe.yaml); PY
 is a Python whose environment has what they import (jaxmarl, distrax, hydra-core, omegaconf,
@@ -12,6 +13,9 @@ wandb, matplotlib) at jaxppo's jax and flax versions; jaxppo's side runs with th
 Each run is a fresh process, the two sides alternating (jaxppo, jaxmarl, jaxppo, ...), each
 `jax.jit(train)` run seed after seed over `--seeds` keys (`--vmap`: `jax.jit(jax.vmap(train))`
 over them at once), compiled ahead of time so that compiling and training are timed apart.
+`--jaxppo-api train` runs jaxppo's side as a user calls it instead: `jaxppo.train` with
+`num_seeds` (its own layout of the seeds over the machine's CPU devices), timed by the compile
+and training seconds it reports.
 Writes experiments/results/jaxmarl-bench.json: the CPU model, the settings, and per run the
 final return (per seed the mean over the last 10 iterations of the mean team return of the
 episodes that ended in the iteration), env steps/s (env transitions of every seed, each
@@ -104,16 +108,32 @@ def timed(train, keys) -> tuple[object, dict]:
     return out, {"compile_s": t1 - t0, "train_s": t2 - t1, "cores_busy": (c2 - c1) / (t2 - t1)}
 
 
-def run_jaxppo(steps: float, seeds: int, config_file: Path) -> dict:
+def run_jaxppo(steps: float, seeds: int, config_file: Path, api: str = "make_train") -> dict:
+    """jaxppo's side: `make_train`'s function timed as the baseline's is (`timed`), or with
+    api="train" `jaxppo.train(config with num_seeds=seeds)` as a user calls it (its own
+    layout of the seeds over this machine's CPU devices; its compile and training times as it
+    reports them; cores busy over the whole call)."""
     import jax
+    import numpy as np
 
     import jaxppo
     from jaxppo.run.train import make_train
 
     config = jaxppo.PPOConfig.from_file(str(config_file)).replace(
         total_timesteps=int(steps), num_seeds=1)
-    keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
-    (_, metrics), t = timed(make_train(config), keys)
+    if api == "train":
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        result = jaxppo.train(config.replace(num_seeds=seeds, seed=SEED), progress=False,
+                              plot=False)
+        wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        metrics = {k: np.reshape(result.metrics[k], (seeds, -1))  # [seeds, iterations]
+                   for k in ("env_steps", "episode_return_mean")}
+        t = {"compile_s": result.compile_seconds, "train_s": result.train_seconds,
+             "cores_busy": cpu / wall, "cores_busy_over": "the whole jaxppo.train call",
+             "api": "jaxppo.train", "layout": result.layout}
+    else:
+        keys = jax.random.split(jax.random.PRNGKey(SEED), seeds)
+        (_, metrics), t = timed(make_train(config), keys)
     env_steps = int(metrics["env_steps"][0, -1]) * seeds
     return {**t, **final_returns(metrics["episode_return_mean"]), "env_steps": env_steps,
             "steps_per_s": env_steps / t["train_s"],
@@ -317,7 +337,8 @@ def start_run(side: str, args, script: str = __file__):
         ["--smax", args.smax] if getattr(args, "smax", None) else []) + (
         ["--jaxmarl-network"] if getattr(args, "jaxmarl_network", False) else []) + (
         ["--first-seed", str(args.first_seed)] if getattr(args, "first_seed", 0) else []) + (
-        ["--set", *args.set] if getattr(args, "set", None) else [])
+        ["--set", *args.set] if getattr(args, "set", None) else []) + (
+        ["--jaxppo-api", args.jaxppo_api] if getattr(args, "jaxppo_api", None) == "train" else [])
     cmd = [python, script, "--side", side, "--steps", str(args.steps), "--seeds",
            str(args.seeds), "--anchors", str(args.anchors)] + options
     env = {**os.environ, "PYTHONPATH": str(REPO)} if side == "jaxppo" else dict(os.environ)
@@ -347,6 +368,9 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     p.add_argument("--jaxmarl-python", default=None)
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
     p.add_argument("--vmap", action="store_true", help="the seeds as one vmapped program")
+    p.add_argument("--jaxppo-api", choices=("make_train", "train"), default="make_train",
+                   help="jaxppo's side: make_train's function timed as the baseline's (default), "
+                        "or jaxppo.train(num_seeds=SEEDS) as a user calls it")
     p.add_argument("--smax", default=None, help="a SMAX map: IPPO with a GRU (ippo_rnn_smax)")
     p.add_argument("--together", action="store_true",
                    help="with --smax: both sides at once, a learning comparison (not speed)")
@@ -382,14 +406,15 @@ def main() -> None:
         smax_main(args)
         return
     if run_one_side(args, lambda: run_jaxppo(args.steps, args.seeds,
-                                             REPO / "jaxppo" / "configs" / f"{ENV}.yaml"),
+                                             REPO / "jaxppo" / "configs" / f"{ENV}.yaml",
+                                             args.jaxppo_api),
                     lambda: run_jaxmarl(args.steps, args.seeds, args.anchors)):
         return
     runs = alternating_runs(args)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({
         "cpu": cpu_model(), "env": ENV, "steps_per_seed": args.steps, "seeds": args.seeds,
-        "seeds_vmapped": args.vmap,
+        "seeds_vmapped": args.vmap, "jaxppo_api": args.jaxppo_api,
         "settings": f"jaxppo/configs/{ENV}.yaml = JaxMARL's ippo_ff_mpe.yaml, total_timesteps "
                     "as given", "runs": runs}, indent=1) + "\n")
     print(f"wrote {OUT}")
