@@ -369,8 +369,9 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
     p.add_argument("--vmap", action="store_true", help="the seeds as one vmapped program")
     p.add_argument("--jaxppo-api", choices=("make_train", "train"), default="make_train",
-                   help="jaxppo's side: make_train's function timed as the baseline's (default), "
-                        "or jaxppo.train(num_seeds=SEEDS) as a user calls it")
+                   help="jaxppo's side of the MPE comparison: make_train's function timed as "
+                        "the baseline's (default), or jaxppo.train(num_seeds=SEEDS) as a user "
+                        "calls it")
     p.add_argument("--smax", default=None, help="a SMAX map: IPPO with a GRU (ippo_rnn_smax)")
     p.add_argument("--together", action="store_true",
                    help="with --smax: both sides at once, a learning comparison (not speed)")
@@ -379,6 +380,14 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     p.add_argument("--jaxmarl-network", action="store_true",
                    help="with --smax --together: jaxppo alone, with JaxMARL's own network")
     return p.parse_args()
+
+
+def only_make_train(args) -> None:
+    """A comparison whose jaxppo side has no `jaxppo.train` variant refuses --jaxppo-api train
+    rather than ignore it."""
+    if args.jaxppo_api != "make_train":
+        raise SystemExit("--jaxppo-api train is the MPE comparison's (experiments/jaxmarl_bench.py "
+                         "without --smax); this one times make_train's function only")
 
 
 def run_one_side(args, jaxppo_side, jaxmarl_side) -> bool:
@@ -428,6 +437,7 @@ def _network_label(config) -> str:
 
 def smax_main(args) -> None:
     """--smax: one side in this process (--side), or both alternating in fresh processes."""
+    only_make_train(args)
     if run_one_side(args, lambda: run_jaxppo_smax(args.steps, args.seeds, args.anchors, args.smax,
                                                   args.jaxmarl_network),
                     lambda: run_jaxmarl_smax(args.steps, args.seeds, args.anchors, args.smax)):
