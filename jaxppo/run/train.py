@@ -119,6 +119,10 @@ def make_train(config: PPOConfig, hparams: HyperParams | None = None):
 
     Nothing in it touches Python state, so a user can `jax.jit` it and `jax.vmap` it over
     keys (seeds) and over a batched `HyperParams` (a sweep of lr, clip_param, ...).
+
+    It is one device's program (`num_devices` is not read). `jaxppo.train(config)` lays the
+    same run over the local devices (on a CPU one per core, by default): on small programs
+    that trains faster than one device with XLA's own threads (docs/performance.md).
     """
     algo = Algorithm.create(resolve(config))
     note_partial_batch(algo.config)
