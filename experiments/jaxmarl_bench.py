@@ -358,8 +358,10 @@ def finish_run(side: str, run) -> dict:
             **result}
 
 
-def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argparse.Namespace:
-    """The command line of a side-by-side script (these defaults)."""
+def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int,
+                      jaxppo_api: bool = False) -> argparse.Namespace:
+    """The command line of a side-by-side script (these defaults); `jaxppo_api`: its jaxppo
+    side can run through jaxppo.train (`--jaxppo-api train`)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--steps", type=float, default=steps, help="env steps per seed")
     p.add_argument("--seeds", type=int, default=seeds)
@@ -368,10 +370,11 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     p.add_argument("--jaxmarl-python", default=None)
     p.add_argument("--side", choices=("jaxppo", "jaxmarl"), default=None)
     p.add_argument("--vmap", action="store_true", help="the seeds as one vmapped program")
-    p.add_argument("--jaxppo-api", choices=("make_train", "train"), default="make_train",
-                   help="jaxppo's side of the MPE comparison: make_train's function timed as "
-                        "the baseline's (default), or jaxppo.train(num_seeds=SEEDS) as a user "
-                        "calls it")
+    if jaxppo_api:
+        p.add_argument("--jaxppo-api", choices=("make_train", "train"), default="make_train",
+                       help="jaxppo's side of the MPE comparison: make_train's function timed "
+                            "as the baseline's (default), or jaxppo.train(num_seeds=SEEDS) as "
+                            "a user calls it")
     p.add_argument("--smax", default=None, help="a SMAX map: IPPO with a GRU (ippo_rnn_smax)")
     p.add_argument("--together", action="store_true",
                    help="with --smax: both sides at once, a learning comparison (not speed)")
@@ -380,14 +383,6 @@ def side_by_side_args(doc: str, steps: float, seeds: int, rounds: int) -> argpar
     p.add_argument("--jaxmarl-network", action="store_true",
                    help="with --smax --together: jaxppo alone, with JaxMARL's own network")
     return p.parse_args()
-
-
-def only_make_train(args) -> None:
-    """A comparison whose jaxppo side has no `jaxppo.train` variant refuses --jaxppo-api train
-    rather than ignore it."""
-    if args.jaxppo_api != "make_train":
-        raise SystemExit("--jaxppo-api train is the MPE comparison's (experiments/jaxmarl_bench.py "
-                         "without --smax); this one times make_train's function only")
 
 
 def run_one_side(args, jaxppo_side, jaxmarl_side) -> bool:
@@ -410,7 +405,7 @@ def alternating_runs(args, script: str = __file__) -> list[dict]:
 
 
 def main() -> None:
-    args = side_by_side_args(__doc__, 2e6, 2, 2)
+    args = side_by_side_args(__doc__, 2e6, 2, 2, jaxppo_api=True)
     if args.smax:
         smax_main(args)
         return
@@ -437,7 +432,8 @@ def _network_label(config) -> str:
 
 def smax_main(args) -> None:
     """--smax: one side in this process (--side), or both alternating in fresh processes."""
-    only_make_train(args)
+    if args.jaxppo_api != "make_train":  # SMAX's jaxppo side times make_train's function only
+        raise SystemExit("--jaxppo-api train is the MPE comparison's (without --smax)")
     if run_one_side(args, lambda: run_jaxppo_smax(args.steps, args.seeds, args.anchors, args.smax,
                                                   args.jaxmarl_network),
                     lambda: run_jaxmarl_smax(args.steps, args.seeds, args.anchors, args.smax)):

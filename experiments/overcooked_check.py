@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench import cpu_model  # experiments/bench.py: the machine's CPU model
 from jaxmarl_bench import (SEED, alternating_runs, ended_log_wrapper, ended_means, final_returns,
-                           only_make_train, run_one_side, side_by_side_args, timed)
+                           run_one_side, side_by_side_args, timed)
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "experiments" / "results" / "overcooked-check.json"
@@ -125,7 +125,6 @@ def _evaluate_baseline(baseline, config, params, seed: int) -> float:
 
 def main() -> None:
     args = side_by_side_args(__doc__, 5e5, 1, 1)
-    only_make_train(args)
     if run_one_side(args, lambda: run_jaxppo(args.steps, args.seeds),
                     lambda: run_jaxmarl(args.steps, args.seeds, args.anchors)):
         return
