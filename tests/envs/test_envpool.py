@@ -358,6 +358,7 @@ def test_tuned_atari_configs_are_cleanrls_with_its_nature_cnn():
         assert (cfg.num_envs, cfg.num_steps, cfg.num_epochs, cfg.num_minibatches) == (8, 128, 4, 4)
         assert (cfg.clip_param, cfg.vf_clip_param, cfg.lr, cfg.lr_schedule, cfg.entropy_coeff) == (
             0.1, 0.1, 2.5e-4, "linear", 0.01)
+        assert cfg.normalize_advantages_over == "minibatch"  # CleanRL's, each minibatch's own
         assert cfg.network.torso == "nature_cnn" and cfg.network.shared_trunk
         run = jaxppo.resolve(cfg)
         trunk = (8 * 8 * 4 * 32 + 32) + (4 * 4 * 32 * 64 + 64) + (3 * 3 * 64 * 64 + 64) + (
